@@ -1,0 +1,3 @@
+from hetsgd.cli import main
+
+main()

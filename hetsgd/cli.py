@@ -1,0 +1,186 @@
+"""The `hetsgd` command line: run (through Hydra), data, devices, report, plot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import typer
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import MissingConfigException
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from hetsgd import data as datasets
+from hetsgd import devices as device_info
+from hetsgd.config import ConfigError, register_configs, to_run_config
+from hetsgd.errors import UserError
+from hetsgd.results import RunDirectory
+
+CONF_DIR = Path(os.environ.get("HETSGD_CONF", Path(__file__).resolve().parents[1] / "conf"))
+
+app = typer.Typer(
+    help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
+         "Start with `hetsgd run` (the defaults: sync SGD on the embedded digits set), "
+         "`hetsgd run --help` for overrides, `hetsgd data list` and `hetsgd devices`.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+data_app = typer.Typer(help="Datasets and the data cache ($HETSGD_DATA or ~/.cache/hetsgd).",
+                       no_args_is_help=True)
+app.add_typer(data_app, name="data")
+console = Console()
+err = Console(stderr=True)
+failures: list[str] = []  # runs of this invocation that did not complete
+
+
+def _one_line(message: str) -> str:
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err.print(f"[red]hetsgd: error:[/red] {_one_line(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+def _summary_table(summary: dict[str, Any]) -> Table:
+    table = Table(title=f"{summary['algo']} on {summary['dataset']} ({summary['devices']})",
+                  show_header=False)
+    final, initial = summary.get("final") or {}, summary.get("initial") or {}
+    rows = [("status", summary["status"]), ("error", summary.get("error")),
+            ("training time", f"{summary.get('time_s', 0):.2f} s"),
+            ("epochs", f"{summary.get('epochs', 0):.2f}"),
+            ("updates", str(summary.get("updates_by_group"))),
+            ("train loss", f"{initial.get('train_loss', float('nan')):.4f} -> "
+                           f"{final.get('train_loss', float('nan')):.4f}"),
+            ("test loss / acc", f"{final.get('test_loss', float('nan')):.4f} / "
+                                f"{final.get('test_acc', float('nan')):.4f}"),
+            ("time to 0.9 / 0.95 / 0.99", " / ".join(
+                "—" if v is None else f"{v:.2f} s"
+                for v in (summary.get("time_to_target") or {}).values())),
+            ("results", summary.get("run_dir"))]
+    for key, value in rows:
+        if value is not None:
+            table.add_row(key, str(value))
+    return table
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def _hydra_run(cfg: DictConfig) -> None:
+    from hetsgd import runner  # the training stack loads only when a run starts
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        run_cfg = to_run_config(cfg)
+    except ConfigError as exc:
+        summary = {"status": "failed", "error": str(exc), "algo": cfg.algo.name,
+                   "dataset": cfg.dataset.name, "model": cfg.model.name,
+                   "devices": cfg.devices.name, "seed": cfg.seed}
+        RunDirectory(run_dir).write_summary(summary)
+    else:
+        summary = runner.run(run_cfg, run_dir, cfg)
+    if summary["status"] == "failed":
+        err.print(f"[red]hetsgd: error:[/red] {_one_line(summary['error'])} "
+                  f"(details in {run_dir})", highlight=False, soft_wrap=True)
+        failures.append(str(run_dir))
+        return
+    console.print(_summary_table(summary))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(ctx: typer.Context) -> None:
+    """Train once, or sweep with -m. Arguments are Hydra overrides, e.g.
+
+    hetsgd run algo=sync dataset=w8a model=mlp_paper budget.epochs=5
+
+    hetsgd run -m seed=0,1,2    (a sweep, one job after another)
+
+    hetsgd run --cfg job    (print the composed config and exit)
+
+    Groups: algo, dataset (dataset.path=FILE for libsvm), model, devices; keys: budget.epochs,
+    budget.seconds, optim.lr, eval.every_s, seed, ... Results go to results/runs/ (or
+    $HETSGD_RESULTS).
+    """
+    register_configs()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us whole; we print them as one line
+    sys.argv = ["hetsgd run", *ctx.args]
+    try:
+        _hydra_run()
+    except (UserError, ConfigError) as exc:
+        _fail(str(exc))
+    except MissingConfigException as exc:  # e.g. algo=nope
+        options = ", ".join(exc.options or [])
+        _fail(f"no config '{exc.missing_cfg_file}'" + (f": choose one of {options}" if options else ""))
+    except Exception as exc:  # Hydra's and OmegaConf's composition errors: bad overrides
+        if os.environ.get("HETSGD_DEBUG"):
+            raise
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        _fail(f"{exc}{cause}")
+    finally:
+        logging.shutdown()
+    if failures:
+        raise typer.Exit(1)
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+@data_app.command("list")
+def data_list() -> None:
+    """List the datasets hetsgd knows, and whether each is in the cache."""
+    table = Table("name", "task", "cached", "description")
+    for info in datasets.list_sources():
+        table.add_row(info.name, str(info.task), "yes" if info.cached else "no", info.description)
+    console.print(table)
+    console.print(f"cache: {datasets.data_home()}")
+
+
+@data_app.command("info")
+def data_info(name: str) -> None:
+    """Show where a dataset comes from, its size, and where its files go in the cache."""
+    try:
+        info = datasets.source_info(name)
+    except UserError as exc:
+        _fail(str(exc))
+    for key, value in vars(info).items():
+        console.print(f"[bold]{key}[/bold]: {value}", highlight=False)
+
+
+@data_app.command("fetch")
+def data_fetch(name: str) -> None:
+    """Download a dataset into the cache (checksums verified)."""
+    try:
+        paths = datasets.fetch(name)
+    except UserError as exc:
+        _fail(str(exc))
+    for path in paths:
+        console.print(str(path))
+
+
+# -- devices -------------------------------------------------------------------------------------
+
+
+@app.command()
+def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List this machine's CPU, cores and the CUDA GPUs torch can use."""
+    info = device_info.describe()
+    if as_json:
+        console.print_json(json.dumps(info))
+        return
+    console.print(f"CPU: {info['cpu_model']} ({info['cores']} usable cores)")
+    console.print(f"torch {info['torch']}, CUDA build: {info['torch_cuda'] or 'no'}")
+    if not info["gpus"]:
+        console.print("GPUs: none usable (devices=emulated stands in for a CPU+GPU mix)")
+    for i, gpu in enumerate(info["gpus"]):
+        console.print(f"GPU {i}: {gpu['name']}, {gpu['memory_mb']:.0f} MB, driver {gpu['driver']}")
+
+
+def main() -> None:
+    app()

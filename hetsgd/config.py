@@ -1,0 +1,282 @@
+"""Typed configuration: dataclass schemas registered in Hydra's ConfigStore.
+
+Hydra composes YAML from ``conf/`` on top of these schemas, so an unknown key or a value of the
+wrong type is rejected during composition. Range checks live in ``__post_init__`` and run when the
+composed config is turned into objects (:func:`to_run_config`), before any work starts. Every
+error names the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hetsgd.host import usable_cores
+
+
+class ConfigError(ValueError):
+    """A config value that is out of range or inconsistent; the message names the field."""
+
+
+def _require(ok: bool, field_name: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{field_name}={value!r} is not allowed: {allowed}")
+
+
+def _one_of(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
+    _require(value in choices, field_name, "choose one of " + ", ".join(choices), value)
+
+
+# --------------------------------------------------------------------------------------------
+# dataset, model, optimizer, budget, evaluation, monitoring
+# --------------------------------------------------------------------------------------------
+
+TASKS = ("auto", "binary", "multiclass", "multilabel")
+SCALINGS = ("standard", "maxabs", "none")
+
+
+@dataclass
+class DatasetConfig:
+    """Which data to train on; see ``hetsgd data list`` for the sources."""
+
+    name: str = MISSING
+    path: str | None = None  # a local file (required for `libsvm`, optional override otherwise)
+    task: str = "auto"  # auto: inferred from the labels
+    test_fraction: float = 0.2  # used only where the source has no published test split
+    scale: str = "standard"  # fit on the training part only
+    limit: int | None = None  # keep a seeded, stratified subset of this many training examples
+    # shape of the `synthetic` source (ignored by the others)
+    n_samples: int = 10000
+    n_features: int = 100
+    n_classes: int = 2
+
+    def __post_init__(self) -> None:
+        _one_of("dataset.task", self.task, TASKS)
+        _one_of("dataset.scale", self.scale, SCALINGS)
+        _require(0.0 < self.test_fraction < 1.0, "dataset.test_fraction", "0 < x < 1",
+                 self.test_fraction)
+        _require(self.limit is None or self.limit > 0, "dataset.limit", "a positive count",
+                 self.limit)
+        _require(self.n_samples > 1, "dataset.n_samples", "at least 2", self.n_samples)
+        _require(self.n_features > 0, "dataset.n_features", "at least 1", self.n_features)
+        _require(self.n_classes > 1, "dataset.n_classes", "at least 2", self.n_classes)
+
+
+MODELS = ("mlp_paper", "mlp", "logreg", "cnn", "resnet20")
+ACTIVATIONS = ("sigmoid", "relu", "tanh")
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    hidden: list[int] = field(default_factory=lambda: [128])  # mlp widths
+    activation: str = "relu"
+    bias: bool = True
+    channels: list[int] = field(default_factory=lambda: [16, 32])  # cnn conv widths
+
+    def __post_init__(self) -> None:
+        _one_of("model.name", self.name, MODELS)
+        _one_of("model.activation", self.activation, ACTIVATIONS)
+        _require(all(w > 0 for w in self.hidden), "model.hidden", "positive widths", self.hidden)
+        _require(len(self.channels) > 0 and all(c > 0 for c in self.channels), "model.channels",
+                 "a non-empty list of positive widths", self.channels)
+
+
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+@dataclass
+class OptimConfig:
+    """Plain SGD. The papers' asynchronous code uses one constant lr for every worker with
+    mean-reduced losses; ``lr_scaling`` rescales it by batch size relative to ``base_batch``."""
+
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_scaling: str = "none"
+    base_batch: int = 1
+    milestones: list[float] = field(default_factory=list)  # epochs at which lr *= lr_decay
+    lr_decay: float = 0.1
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", "a positive number", self.lr)
+        _require(0 <= self.momentum < 1, "optim.momentum", "0 <= x < 1", self.momentum)
+        _require(self.weight_decay >= 0, "optim.weight_decay", "x >= 0", self.weight_decay)
+        _one_of("optim.lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _require(self.base_batch > 0, "optim.base_batch", "a positive batch size", self.base_batch)
+        _require(0 < self.lr_decay <= 1, "optim.lr_decay", "0 < x <= 1", self.lr_decay)
+
+
+@dataclass
+class BudgetConfig:
+    """When training stops: after `epochs` passes over the data, after `seconds` of training, or
+    at whichever comes first when both are set."""
+
+    epochs: float | None = 10.0
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.epochs is None or self.epochs > 0, "budget.epochs", "a positive number",
+                 self.epochs)
+        _require(self.seconds is None or self.seconds > 0, "budget.seconds", "a positive number",
+                 self.seconds)
+        _require(self.epochs is not None or self.seconds is not None, "budget",
+                 "set budget.epochs, budget.seconds or both", None)
+
+
+@dataclass
+class EvalConfig:
+    """Snapshots are copied every `every_s` seconds and every `every_epochs` epochs during
+    training (whichever comes first), and evaluated afterwards."""
+
+    every_s: float = 0.5
+    every_epochs: float | None = 0.25
+    train_subset: int = 20000  # training loss is measured on at most this many examples
+    batch_size: int = 4096
+    max_snapshot_mb: float = 1024.0  # beyond this, every other snapshot is dropped
+
+    def __post_init__(self) -> None:
+        _require(self.every_s > 0, "eval.every_s", "a positive number of seconds", self.every_s)
+        _require(self.every_epochs is None or self.every_epochs > 0, "eval.every_epochs",
+                 "a positive number of epochs, or null", self.every_epochs)
+        _require(self.train_subset > 0, "eval.train_subset", "a positive count", self.train_subset)
+        _require(self.batch_size > 0, "eval.batch_size", "a positive count", self.batch_size)
+        _require(self.max_snapshot_mb > 0, "eval.max_snapshot_mb", "a positive size",
+                 self.max_snapshot_mb)
+
+
+@dataclass
+class MonitorConfig:
+    interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        _require(self.interval_s > 0, "monitor.interval_s", "a positive number of seconds",
+                 self.interval_s)
+
+
+@dataclass
+class DataConfig:
+    """How workers walk the data: a seeded permutation per epoch, or file order (the authors')."""
+
+    shuffle: bool = True
+    on_device: str = "auto"  # GPU workers: copy the whole training set to the device when it fits
+
+    def __post_init__(self) -> None:
+        _one_of("data.on_device", self.on_device, ("auto", "always", "never"))
+
+
+# --------------------------------------------------------------------------------------------
+# device mixes
+# --------------------------------------------------------------------------------------------
+
+KINDS = ("cpu", "cuda")
+ROLES = ("auto", "host", "accel")
+
+
+@dataclass
+class GroupConfig:
+    """A group of identical workers. `role` says which code path they take in the asynchronous
+    family: `host` updates the shared master in place (Hogwild), `accel` trains a replica and
+    merges it back (the GPU's path); `auto` is `accel` for cuda and `host` for cpu."""
+
+    kind: str = "cpu"
+    count: int = 1
+    threads: int = 1
+    index: int = 0  # first CUDA device of the group
+    batch_size: int = 32
+    slowdown: float = 1.0  # emulated: sleep (slowdown - 1) x compute time after each step
+    role: str = "auto"
+
+    def __post_init__(self) -> None:
+        _one_of("devices.groups.*.kind", self.kind, KINDS)
+        _one_of("devices.groups.*.role", self.role, ROLES)
+        _require(self.count > 0, "devices.groups.*.count", "at least 1", self.count)
+        _require(self.threads > 0, "devices.groups.*.threads", "at least 1", self.threads)
+        _require(self.index >= 0, "devices.groups.*.index", "a CUDA device index", self.index)
+        _require(self.batch_size > 0, "devices.groups.*.batch_size", "at least 1",
+                 self.batch_size)
+        _require(self.slowdown >= 1.0, "devices.groups.*.slowdown", "x >= 1", self.slowdown)
+
+    @property
+    def accel(self) -> bool:
+        return self.role == "accel" or (self.role == "auto" and self.kind == "cuda")
+
+
+@dataclass
+class DevicesConfig:
+    name: str = MISSING
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(len(self.groups) > 0, "devices.groups", "at least one worker group",
+                 self.groups)
+
+
+# --------------------------------------------------------------------------------------------
+# algorithms: one schema per algorithm, selected by the `algo` config group
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AlgoConfig:
+    name: str = MISSING
+
+
+@dataclass
+class SyncConfig(AlgoConfig):
+    """Synchronous mini-batch SGD; with one worker, the single-device baseline."""
+
+    name: str = "sync"
+
+
+ALGO_SCHEMAS: dict[str, type[AlgoConfig]] = {"sync": SyncConfig}
+
+
+# --------------------------------------------------------------------------------------------
+# the whole run
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunConfig:
+    algo: AlgoConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    model: ModelConfig = MISSING
+    devices: DevicesConfig = MISSING
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    seed: int = 0
+    results_dir: str = "results"
+    progress: bool = True
+
+
+def register_configs() -> None:
+    """Register the schemas so that YAML files can name them in their defaults lists, and the
+    `${hetsgd.cores:}` resolver that device mixes use for "one worker per core"."""
+    if not OmegaConf.has_resolver("hetsgd.cores"):
+        OmegaConf.register_new_resolver("hetsgd.cores", usable_cores)
+    cs = ConfigStore.instance()
+    # Schemas live under schema/ so that they do not show up as choices of the config groups.
+    cs.store(group="schema", name="run", node=RunConfig)
+    cs.store(group="schema", name="dataset", node=DatasetConfig)
+    cs.store(group="schema", name="model", node=ModelConfig)
+    cs.store(group="schema", name="devices", node=DevicesConfig)
+    for algo_name, schema in ALGO_SCHEMAS.items():
+        cs.store(group="schema/algo", name=algo_name, node=schema)
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """Turn a composed config into typed objects, running every range check."""
+    try:
+        run = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:  # e.g. a key added with `+` that no schema has
+        raise ConfigError(" ".join(str(exc).split())) from exc
+    assert isinstance(run, RunConfig)
+    return run

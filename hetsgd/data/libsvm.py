@@ -1,0 +1,222 @@
+"""LIBSVM files: the parser, any local file (``libsvm``), and the sets hosted on the LIBSVM site.
+
+Parsing is scikit-learn's svmlight loader. Train and test files are read together so that both get
+the width of the wider one (w8a.t uses fewer feature indices than w8a), widened further to the
+published feature count where it is known. Sets with at most ``DENSE_MAX_FEATURES`` features are
+made dense (a dense float32 array is then small and faster to train on); wider ones stay CSR.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import lzma
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.datasets import load_svmlight_files
+
+from hetsgd.config import DatasetConfig
+from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_decompressed
+from hetsgd.data.dataset import Parsed
+from hetsgd.data.download import RemoteFile, local, verify
+from hetsgd.data.labels import encode, multi_hot
+from hetsgd.data.progress import status
+from hetsgd.data.source import Source
+from hetsgd.errors import UserError
+
+DENSE_MAX_FEATURES = 1000
+_SNIFF_LINES = 1000
+
+
+def read_libsvm(train: Path, test: Path | None, task: str, source: str,
+                n_features: int | None = None) -> Parsed:
+    """Parse a LIBSVM train file (and test file) into labels encoded for ``task``.
+
+    ``task="auto"`` reads comma-separated labels as multilabel, else infers binary or multiclass
+    from the number of distinct labels.
+    """
+    multilabel = task == "multilabel" or (task == "auto" and _looks_multilabel(train))
+    paths = [train] + ([test] if test is not None else [])
+    with contextlib.ExitStack() as stack:
+        try:
+            files = [stack.enter_context(open_decompressed(p)) for p in paths]
+            loaded = load_svmlight_files(files, dtype=np.float32, multilabel=multilabel,
+                                         zero_based="auto")
+        except ValueError as exc:
+            raise corrupt_error(paths, multilabel, exc) from exc
+        except (OSError, EOFError, lzma.LZMAError) as exc:
+            raise UserError(f"cannot read {' or '.join(map(str, paths))}: {exc}") from exc
+    xs, ys = list(loaded[0::2]), list(loaded[1::2])
+    if xs[0].shape[0] == 0:
+        raise UserError(f"{train} holds no examples")
+    width = max(xs[0].shape[1], n_features or 0)
+    xs = [sp.csr_matrix((x.data, x.indices, x.indptr), shape=(x.shape[0], width)) for x in xs]
+    where = " and ".join(map(str, paths))
+    if multilabel:
+        task, (num_classes, ys) = "multilabel", multi_hot(ys, where)
+    else:
+        task, num_classes, ys = encode(ys, task, where)
+    if width <= DENSE_MAX_FEATURES:
+        xs = [x.toarray() for x in xs]
+    has_test = test is not None
+    return Parsed(task, num_classes, xs[0], ys[0], xs[1] if has_test else None,
+                  ys[1] if has_test else None, source)
+
+
+def _looks_multilabel(path: Path) -> bool:
+    """Comma-separated labels in the first lines mean a multilabel file."""
+    with open_decompressed(path) as f:
+        for raw in itertools.islice(f, _SNIFF_LINES):
+            tokens = raw.split(b"#", 1)[0].split()
+            if tokens and b"," in tokens[0]:
+                return True
+    return False
+
+
+def corrupt_error(paths: list[Path], multilabel: bool, exc: ValueError,
+                  skip_lines: int = 0) -> UserError:
+    """Name the first bad line (after ``skip_lines`` header lines): scikit-learn's error does not
+    say where it is."""
+    for path in paths:
+        found = _first_bad_line(path, multilabel, skip_lines)
+        if found is not None:
+            number, text = found
+            return UserError(f"{path}: line {number} is not valid LIBSVM ({text[:60]!r}): {exc}")
+    return UserError(f"cannot parse {' or '.join(map(str, paths))} as LIBSVM: {exc}")
+
+
+def _first_bad_line(path: Path, multilabel: bool, skip_lines: int) -> tuple[int, str] | None:
+    with open_decompressed(path) as f:
+        for number, raw in enumerate(f, 1):
+            if number <= skip_lines:
+                continue
+            tokens = raw.split(b"#", 1)[0].decode(errors="replace").split()
+            if tokens and not _valid(tokens, multilabel):
+                return number, raw.decode(errors="replace").strip()
+    return None
+
+
+def _valid(tokens: list[str], multilabel: bool) -> bool:
+    """``label[,label...] [qid:N] index:value ...`` with increasing indices."""
+    labels, features = tokens[0], tokens[1:]
+    if multilabel and ":" in labels:
+        labels, features = "", tokens  # an example without labels
+    try:
+        for label in filter(None, labels.split(",") if multilabel else [labels]):
+            float(label)
+        if features and features[0].startswith("qid:"):
+            int(features[0][4:])
+            features = features[1:]
+        previous = -1
+        for token in features:
+            index, sep, value = token.partition(":")
+            if not sep or int(index) <= previous:
+                return False
+            float(value)
+            previous = int(index)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class LibsvmFile(Source):
+    """Any LIBSVM file given as ``dataset.path``; the test part is split off."""
+
+    def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
+        if not cfg.path:
+            raise UserError("dataset=libsvm needs dataset.path=FILE (a LIBSVM file, optionally "
+                            ".xz/.bz2/.gz)")
+        path = existing_file(cfg.path)
+
+        def parse() -> Parsed:
+            with status(f"parsing {path.name}", progress):
+                return read_libsvm(path, None, cfg.task, f"LIBSVM file {path}")
+
+        return load_or_parse(self.name, [path], {"task": cfg.task}, parse)
+
+    def cached(self) -> bool:
+        return True
+
+    def fetch(self, progress: bool) -> list[Path]:
+        raise UserError("the libsvm source reads dataset.path=FILE; there is nothing to fetch")
+
+    def note(self) -> str:
+        return "reads the file given as dataset.path=FILE"
+
+
+@dataclass(frozen=True)
+class LibsvmSet(Source):
+    """A set published on the LIBSVM site: ``remotes`` is the train file, then the test file if
+    one is published. The train file alone is enough: without the test file, a test part is split
+    off it. ``dataset.path`` replaces the train file; a test file is then looked for beside it."""
+
+    n_features: int | None = None
+
+    def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
+        train_remote, test_remote = self.remotes[0], (self.remotes[1:] or [None])[0]
+        if cfg.path:
+            train = existing_file(cfg.path)
+            test = find_local(train.parent, test_remote.name) if test_remote else None
+        else:
+            train = local(train_remote)
+            if train is None:
+                train, *rest = self.fetch(progress)
+                test = rest[0] if rest else None
+            else:
+                test = local(test_remote) if test_remote else None
+        source = f"{self.name} from {train_remote.url}: {train}"
+        if test is not None:
+            source += f" + {test}"
+        elif test_remote is not None:
+            source += f"; no {test_remote.name} beside it"
+
+        def parse() -> Parsed:
+            if not cfg.path:  # a file the user points at explicitly is taken as it is
+                verify(train, train_remote)
+                if test is not None and test_remote is not None:
+                    verify(test, test_remote)
+            with status(f"parsing {train.name}", progress):
+                return read_libsvm(train, test, self.task, source, self.n_features)
+
+        files = [train] + ([test] if test is not None else [])
+        return load_or_parse(self.name, files, {"n_features": self.n_features}, parse)
+
+    def cached(self) -> bool:
+        return local(self.remotes[0]) is not None
+
+    def note(self) -> str:
+        if len(self.remotes) == 1:
+            return "no published test file: a seeded stratified test part is split off"
+        return f"without {self.remotes[1].name}, a test part is split off {self.remotes[0].name}"
+
+
+_BASE = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"
+
+
+def _remote(name: str, known_hash: str | None = None) -> RemoteFile:
+    return RemoteFile(name, _BASE + name, known_hash)
+
+
+# sha256 of the published (uncompressed) w8a; the other files have no published checksum
+_W8A_SHA256 = "b464b4f6ce6a5d9e181ffc793e19a04751036273722312398ef7673705014902"
+
+SOURCES = (
+    LibsvmFile("libsvm", "any LIBSVM/svmlight file (dataset.path=FILE)", "auto"),
+    LibsvmSet("w8a", "LIBSVM w8a: web page categories, 300 binary features", "binary",
+              "49,749 train / 14,951 test x 300",
+              (_remote("w8a", _W8A_SHA256), _remote("w8a.t")), n_features=300),
+    LibsvmSet("real_sim", "LIBSVM real-sim: UseNet articles, real vs simulated (sparse)",
+              "binary", "72,309 x 20,958", (_remote("real-sim.bz2"),), n_features=20958),
+    LibsvmSet("covtype_binary", "LIBSVM covtype.binary: forest cover type, class 2 vs rest",
+              "binary", "581,012 x 54", (_remote("covtype.libsvm.binary.bz2"),), n_features=54),
+    LibsvmSet("rcv1", "LIBSVM rcv1.binary: Reuters news, CCAT/ECAT vs GCAT/MCAT (sparse)",
+              "binary", "20,242 train / 677,399 test x 47,236",
+              (_remote("rcv1_train.binary.bz2"), _remote("rcv1_test.binary.bz2")),
+              n_features=47236),
+    LibsvmSet("news20", "LIBSVM news20.binary: 20 Newsgroups in two halves (sparse)", "binary",
+              "19,996 x 1,355,191", (_remote("news20.binary.bz2"),), n_features=1355191),
+)

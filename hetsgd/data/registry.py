@@ -1,0 +1,54 @@
+"""All data sources by name, and the four entry points the runner and the CLI call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetsgd.config import DatasetConfig
+from hetsgd.data import covtype, embedded, images, libsvm, synthetic, xc
+from hetsgd.data.dataset import Dataset
+from hetsgd.data.prepare import prepare
+from hetsgd.data.source import Source, SourceInfo
+from hetsgd.errors import UserError
+
+SOURCES: dict[str, Source] = {
+    source.name: source
+    for module in (embedded, libsvm, covtype, xc, images, synthetic)
+    for source in module.SOURCES
+}
+
+
+def get_source(name: str) -> Source:
+    try:
+        return SOURCES[name]
+    except KeyError:
+        raise UserError(f"unknown dataset {name!r}; known: {', '.join(SOURCES)}") from None
+
+
+def _check_task(wanted: str, task: str, name: str) -> None:
+    if wanted != "auto" and task != "auto" and wanted != task:
+        raise UserError(f"{name} is a {task} dataset; dataset.task={wanted} does not apply "
+                        "(use dataset.task=auto)")
+
+
+def load_dataset(cfg: DatasetConfig, seed: int, progress: bool = True) -> Dataset:
+    """Load, split, subset and scale ``cfg.name`` (fetching it into the cache if needed)."""
+    source = get_source(cfg.name)
+    _check_task(cfg.task, source.task, source.name)
+    parsed = source.load(cfg, seed, progress)
+    _check_task(cfg.task, parsed.task, source.name)
+    return prepare(parsed, cfg, seed)
+
+
+def list_sources() -> list[SourceInfo]:
+    return [source.info() for source in SOURCES.values()]
+
+
+def source_info(name: str) -> SourceInfo:
+    return get_source(name).info()
+
+
+def fetch(name: str, progress: bool = True) -> list[Path]:
+    """Download the source's files into the cache; the paths of those already there are returned
+    as they are. Built-in and generated sources have no files: an empty list."""
+    return get_source(name).fetch(progress)

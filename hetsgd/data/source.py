@@ -1,0 +1,63 @@
+"""What every data source is: a name, what it holds, the files it needs, and how to read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetsgd.config import DatasetConfig
+from hetsgd.data.cache import data_home
+from hetsgd.data.dataset import Parsed
+from hetsgd.data.download import RemoteFile, ensure, local
+from hetsgd.errors import UserError
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What ``hetsgd data list|info`` shows about a source."""
+
+    name: str
+    description: str
+    task: str  # "binary" | "multiclass" | "multilabel" | "auto" (inferred from the file)
+    urls: tuple[str, ...]
+    files: tuple[Path, ...]  # where the cache keeps (or expects) the files
+    cached: bool  # everything needed to load it offline is here
+    sizes: str = ""  # published sizes, e.g. "49,749 train / 14,951 test x 300"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A data source. The default behaviour covers sources whose files are all downloadable."""
+
+    name: str
+    description: str
+    task: str
+    sizes: str = ""
+    remotes: tuple[RemoteFile, ...] = ()
+
+    def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
+        """The source's arrays; ``seed`` matters only to generated data."""
+        raise NotImplementedError
+
+    def cached(self) -> bool:
+        return all(local(remote) is not None for remote in self.remotes)
+
+    def fetch(self, progress: bool) -> list[Path]:
+        """Download whatever is missing; return the paths of all the source's files."""
+        return [ensure(remote, self.name, progress) for remote in self.remotes]
+
+    def note(self) -> str:
+        return ""
+
+    def info(self) -> SourceInfo:
+        files = tuple(local(r) or data_home() / r.name for r in self.remotes)
+        return SourceInfo(self.name, self.description, self.task,
+                          tuple(r.effective_url for r in self.remotes), files, self.cached(),
+                          self.sizes, self.note())
+
+    def no_path(self, cfg: DatasetConfig) -> None:
+        """For sources that read no file: reject a ``dataset.path`` rather than ignore it."""
+        if cfg.path:
+            raise UserError(f"dataset.path is not used by the {self.name} source "
+                            f"(got {cfg.path}); use dataset=libsvm dataset.path=... for a file")

@@ -1,0 +1,73 @@
+"""Device mixes: what is on this machine, and the worker list a mix expands into.
+
+Detection goes through NVML, never through CUDA, so the coordinator process stays free of a CUDA
+context (only workers create one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hetsgd.config import DevicesConfig
+from hetsgd.errors import UserError
+from hetsgd.host import cpu_model, usable_cores
+from hetsgd.monitor import describe_gpus
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker process: where it runs and how it trains."""
+
+    rank: int
+    group: str
+    kind: str  # cpu | cuda
+    device: str  # "cpu" or "cuda:<i>"
+    threads: int
+    batch_size: int
+    slowdown: float
+    accel: bool  # trains a replica and merges it (the GPU's path), else updates the master in place
+
+    @property
+    def emulated(self) -> bool:
+        """A CPU worker standing in for an accelerator, or one slowed down on purpose."""
+        return self.slowdown > 1.0 or (self.accel and self.kind == "cpu")
+
+    @property
+    def label(self) -> str:
+        return "emulated" if self.emulated else self.kind
+
+
+def cuda_devices() -> list[dict]:
+    """GPUs that this torch build can use (NVML sees them and torch was built with CUDA)."""
+    if torch.version.cuda is None:
+        return []
+    return describe_gpus()
+
+
+def expand(mix: DevicesConfig) -> list[WorkerSpec]:
+    """The workers of a mix, ranked in group order; CUDA where there is none is an error."""
+    gpus = cuda_devices()
+    specs: list[WorkerSpec] = []
+    for group_name, group in mix.groups.items():
+        for i in range(group.count):
+            if group.kind == "cuda":
+                index = group.index + i
+                if index >= len(gpus):
+                    raise UserError(
+                        f"devices={mix.name} asks for cuda:{index} in group '{group_name}', but "
+                        f"{'no CUDA GPU is' if not gpus else f'only {len(gpus)} CUDA GPU(s) are'} "
+                        "available here (try devices=cpu or devices=emulated)")
+                device = f"cuda:{index}"
+            else:
+                device = "cpu"
+            specs.append(WorkerSpec(len(specs), group_name, group.kind, device, group.threads,
+                                    group.batch_size, group.slowdown, group.accel))
+    return specs
+
+
+def describe() -> dict:
+    """What `hetsgd devices` lists: the CPU, its cores, and the GPUs torch can use here."""
+    return {"cpu_model": cpu_model(), "cores": usable_cores(), "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda, "gpus": cuda_devices()}

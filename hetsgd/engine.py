@@ -1,0 +1,201 @@
+"""The shared-master engine: spawn workers on one master model, watch them, snapshot the model.
+
+The coordinator process never initializes CUDA. It starts the workers (spawned, so each sets its
+thread count and makes its own CUDA context), waits until every worker has built its model and
+staged its data, then starts the clock and the workers together. While they train it copies the
+master every ``eval.every_s`` seconds, ends training at the time budget, and notices a worker that
+failed or died. Evaluation of the snapshots happens after training (see ``evaluate``).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.multiprocessing as mp
+
+from hetsgd.config import RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.shared import (
+    EpochCursor,
+    Problem,
+    SharedData,
+    SharedMaster,
+    SharedState,
+    Signals,
+    WorkerCounters,
+)
+from hetsgd.workers import worker_process
+
+STARTUP_TIMEOUT_S = 600.0
+PUBLISH_TIMEOUT_S = 60.0
+TICK_S = 0.01  # how often the coordinator looks at the workers
+
+
+@dataclass
+class Snapshot:
+    time_s: float
+    examples: float
+    updates: list[float]  # per worker
+    params: torch.Tensor
+    buffers: torch.Tensor
+
+
+@dataclass
+class Training:
+    """What a training phase leaves behind for evaluation and the results files."""
+
+    status: str = "completed"  # completed | failed | interrupted | diverged
+    error: str | None = None
+    time_s: float = 0.0
+    snapshots: list[Snapshot] = field(default_factory=list)
+    counters: list[dict[str, float]] = field(default_factory=list)
+    utilization: list[dict[str, float]] = field(default_factory=list)
+
+
+class SnapshotBuffer:
+    """Keeps snapshots within a memory cap by dropping every other one (keeping the first and
+    the newest) and doubling the interval, so a long run stays evenly covered."""
+
+    def __init__(self, every_s: float, max_bytes: float, snapshot_bytes: int) -> None:
+        self.every_s = every_s
+        self.capacity = max(4, int(max_bytes // max(snapshot_bytes, 1)))
+        self.items: list[Snapshot] = []
+
+    def add(self, snapshot: Snapshot) -> None:
+        self.items.append(snapshot)
+        if len(self.items) > self.capacity:
+            self.items = self.items[:-1:2] + [self.items[-1]]
+            self.every_s *= 2
+
+
+class SharedMasterEngine:
+    def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
+                 data: SharedData, master: SharedMaster,
+                 on_tick: Callable[[float, WorkerCounters], None] | None = None) -> None:
+        self.cfg, self.specs, self.problem = cfg, specs, problem
+        ctx = mp.get_context("spawn")
+        self.ctx = ctx
+        self.state = SharedState(
+            data=data, master=master,
+            cursor=EpochCursor(data.num_examples, cfg.budget.epochs, ctx.Lock()),
+            counters=WorkerCounters(len(specs)), signals=Signals.create(ctx))
+        self.reports = ctx.Queue()
+        self.on_tick = on_tick
+        self.publishing = any(spec.device != "cpu" for spec in specs)
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def _publish(self, alive: Callable[[], bool]) -> None:
+        """Ask workers that keep a private replica to copy it into the master, and wait."""
+        signals = self.state.signals
+        signals.publish_request += 1
+        deadline = time.perf_counter() + PUBLISH_TIMEOUT_S
+        while (int(signals.publish_done[0]) < int(signals.publish_request[0]) and alive()
+               and time.perf_counter() < deadline):
+            time.sleep(0.0005)
+
+    def _snapshot(self, t0: float) -> Snapshot:
+        counters = self.state.counters
+        params, buffers = self.state.master.snapshot()
+        return Snapshot(time.perf_counter() - t0, float(counters.column("examples").sum()),
+                        counters.column("updates").tolist(), params, buffers)
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def run(self, monitor_factory) -> Training:
+        training = Training()
+        procs = [self.ctx.Process(target=worker_process, daemon=True, name=f"hetsgd-worker-{s.rank}",
+                                  args=(s, self.cfg, self.problem, self.state, self.reports))
+                 for s in self.specs]
+        for p in procs:
+            p.start()
+        monitor = monitor_factory(lambda: [p.pid for p in procs if p.pid is not None])
+        finished: dict[int, tuple[str, str]] = {}
+        try:
+            self._await_ready(procs, finished)
+            snapshot_bytes = self.state.master.nbytes
+            snapshots = SnapshotBuffer(self.cfg.eval.every_s, self.cfg.eval.max_snapshot_mb * 2**20,
+                                       snapshot_bytes)
+            monitor.start()
+            t0 = time.perf_counter()
+            monitor.set_time_origin(t0)
+            snapshots.add(self._snapshot(t0))
+            self.state.signals.go.set()
+            next_time = t0 + snapshots.every_s
+            epoch_step = self.cfg.eval.every_epochs
+            next_epoch = epoch_step if epoch_step is not None else float("inf")
+            examples = self.state.counters.column("examples")
+            n = self.state.data.num_examples
+            while len(finished) < len(procs):
+                self._collect(procs, finished, timeout=TICK_S)
+                now = time.perf_counter()
+                budget = self.cfg.budget.seconds
+                if budget is not None and now - t0 >= budget:
+                    self.state.signals.stop.set()
+                epoch = float(examples.sum()) / n
+                if (now >= next_time or epoch >= next_epoch) and len(finished) < len(procs):
+                    if self.publishing:
+                        self._publish(lambda: len(finished) < len(procs))
+                    snapshots.add(self._snapshot(t0))
+                    next_time = now + snapshots.every_s
+                    while epoch_step is not None and next_epoch <= epoch:
+                        next_epoch += epoch_step
+                if self.on_tick is not None:
+                    self.on_tick(now - t0, self.state.counters)
+            training.time_s = time.perf_counter() - t0
+            snapshots.add(self._snapshot(t0))
+            training.snapshots = snapshots.items
+        except KeyboardInterrupt:
+            training.status, training.error = "interrupted", "interrupted by the user"
+            self.state.signals.stop.set()
+        finally:
+            self.state.signals.stop.set()
+            self.state.signals.go.set()
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.terminate()
+            training.utilization = monitor.stop()
+        for status, message in finished.values():
+            if status != "done" and training.status == "completed":
+                training.status, training.error = status, message
+        training.counters = [self.state.counters.row(s.rank) for s in self.specs]
+        return training
+
+    def _await_ready(self, procs: list, finished: dict[int, tuple[str, str]]) -> None:
+        ready: set[int] = set()
+        deadline = time.perf_counter() + STARTUP_TIMEOUT_S
+        while len(ready) + len(finished) < len(procs):
+            if time.perf_counter() > deadline:
+                raise RuntimeError("workers did not start within "
+                                   f"{STARTUP_TIMEOUT_S:.0f} s")
+            ready |= self._collect(procs, finished, timeout=0.1)
+        if finished:  # a worker failed during setup: nobody trains
+            self.state.signals.stop.set()
+
+    def _collect(self, procs: list, finished: dict[int, tuple[str, str]],
+                 timeout: float) -> set[int]:
+        """Read worker reports; a worker that died without one counts as failed."""
+        ready: set[int] = set()
+        try:
+            while True:
+                kind, rank, message = self.reports.get(timeout=timeout)
+                timeout = 0.0
+                if kind == "ready":
+                    ready.add(rank)
+                else:
+                    finished[rank] = (kind, message)
+                    if kind != "done":
+                        self.state.signals.stop.set()
+        except queue.Empty:
+            pass
+        for spec, p in zip(self.specs, procs):
+            if spec.rank not in finished and p.exitcode is not None and p.exitcode != 0:
+                finished[spec.rank] = ("failed", f"worker {spec.rank} ({spec.group}) exited "
+                                                 f"with code {p.exitcode}")
+                self.state.signals.stop.set()
+        return ready

@@ -1,0 +1,133 @@
+"""One run, top to bottom: config -> data -> device mix -> workers + monitor -> evaluation -> files.
+
+Whatever happens, the run directory ends with a ``summary.json`` whose ``status`` says how the
+run ended and, if it failed, why.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hetsgd import algorithms
+from hetsgd.config import RunConfig
+from hetsgd.data import load_dataset
+from hetsgd.devices import WorkerSpec, expand
+from hetsgd.engine import SharedMasterEngine, Training
+from hetsgd.errors import UserError
+from hetsgd.evaluate import Evaluator, first_reaching, normalized_loss
+from hetsgd.flat import FlatModel
+from hetsgd.models import build_model
+from hetsgd.monitor import UtilizationMonitor, summarize
+from hetsgd.progress import TrainingProgress
+from hetsgd.results import RunDirectory, environment
+from hetsgd.shared import Problem, SharedData, SharedMaster
+
+log = logging.getLogger("hetsgd")
+
+
+def _identity(cfg: RunConfig) -> dict[str, Any]:
+    return {"status": "running", "error": None, "algo": cfg.algo.name, "dataset": cfg.dataset.name,
+            "model": cfg.model.name, "devices": cfg.devices.name, "seed": cfg.seed}
+
+
+def _convergence(training: Training, metrics: list, specs: list[WorkerSpec],
+                 num_examples: int) -> pd.DataFrame:
+    groups = list(dict.fromkeys(spec.group for spec in specs))
+    rows = []
+    for snap, m in zip(training.snapshots, metrics):
+        row = {"time_s": snap.time_s, "epoch": snap.examples / num_examples,
+               "updates": sum(snap.updates)}
+        for group in groups:
+            row[f"updates_{group}"] = sum(u for u, s in zip(snap.updates, specs) if s.group == group)
+        row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    losses = frame["train_loss"].to_numpy()
+    frame["normalized_loss"] = normalized_loss(losses, losses[0], np.nanmin(losses))
+    return frame
+
+
+def _workers_table(training: Training, specs: list[WorkerSpec]) -> list[dict[str, Any]]:
+    return [{"worker": s.rank, "group": s.group, "device": s.device, "kind": s.label,
+             "threads": s.threads, "first_batch": int(c["first_batch"]),
+             "last_batch": int(c["batch_size"]), "updates": int(c["updates"]),
+             "examples": int(c["examples"]), "busy_s": c["busy_s"], "wait_s": c["wait_s"],
+             "comm_s": c["comm_s"]} for s, c in zip(specs, training.counters)]
+
+
+def _results(training: Training, convergence: pd.DataFrame, specs: list[WorkerSpec],
+             num_examples: int) -> dict[str, Any]:
+    by_group: dict[str, int] = {}
+    for spec, counters in zip(specs, training.counters):
+        by_group[spec.group] = by_group.get(spec.group, 0) + int(counters["updates"])
+    updates = sum(by_group.values())
+    examples = int(sum(c["examples"] for c in training.counters))
+    first, last = convergence.iloc[0], convergence.iloc[-1]
+    metrics = ("train_loss", "test_loss", "test_acc")
+    return {
+        "time_s": training.time_s,
+        "epochs": examples / num_examples,
+        "examples": examples,
+        "updates": updates,
+        "updates_by_group": by_group,
+        "update_share": {g: (n / updates if updates else None) for g, n in by_group.items()},
+        "examples_per_s": examples / training.time_s if training.time_s > 0 else None,
+        "initial": {k: float(first[k]) for k in metrics},
+        "final": {k: float(last[k]) for k in metrics},
+        "time_to_target": first_reaching(convergence["normalized_loss"].to_numpy(),
+                                         convergence["time_s"].to_numpy()),
+        "epochs_to_target": first_reaching(convergence["normalized_loss"].to_numpy(),
+                                           convergence["epoch"].to_numpy()),
+        "utilization": summarize(training.utilization),
+    }
+
+
+def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
+    """Run one experiment into `run_dir` and return its summary (also on failure)."""
+    out = RunDirectory(run_dir)
+    summary = _identity(cfg)
+    try:
+        out.write_config(resolved_config)
+        summary["environment"] = environment()
+        specs = expand(cfg.devices)
+        summary["emulated"] = any(spec.emulated for spec in specs)
+        algorithms.get(cfg.algo.name).check(cfg, specs)
+        dataset = load_dataset(cfg.dataset, cfg.seed, progress=cfg.progress)
+        summary["dataset_source"] = dataset.source
+        summary["synthetic"] = dataset.synthetic
+        log.info("%s on %s (%d train / %d test, %d features), %d worker(s): %s",
+                 cfg.algo.name, dataset.name, dataset.num_train, dataset.num_test,
+                 dataset.num_features, len(specs), ", ".join(f"{s.group}:{s.device}" for s in specs))
+        problem = Problem.of(dataset)
+        data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
+        init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
+                                     problem.image_shape, cfg.seed))
+        master = SharedMaster.from_flat(init.params, init.buffers)
+        with TrainingProgress(cfg, specs, data.num_examples) as progress:
+            engine = SharedMasterEngine(cfg, specs, problem, data, master, on_tick=progress.update)
+            training = engine.run(
+                lambda pids: UtilizationMonitor(cfg.monitor.interval_s, pids))
+        summary.update(status=training.status, error=training.error)
+        out.write_table("utilization", training.utilization)
+        out.write_table("workers", _workers_table(training, specs))
+        if not training.snapshots:
+            raise RuntimeError(training.error or "training ended before the first snapshot")
+        evaluator = Evaluator(cfg, problem, data, SharedData.from_arrays(dataset.x_test, dataset.y_test))
+        metrics = [evaluator(s.params, s.buffers) for s in training.snapshots]
+        convergence = _convergence(training, metrics, specs, data.num_examples)
+        out.write_table("convergence", convergence)
+        summary.update(_results(training, convergence, specs, data.num_examples))
+    except UserError as exc:
+        summary.update(status="failed", error=str(exc))
+    except Exception as exc:  # a failed run must still say why, in its directory
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        (run_dir / "error.log").write_text(traceback.format_exc())
+    finally:
+        out.write_summary(summary)
+    return summary

@@ -1,0 +1,204 @@
+"""State shared by the coordinator and its worker processes, one copy whatever the worker count.
+
+Everything here is a torch tensor in shared memory (or a multiprocessing primitive), so that it
+can be handed to spawned workers without copying: the training data, the master model, the
+epoch cursor from which free workers claim chunks, and per-worker counters.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from multiprocessing.synchronize import Event, Lock
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from hetsgd.data import Dataset
+
+# Sparse sets stay sparse through CSR tensors, whose support torch still labels beta.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+
+def _shared(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).share_memory_()
+
+
+@dataclass
+class SharedRows:
+    """Training features, dense [N, D] or CSR parts, in shared memory."""
+
+    dense: torch.Tensor | None
+    indptr: torch.Tensor | None
+    indices: torch.Tensor | None
+    values: torch.Tensor | None
+    num_features: int
+
+    @classmethod
+    def from_array(cls, x: np.ndarray | sp.csr_matrix) -> SharedRows:
+        if sp.issparse(x):
+            x = sp.csr_matrix(x, dtype=np.float32)
+            return cls(None, _shared(x.indptr.astype(np.int64)), _shared(x.indices.astype(np.int64)),
+                       _shared(x.data.astype(np.float32)), x.shape[1])
+        return cls(_shared(np.asarray(x, dtype=np.float32)), None, None, None, x.shape[1])
+
+    @property
+    def sparse(self) -> bool:
+        return self.dense is None
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.dense, self.indptr, self.indices, self.values)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    def to(self, device: torch.device) -> SharedRows:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return SharedRows(move(self.dense), move(self.indptr), move(self.indices),
+                          move(self.values), self.num_features)
+
+    def rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """The rows `idx` as a dense tensor or a sparse CSR tensor (sparse sets stay sparse)."""
+        if self.dense is not None:
+            return self.dense.index_select(0, idx)
+        assert self.indptr is not None and self.indices is not None and self.values is not None
+        starts, ends = self.indptr[idx], self.indptr[idx + 1]
+        lengths = ends - starts
+        crow = torch.zeros(len(idx) + 1, dtype=torch.int64, device=idx.device)
+        torch.cumsum(lengths, 0, out=crow[1:])
+        # position of every selected nonzero in the full arrays: its row start plus its rank
+        offsets = (torch.arange(int(crow[-1]), device=idx.device)
+                   - torch.repeat_interleave(crow[:-1], lengths))
+        take = torch.repeat_interleave(starts, lengths) + offsets
+        return torch.sparse_csr_tensor(crow, self.indices[take], self.values[take],
+                                       size=(len(idx), self.num_features),
+                                       check_invariants=False)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a worker needs to know about the data to build the model and its loss."""
+
+    task: str
+    num_features: int
+    num_outputs: int
+    image_shape: tuple[int, int, int] | None
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> Problem:
+        return cls(dataset.task, dataset.num_features, dataset.num_outputs, dataset.image_shape)
+
+
+@dataclass
+class SharedData:
+    x: SharedRows
+    y: torch.Tensor
+
+    @classmethod
+    def from_arrays(cls, x: np.ndarray | sp.csr_matrix, y: np.ndarray) -> SharedData:
+        return cls(SharedRows.from_array(x), _shared(y))
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.x.nbytes + self.y.numel() * self.y.element_size()
+
+
+class EpochCursor:
+    """Hands out the next chunk of the current epoch to whichever worker asks first.
+
+    One epoch is N examples consumed by all workers together; a chunk never crosses an epoch
+    boundary, so the last chunk of an epoch may be shorter than the asking worker's batch. The
+    budget in examples (``epochs * N``) ends the hand-out.
+    """
+
+    def __init__(self, num_examples: int, epochs: float | None, lock: Lock) -> None:
+        self.num_examples = num_examples
+        self.total = math.inf if epochs is None else round(epochs * num_examples)
+        self._state = torch.zeros(1, dtype=torch.int64).share_memory_()  # examples handed out
+        self._lock = lock
+
+    def claim(self, batch_size: int) -> tuple[int, int, int] | None:
+        """Returns (epoch, start within the epoch's order, size), or None when the budget is spent."""
+        with self._lock:
+            handed = int(self._state[0])
+            if handed >= self.total:
+                return None
+            epoch, start = divmod(handed, self.num_examples)
+            size = int(min(batch_size, self.num_examples - start, self.total - handed))
+            self._state[0] = handed + size
+        return epoch, start, size
+
+
+# Per-worker counters: one row per worker, columns below (float64, written by the worker only).
+# `loss` is a running average of recent mini-batch losses, for the progress display only.
+COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "first_batch",
+            "loss")
+
+
+class WorkerCounters:
+    def __init__(self, num_workers: int) -> None:
+        self.table = torch.zeros(num_workers, len(COUNTERS), dtype=torch.float64).share_memory_()
+
+    def column(self, name: str) -> torch.Tensor:
+        return self.table[:, COUNTERS.index(name)]
+
+    def row(self, worker: int) -> dict[str, float]:
+        return dict(zip(COUNTERS, self.table[worker].tolist()))
+
+
+@dataclass
+class SharedMaster:
+    """The master model as two flat float32 vectors (parameters, floating buffers)."""
+
+    params: torch.Tensor
+    buffers: torch.Tensor
+
+    @classmethod
+    def from_flat(cls, params: torch.Tensor, buffers: torch.Tensor) -> SharedMaster:
+        return cls(params.detach().clone().share_memory_(), buffers.detach().clone().share_memory_())
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.params.clone(), self.buffers.clone()
+
+    @property
+    def nbytes(self) -> int:
+        return (self.params.numel() + self.buffers.numel()) * 4
+
+
+@dataclass
+class Signals:
+    """Coordinator <-> worker flags.
+
+    ``go``: every worker is set up, the clock starts. ``stop``: training ends (time budget,
+    failure, divergence). ``publish_request`` and
+    ``publish_done``: a worker that trains a private replica (on a GPU) copies it into the master
+    when the coordinator asks, so snapshots see it without a copy after every step.
+    """
+
+    go: Event
+    stop: Event
+    publish_request: torch.Tensor
+    publish_done: torch.Tensor
+
+    @classmethod
+    def create(cls, ctx) -> Signals:  # ctx: a multiprocessing context
+        return cls(ctx.Event(), ctx.Event(), torch.zeros(1, dtype=torch.int64).share_memory_(),
+                   torch.zeros(1, dtype=torch.int64).share_memory_())
+
+
+@dataclass
+class SharedState:
+    """Everything a worker receives besides its own spec and the run config."""
+
+    data: SharedData
+    master: SharedMaster
+    cursor: EpochCursor
+    counters: WorkerCounters
+    signals: Signals

@@ -1,0 +1,44 @@
+"""Shared fixtures: composing the project's configs the way `hetsgd run` does, shrunk for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from hetsgd.config import RunConfig, register_configs, to_run_config
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+W8A = Path(__file__).resolve().parents[2] / "shared" / "data" / "w8a.xz"
+
+
+def compose_config(*overrides: str) -> DictConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=["progress=false", *overrides])
+
+
+def run_config(*overrides: str) -> RunConfig:
+    return to_run_config(compose_config(*overrides))
+
+
+@pytest.fixture
+def results_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Runs write under a temporary results folder, never the project's."""
+    path = tmp_path / "results"
+    monkeypatch.setenv("HETSGD_RESULTS", str(path))
+    return path
+
+
+@pytest.fixture
+def w8a_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data cache holding the real w8a file, or a skip when the shared copy is absent."""
+    if not W8A.exists():
+        pytest.skip(f"the real w8a file is not at {W8A}")
+    home = tmp_path / "data"
+    home.mkdir()
+    (home / "w8a.xz").symlink_to(W8A)
+    monkeypatch.setenv("HETSGD_DATA", str(home))
+    return home

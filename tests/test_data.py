@@ -1,0 +1,399 @@
+"""hetsgd.data: sources, parsers, cache, downloads (from 127.0.0.1 only), preparation."""
+
+from __future__ import annotations
+
+import bz2
+import functools
+import gzip
+import hashlib
+import io
+import lzma
+import pickle
+import shutil
+import socket
+import struct
+import tarfile
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from hetsgd.config import DatasetConfig
+from hetsgd.data import data_home, fetch, images, libsvm, list_sources, load_dataset, source_info
+from hetsgd.data.download import RemoteFile, download
+from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD, read_idx
+from hetsgd.errors import UserError
+
+SHARED_W8A = Path(__file__).resolve().parents[2] / "shared" / "data" / "w8a.xz"
+COMPRESS = {".xz": lzma.compress, ".bz2": bz2.compress, ".gz": gzip.compress, "": bytes}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache per test, no mirror, and nothing that could reach past 127.0.0.1."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HETSGD_DATA", str(cache))
+    monkeypatch.delenv("HETSGD_DATA_MIRROR", raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setattr(images, "DEBIAN_FASHION_DIR", tmp_path / "no-debian")
+    return cache
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    """A static file server on 127.0.0.1; yields (base URL, served directory)."""
+    root = tmp_path / "served"
+    root.mkdir()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0),
+                                functools.partial(_QuietHandler, directory=str(root)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}", root
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cfg(name: str, **kwargs: object) -> DatasetConfig:
+    return DatasetConfig(name=name, **kwargs)  # type: ignore[arg-type]
+
+
+def libsvm_text(labels: list[str], seed: int = 0, width: int = 6) -> str:
+    rng = np.random.default_rng(seed)
+    lines = []
+    for label in labels:
+        cols = sorted(rng.choice(np.arange(1, width + 1), size=3, replace=False))
+        lines.append(label + "".join(f" {c}:{rng.integers(1, 9)}" for c in cols))
+    return "\n".join(lines) + "\n"
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    data = text.encode() if isinstance(text, str) else text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    compress = next((c for suffix, c in COMPRESS.items() if suffix and path.name.endswith(suffix)),
+                    bytes)
+    path.write_bytes(compress(data))
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# digits, split, limit, scaling
+# --------------------------------------------------------------------------------------------
+
+
+def test_digits_standardised_with_training_statistics() -> None:
+    data = load_dataset(cfg("digits"), seed=0, progress=False)
+    raw = load_dataset(cfg("digits", scale="none"), seed=0, progress=False)
+    assert (data.num_train + data.num_test, data.num_features, data.num_classes) == (1797, 64, 10)
+    assert data.task == "multiclass" and data.num_outputs == 10 and data.image_shape is None
+    assert data.x_train.dtype == np.float32 and data.y_train.dtype == np.int64
+    assert np.abs(data.x_train.mean(axis=0)).max() < 1e-4
+    mean, std = raw.x_train.mean(axis=0), raw.x_train.std(axis=0)
+    std[std == 0] = 1
+    np.testing.assert_allclose(data.x_test, (raw.x_test - mean) / std, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(data.y_test, raw.y_test)
+
+
+def test_split_is_seeded_and_stratified() -> None:
+    a = load_dataset(cfg("digits", scale="none"), seed=1, progress=False)
+    b = load_dataset(cfg("digits", scale="none"), seed=1, progress=False)
+    c = load_dataset(cfg("digits", scale="none"), seed=2, progress=False)
+    np.testing.assert_array_equal(a.x_test, b.x_test)
+    assert not np.array_equal(a.y_test, c.y_test)
+    whole = np.bincount(np.concatenate([a.y_train, a.y_test])) * 0.2
+    assert np.abs(np.bincount(a.y_test) - whole).max() <= 1
+    assert "stratified" in a.source
+
+
+def test_limit_is_a_stratified_subset_of_the_training_part() -> None:
+    full = load_dataset(cfg("digits", scale="none"), seed=0, progress=False)
+    small = load_dataset(cfg("digits", scale="none", limit=200), seed=0, progress=False)
+    assert small.num_train == 200 and small.num_test == full.num_test
+    assert np.abs(np.bincount(small.y_train, minlength=10) - 20).max() <= 1
+    rows = {r.tobytes() for r in full.x_train}
+    assert all(r.tobytes() in rows for r in small.x_train)
+
+
+def test_task_that_does_not_fit_the_source_is_rejected() -> None:
+    with pytest.raises(UserError, match="digits is a multiclass dataset"):
+        load_dataset(cfg("digits", task="binary"), seed=0, progress=False)
+    with pytest.raises(UserError, match="dataset.path is not used by the digits source"):
+        load_dataset(cfg("digits", path="/tmp/x"), seed=0, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# LIBSVM files
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [("-1", "+1"), ("0", "1"), ("1", "2")])
+def test_libsvm_binary_labels_become_zero_one(tmp_path: Path, values: tuple[str, str]) -> None:
+    labels = [values[i % 2] for i in range(40)]
+    path = write(tmp_path / "b.txt", libsvm_text(labels))
+    data = load_dataset(cfg("libsvm", path=str(path), scale="none"), seed=0, progress=False)
+    assert data.task == "binary" and data.num_outputs == 1 and data.num_features == 6
+    assert data.y_train.dtype == np.float32 and set(np.unique(data.y_train)) == {0.0, 1.0}
+    assert data.num_train + data.num_test == 40
+
+
+def test_libsvm_multiclass_and_multilabel(tmp_path: Path) -> None:
+    multi = write(tmp_path / "m.txt", libsvm_text(["3", "5", "9"] * 10))
+    data = load_dataset(cfg("libsvm", path=str(multi)), seed=0, progress=False)
+    assert data.task == "multiclass" and data.num_classes == 3
+    assert set(np.unique(data.y_train)) == {0, 1, 2}
+    tags = write(tmp_path / "t.txt", libsvm_text(["1,4", "4", "2,7,9", "1"] * 5))
+    data = load_dataset(cfg("libsvm", path=str(tags)), seed=0, progress=False)
+    assert data.task == "multilabel" and data.num_classes == 5
+    assert data.y_train.shape == (data.num_train, 5) and data.y_train.dtype == np.float32
+    assert set(data.y_train.sum(axis=1)) <= {1.0, 2.0, 3.0}
+
+
+def test_libsvm_corrupt_line_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path / "bad.txt", "1 1:2 3:4\n-1 2:1\n1 2:1 x:3\n-1 1:1\n")
+    with pytest.raises(UserError, match=rf"{path}: line 3 is not valid LIBSVM"):
+        load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
+
+
+def test_libsvm_path_is_required_and_must_exist() -> None:
+    with pytest.raises(UserError, match="needs dataset.path"):
+        load_dataset(cfg("libsvm"), seed=0, progress=False)
+    with pytest.raises(UserError, match="^dataset file not found: /no/such/file$"):
+        load_dataset(cfg("libsvm", path="/no/such/file"), seed=0, progress=False)
+
+
+def test_regression_labels_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path / "r.txt", libsvm_text(["0.5", "1.25", "2"] * 4))
+    with pytest.raises(UserError, match="non-integer labels"):
+        load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
+
+
+@pytest.mark.parametrize("suffix", [".xz", ".bz2", ".gz"])
+def test_compressed_files_load_identically(tmp_path: Path, suffix: str) -> None:
+    text = libsvm_text(["-1", "1"] * 20, seed=3)
+    plain = load_dataset(cfg("libsvm", path=str(write(tmp_path / "f.txt", text))), seed=0,
+                         progress=False)
+    packed = load_dataset(cfg("libsvm", path=str(write(tmp_path / f"f.txt{suffix}", text))),
+                          seed=0, progress=False)
+    np.testing.assert_array_equal(plain.x_train, packed.x_train)
+    np.testing.assert_array_equal(plain.y_test, packed.y_test)
+
+
+def test_second_load_reads_the_parsed_cache(tmp_path: Path, home: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "f.txt", libsvm_text(["-1", "1"] * 20))
+    first = load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
+    assert list((home / "parsed").glob("libsvm-*.npz"))
+
+    def no_parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(libsvm, "read_libsvm", no_parse)
+    second = load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
+    np.testing.assert_array_equal(first.x_train, second.x_train)
+    path.write_text(libsvm_text(["-1", "1"] * 21))  # a changed file is parsed again
+    with pytest.raises(AssertionError, match="parsed again"):
+        load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
+
+
+def test_sparse_set_stays_sparse_and_test_file_is_widened(home: Path) -> None:
+    """rcv1: the published test file may use fewer feature indices than the train file; both
+    get the published width. A decompressed copy of the published .bz2 is accepted."""
+    write(home / "rcv1_train.binary", "1 1:1 9:2\n-1 3:1\n" * 10)
+    write(home / "rcv1_test.binary.gz", "1 2:1\n-1 1:1\n" * 3)
+    data = load_dataset(cfg("rcv1"), seed=0, progress=False)
+    assert data.is_sparse and isinstance(data.x_train, sp.csr_matrix)
+    assert data.x_train.dtype == np.float32
+    assert data.num_features == data.x_test.shape[1] == 47236
+    assert (data.num_train, data.num_test) == (20, 6)
+    assert abs(data.x_train).max() == 1.0  # sparse "standard" scaling is max-abs
+
+
+@pytest.mark.skipif(not SHARED_W8A.exists(), reason=f"the real w8a file is absent ({SHARED_W8A})")
+def test_w8a_from_the_shared_file(home: Path) -> None:
+    home.mkdir()
+    shutil.copy(SHARED_W8A, home / "w8a.xz")
+    assert source_info("w8a").cached
+    data = load_dataset(cfg("w8a", scale="none"), seed=0, progress=False)
+    assert data.num_train + data.num_test == 49749 and data.num_features == 300
+    assert data.task == "binary" and not data.is_sparse
+    assert set(np.unique(data.x_train)) == {0.0, 1.0}
+    assert "no w8a.t" in data.source and "split" in data.source
+
+
+def test_tampered_file_fails_the_published_checksum(home: Path) -> None:
+    write(home / "w8a.bz2", libsvm_text(["-1", "1"] * 10))
+    with pytest.raises(UserError, match="checksum mismatch: .*w8a.bz2"):
+        load_dataset(cfg("w8a"), seed=0, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# downloads (127.0.0.1 only)
+# --------------------------------------------------------------------------------------------
+
+
+def test_download_checks_the_known_checksum(server: tuple[str, Path], home: Path) -> None:
+    base, root = server
+    payload = b"1 1:1\n-1 2:1\n"
+    (root / "good.txt").write_bytes(payload)
+    sha = hashlib.sha256(payload).hexdigest()
+    path = download(RemoteFile("good.txt", f"{base}/good.txt", sha), "good", progress=False)
+    assert path == home / "good.txt" and path.read_bytes() == payload
+    md5 = "md5:" + hashlib.md5(payload).hexdigest()
+    assert download(RemoteFile("good.txt", f"{base}/good.txt", md5), "good", False) == path
+    with pytest.raises(UserError, match="checksum mismatch for .*/good.txt"):
+        download(RemoteFile("bad.txt", f"{base}/good.txt", "0" * 64), "bad", progress=False)
+    assert not (home / "bad.txt").exists()
+
+
+def test_first_download_is_trusted_then_checked(server: tuple[str, Path], home: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    base, root = server
+    monkeypatch.setenv("HETSGD_DATA_MIRROR", base)
+    write(root / "real-sim.bz2", libsvm_text(["-1", "1"] * 20))
+    assert not source_info("real_sim").cached
+    assert fetch("real_sim", progress=False) == [home / "real-sim.bz2"]
+    recorded = (home / "real-sim.bz2.sha256").read_text().split()[0]
+    assert recorded == hashlib.sha256((home / "real-sim.bz2").read_bytes()).hexdigest()
+    assert source_info("real_sim").cached
+    data = load_dataset(cfg("real_sim"), seed=0, progress=False)
+    assert data.num_train + data.num_test == 40 and data.is_sparse
+    write(home / "real-sim.bz2", libsvm_text(["-1", "1"] * 20, seed=9))
+    with pytest.raises(UserError, match="checksum mismatch"):
+        load_dataset(cfg("real_sim"), seed=0, progress=False)
+    (home / "real-sim.bz2").unlink()  # a new download must match the first one too
+    write(root / "real-sim.bz2", libsvm_text(["-1", "1"] * 20, seed=9))
+    with pytest.raises(UserError, match="checksum mismatch for .*real-sim.bz2"):
+        fetch("real_sim", progress=False)
+
+
+def test_load_downloads_through_the_mirror(server: tuple[str, Path],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    base, root = server
+    monkeypatch.setenv("HETSGD_DATA_MIRROR", base)
+    rows = [",".join([str((i * j) % 7) for j in range(54)] + [str(1 + i % 7)]) for i in range(35)]
+    write(root / "covtype.data.gz", "\n".join(rows) + "\n")
+    data = load_dataset(cfg("covtype", scale="none"), seed=0, progress=False)
+    assert data.num_features == 54 and data.num_classes == 7
+    assert set(np.unique(data.y_train)) == set(range(7))
+
+
+def test_offline_error_names_url_and_path(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("HETSGD_DATA_MIRROR", base)
+    with pytest.raises(UserError) as caught:
+        load_dataset(cfg("w8a"), seed=0, progress=False)
+    message = str(caught.value)
+    assert message.startswith(
+        f"w8a is not in the cache and could not be downloaded from {base}/w8a ")
+    assert f"put the file at {home / 'w8a'} (or a .xz/.bz2/.gz of it)" in message
+    assert "\n" not in message
+
+
+# --------------------------------------------------------------------------------------------
+# other sources
+# --------------------------------------------------------------------------------------------
+
+
+def test_synthetic_is_seeded_and_labelled() -> None:
+    config = cfg("synthetic", n_samples=500, n_features=7, n_classes=3)
+    a = load_dataset(config, seed=4, progress=False)
+    b = load_dataset(config, seed=4, progress=False)
+    assert a.synthetic and "synthetic" in a.source
+    assert (a.num_train + a.num_test, a.num_features, a.num_classes) == (500, 7, 3)
+    assert set(np.unique(a.y_train)) == {0, 1, 2}
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    binary = load_dataset(cfg("synthetic", n_samples=100, n_features=3), seed=0, progress=False)
+    assert binary.task == "binary" and binary.y_train.dtype == np.float32
+
+
+def idx(array: np.ndarray) -> bytes:
+    return bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + \
+        array.astype(np.uint8).tobytes()
+
+
+def test_fashion_mnist_idx_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(0)
+    debian = tmp_path / "debian"
+    for prefix, n in (("train", 30), ("t10k", 10)):
+        write(debian / f"{prefix}-images-idx3-ubyte.gz",
+              idx(rng.integers(0, 256, (n, 28, 28))))
+        write(debian / f"{prefix}-labels-idx1-ubyte.gz", idx(np.arange(n) % 10))
+    monkeypatch.setattr(images, "DEBIAN_FASHION_DIR", debian)
+    assert source_info("fashion_mnist").cached
+    data = load_dataset(cfg("fashion_mnist"), seed=0, progress=False)
+    assert data.image_shape == (1, 28, 28) and data.num_features == 784
+    assert (data.num_train, data.num_test, data.num_classes) == (30, 10, 10)
+    assert abs(float(data.x_train.mean())) < 1e-4 and abs(float(data.x_train.std()) - 1) < 1e-3
+    by_path = load_dataset(cfg("fashion_mnist", path=str(debian), scale="none"), seed=0,
+                           progress=False)
+    assert by_path.x_train.max() > 1  # raw 0..255
+    write(tmp_path / "junk.gz", b"not an idx file")
+    with pytest.raises(UserError, match="not an IDX file"):
+        read_idx(tmp_path / "junk.gz")
+
+
+def test_cifar10_tarball(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    tar_path = tmp_path / "cifar.tar.gz"
+    with tarfile.open(tar_path, "w:gz") as tar:
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            batch = {b"data": rng.integers(0, 256, (4, 3072)).astype(np.uint8),
+                     b"labels": [0, 1, 2, 9]}
+            raw = pickle.dumps(batch, protocol=2)
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    data = load_dataset(cfg("cifar10", path=str(tar_path)), seed=0, progress=False)
+    raw_data = load_dataset(cfg("cifar10", path=str(tar_path), scale="none"), seed=0,
+                            progress=False)
+    assert data.image_shape == (3, 32, 32) and (data.num_train, data.num_test) == (20, 4)
+    for channel in range(3):
+        pixel = raw_data.x_train[0, channel * 1024]
+        expected = (pixel / 255 - CIFAR_MEAN[channel]) / CIFAR_STD[channel]
+        assert data.x_train[0, channel * 1024] == pytest.approx(expected, rel=1e-5)
+
+
+def test_delicious_text_format_with_split_files(home: Path) -> None:
+    lines = ["8 5 4"] + [f"{i % 4},{(i + 1) % 4} 0:1 {1 + i % 4}:0.5" for i in range(8)]
+    write(home / "Delicious_data.txt", "\n".join(lines) + "\n")
+    write(home / "delicious_trSplit.txt", "1 2\n2 3\n3 4\n4 5\n5 6\n6 1\n")
+    write(home / "delicious_tstSplit.txt", "7 7\n8 8\n")
+    data = load_dataset(cfg("delicious", scale="none"), seed=0, progress=False)
+    assert data.task == "multilabel" and data.num_classes == 4
+    assert (data.num_train, data.num_test, data.num_features) == (6, 2, 5)
+    np.testing.assert_array_equal(data.y_test, [[0, 0, 1, 1], [1, 0, 0, 1]])
+
+
+def test_delicious_missing_names_the_repository_and_path(home: Path) -> None:
+    with pytest.raises(UserError, match=r"Extreme Classification Repository.*Delicious_data.txt"):
+        fetch("delicious", progress=False)
+    assert str(home) in source_info("delicious").files[0].as_posix()
+
+
+def test_registry_lists_every_source() -> None:
+    names = {info.name for info in list_sources()}
+    assert names >= {"digits", "libsvm", "w8a", "real_sim", "covtype_binary", "rcv1", "news20",
+                     "covtype", "fashion_mnist", "cifar10", "synthetic", "delicious"}
+    assert fetch("digits", progress=False) == []
+    with pytest.raises(UserError, match="unknown dataset 'nope'; known: digits"):
+        source_info("nope")
+
+
+def test_data_home(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert data_home() == home
+    monkeypatch.delenv("HETSGD_DATA")
+    assert data_home() == Path.home() / ".cache" / "hetsgd"
