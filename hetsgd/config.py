@@ -228,12 +228,105 @@ class AlgoConfig:
 
 @dataclass
 class SyncConfig(AlgoConfig):
-    """Synchronous mini-batch SGD; with one worker, the single-device baseline."""
+    """Synchronous data-parallel SGD; with one worker, the single-device baseline."""
 
     name: str = "sync"
+    split: str = "equal"  # equal (as DDP) | proportional (to calibrated speed)
+    global_batch: int | None = None  # null: the sum of the workers' batch sizes
+
+    def __post_init__(self) -> None:
+        _one_of("algo.split", self.split, ("equal", "proportional"))
+        _require(self.global_batch is None or self.global_batch > 0, "algo.global_batch",
+                 "a positive batch size, or null", self.global_batch)
 
 
-ALGO_SCHEMAS: dict[str, type[AlgoConfig]] = {"sync": SyncConfig}
+@dataclass
+class HogwildConfig(AlgoConfig):
+    """CPU-only asynchronous SGD: lock-free in-place updates of the shared master."""
+
+    name: str = "hogwild"
+
+
+MERGES = ("delta", "overwrite")
+
+
+@dataclass
+class HogbatchConfig(AlgoConfig):
+    """CPU+GPU Hogbatch. `merge`: how an accelerator's replica goes back into the master:
+    `delta` adds the replica's own change and keeps concurrent CPU updates (the project's
+    default); `overwrite` copies the replica over the master (the authors' released code)."""
+
+    name: str = "hogbatch"
+    merge: str = "delta"
+
+    def __post_init__(self) -> None:
+        _one_of("algo.merge", self.merge, MERGES)
+
+
+@dataclass
+class AdaptiveConfig(HogbatchConfig):
+    """Adaptive Hogbatch. The paper does not give its rule; this is the project's
+    reconstruction (see hetsgd/algorithms/adaptive.py and the README)."""
+
+    name: str = "adaptive"
+    target_share: float = 0.5  # wanted share of model updates made by the accel class
+    period_s: float = 0.5  # control period
+    window_s: float = 2.0  # update rates are measured over this sliding window
+    gamma: float = 0.5  # damping exponent of each resize
+    min_gpu_batch: int = 32  # the paper's threshold: accel batches never go below it
+    max_gpu_batch: int | None = None  # null: the accel group's configured batch size
+    max_cpu_batch: int = 64  # host batches never grow beyond it
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(0 < self.target_share < 1, "algo.target_share", "0 < x < 1", self.target_share)
+        _require(self.period_s > 0, "algo.period_s", "a positive number of seconds", self.period_s)
+        _require(self.window_s >= self.period_s, "algo.window_s", "at least algo.period_s",
+                 self.window_s)
+        _require(0 < self.gamma <= 1, "algo.gamma", "0 < x <= 1", self.gamma)
+        _require(self.min_gpu_batch > 0, "algo.min_gpu_batch", "a positive batch size",
+                 self.min_gpu_batch)
+        _require(self.max_gpu_batch is None or self.max_gpu_batch >= self.min_gpu_batch,
+                 "algo.max_gpu_batch", "null or at least algo.min_gpu_batch", self.max_gpu_batch)
+        _require(self.max_cpu_batch > 0, "algo.max_cpu_batch", "a positive batch size",
+                 self.max_cpu_batch)
+
+
+@dataclass
+class BiasedSamplingConfig:
+    """Loss-based top-k sampling of the biased local SGD paper."""
+
+    sampling: bool = False
+    side: str = "slow"  # slow (the authors' code) | fast (the paper's summary)
+    pool_ratio: float = 4.0
+
+    def __post_init__(self) -> None:
+        _one_of("algo.biased.side", self.side, ("slow", "fast"))
+        _require(self.pool_ratio >= 1, "algo.biased.pool_ratio", "x >= 1", self.pool_ratio)
+
+
+@dataclass
+class LocalSGDConfig(AlgoConfig):
+    """Local SGD: each worker takes tau_i local steps per round, then replicas are aggregated.
+    `tau`: a dict {group: steps} (e.g. {accel: 32, cpu: 1}) or "auto" (proportional to
+    measured step speed); equal values = balanced local SGD."""
+
+    name: str = "local_sgd"
+    tau: Any = "auto"
+    aggregation: str = "uniform"  # uniform (authors' code) | samples | fast_weighted
+    alpha: float = 2.0  # extra weight of fast-group models under fast_weighted
+    biased: BiasedSamplingConfig = field(default_factory=BiasedSamplingConfig)
+    epoch_accounting: str = "examples"  # examples (N consumed) | authors (their round count)
+
+    def __post_init__(self) -> None:
+        _one_of("algo.aggregation", self.aggregation, ("uniform", "samples", "fast_weighted"))
+        _one_of("algo.epoch_accounting", self.epoch_accounting, ("examples", "authors"))
+        _require(self.alpha > 0, "algo.alpha", "a positive weight", self.alpha)
+
+
+ALGO_SCHEMAS: dict[str, type[AlgoConfig]] = {
+    "sync": SyncConfig, "hogwild": HogwildConfig, "hogbatch": HogbatchConfig,
+    "adaptive": AdaptiveConfig, "local_sgd": LocalSGDConfig}
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
-"""The shared-master engine: spawn workers on one master model, watch them, snapshot the model.
+"""The coordinator: spawn worker processes around one master model, watch them, snapshot it.
 
-The coordinator process never initializes CUDA. It starts the workers (spawned, so each sets its
+Every algorithm runs through it; they differ in the worker entry point (``target``): the
+asynchronous family's workers update the master directly, while replicas that train on their own
+(a GPU, distributed ranks) publish into it when a snapshot is due. The coordinator process never
+initializes CUDA. It starts the workers (spawned, so each sets its
 thread count and makes its own CUDA context), waits until every worker has built its model and
 staged its data, then starts the clock and the workers together. While they train it copies the
 master every ``eval.every_s`` seconds, ends training at the time budget, and notices a worker that
@@ -29,6 +32,8 @@ from hetsgd.shared import (
     WorkerCounters,
 )
 from hetsgd.workers import worker_process
+
+OnTick = Callable[[float, WorkerCounters], None]  # (training seconds, counters), every tick
 
 STARTUP_TIMEOUT_S = 600.0
 PUBLISH_TIMEOUT_S = 60.0
@@ -72,11 +77,12 @@ class SnapshotBuffer:
             self.every_s *= 2
 
 
-class SharedMasterEngine:
+class Coordinator:
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster,
-                 on_tick: Callable[[float, WorkerCounters], None] | None = None) -> None:
-        self.cfg, self.specs, self.problem = cfg, specs, problem
+                 on_tick: OnTick | None = None,
+                 target: Callable = worker_process) -> None:
+        self.cfg, self.specs, self.problem, self.target = cfg, specs, problem, target
         ctx = mp.get_context("spawn")
         self.ctx = ctx
         self.state = SharedState(
@@ -108,7 +114,7 @@ class SharedMasterEngine:
 
     def run(self, monitor_factory) -> Training:
         training = Training()
-        procs = [self.ctx.Process(target=worker_process, daemon=True, name=f"hetsgd-worker-{s.rank}",
+        procs = [self.ctx.Process(target=self.target, daemon=True, name=f"hetsgd-worker-{s.rank}",
                                   args=(s, self.cfg, self.problem, self.state, self.reports))
                  for s in self.specs]
         for p in procs:

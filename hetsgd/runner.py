@@ -18,7 +18,7 @@ from hetsgd import algorithms
 from hetsgd.config import RunConfig
 from hetsgd.data import load_dataset
 from hetsgd.devices import WorkerSpec, expand
-from hetsgd.engine import SharedMasterEngine, Training
+from hetsgd.engine import Training
 from hetsgd.errors import UserError
 from hetsgd.evaluate import Evaluator, first_reaching, normalized_loss
 from hetsgd.flat import FlatModel
@@ -97,7 +97,8 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
         summary["environment"] = environment()
         specs = expand(cfg.devices)
         summary["emulated"] = any(spec.emulated for spec in specs)
-        algorithms.get(cfg.algo.name).check(cfg, specs)
+        algorithm = algorithms.get(cfg.algo.name)
+        algorithm.check(cfg, specs)
         dataset = load_dataset(cfg.dataset, cfg.seed, progress=cfg.progress)
         summary["dataset_source"] = dataset.source
         summary["synthetic"] = dataset.synthetic
@@ -110,8 +111,8 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
                                      problem.image_shape, cfg.seed))
         master = SharedMaster.from_flat(init.params, init.buffers)
         with TrainingProgress(cfg, specs, data.num_examples) as progress:
-            engine = SharedMasterEngine(cfg, specs, problem, data, master, on_tick=progress.update)
-            training = engine.run(
+            coordinator = algorithm.coordinator(cfg, specs, problem, data, master, progress.update)
+            training = coordinator.run(
                 lambda pids: UtilizationMonitor(cfg.monitor.interval_s, pids))
         summary.update(status=training.status, error=training.error)
         out.write_table("utilization", training.utilization)

@@ -1,5 +1,9 @@
-"""The algorithms, by config name. Each module says which worker layouts it accepts (``check``);
-the engine that runs the workers is shared by the asynchronous family and single-worker sync."""
+"""The algorithms, by config name.
+
+Each algorithm module provides ``check(cfg, specs)``, which rejects worker layouts it cannot run
+with a one-line ``UserError``, and ``coordinator(cfg, specs, problem, data, master, on_tick)``,
+which returns the :class:`hetsgd.engine.Coordinator` that runs its workers.
+"""
 
 from __future__ import annotations
 

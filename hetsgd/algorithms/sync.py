@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engine import Coordinator, OnTick
 from hetsgd.errors import UserError
+from hetsgd.shared import Problem, SharedData, SharedMaster
 
 
 def check(cfg: RunConfig, specs: list[WorkerSpec]) -> None:
@@ -13,3 +15,8 @@ def check(cfg: RunConfig, specs: list[WorkerSpec]) -> None:
         raise UserError(
             f"algo=sync trains on exactly one worker, but devices={cfg.devices.name} has "
             f"{len(specs)}: use devices=single_cpu or devices=gpu")
+
+
+def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,
+                master: SharedMaster, on_tick: OnTick) -> Coordinator:
+    return Coordinator(cfg, specs, problem, data, master, on_tick)
