@@ -19,11 +19,9 @@ from rich.table import Table
 
 from hetsgd import data as datasets
 from hetsgd import devices as device_info
-from hetsgd.config import ConfigError, register_configs, to_run_config
+from hetsgd.config import CONF_DIR, ConfigError, register_configs, to_run_config
 from hetsgd.errors import UserError
 from hetsgd.results import RunDirectory
-
-CONF_DIR = Path(os.environ.get("HETSGD_CONF", Path(__file__).resolve().parents[1] / "conf"))
 
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
@@ -127,6 +125,40 @@ def run(ctx: typer.Context) -> None:
         logging.shutdown()
     if failures:
         raise typer.Exit(1)
+
+
+# -- report and plot ---------------------------------------------------------------------------
+
+
+@app.command()
+def report(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or all of results/."),
+           baseline: str = typer.Option(None, help='The speedup baseline, e.g. "algo=sync devices=gpu"; '
+                                                   "default: the sync run of each comparison.")) -> None:
+    """Tables per comparison: time and epochs to normalized loss 0.9/0.95/0.99, final losses and
+    accuracy, update shares, utilization, speedup. Writes report.md and report.csv beside the runs."""
+    from hetsgd.report import write_report
+
+    if not path.exists():
+        _fail(f"no such run, sweep or results folder: {path}")
+    try:
+        console.print(write_report(path, baseline), markup=False, highlight=False)
+    except UserError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def plot(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or all of results/."),
+         format: str = typer.Option("png", "--format", help="Comma-separated: png, svg, pdf.")) -> None:
+    """Redraw the figures of every run and comparison under PATH from their CSV files."""
+    from hetsgd.plots import check_formats, plot_all
+
+    if not path.exists():
+        _fail(f"no such run, sweep or results folder: {path}")
+    try:
+        written = plot_all(path, check_formats(format.split(",")))
+    except UserError as exc:
+        _fail(str(exc))
+    console.print(f"{len(written)} figure file(s) written under {path}")
 
 
 # -- data ----------------------------------------------------------------------------------------

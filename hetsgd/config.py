@@ -8,14 +8,19 @@ error names the field and what is allowed.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hetsgd.host import usable_cores
+from hetsgd.host import cuda_devices, usable_cores
+
+# The config tree; HETSGD_CONF points elsewhere (e.g. a copy with your own mixes and experiments).
+CONF_DIR = Path(os.environ.get("HETSGD_CONF", Path(__file__).resolve().parents[1] / "conf"))
 
 
 class ConfigError(ValueError):
@@ -212,8 +217,8 @@ class DevicesConfig:
     groups: dict[str, GroupConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _require(len(self.groups) > 0, "devices.groups", "at least one worker group",
-                 self.groups)
+        _require(len(self.groups) > 0 or self.name == "auto", "devices.groups",
+                 "at least one worker group", self.groups)
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,7 +276,7 @@ class AdaptiveConfig(HogbatchConfig):
     name: str = "adaptive"
     target_share: float = 0.5  # wanted share of model updates made by the accel class
     period_s: float = 0.5  # control period
-    window_s: float = 2.0  # update rates are measured over this sliding window
+    window_s: float = 1.0  # update rates are measured over this sliding window
     gamma: float = 0.5  # damping exponent of each resize
     min_gpu_batch: int = 32  # the paper's threshold: accel batches never go below it
     max_gpu_batch: int | None = None  # null: the accel group's configured batch size
@@ -352,9 +357,14 @@ class RunConfig:
 
 def register_configs() -> None:
     """Register the schemas so that YAML files can name them in their defaults lists, and the
-    `${hetsgd.cores:}` resolver that device mixes use for "one worker per core"."""
-    if not OmegaConf.has_resolver("hetsgd.cores"):
-        OmegaConf.register_new_resolver("hetsgd.cores", usable_cores)
+    resolvers device mixes use: `${hetsgd.cores:}` (one worker per core), `${hetsgd.cores_but:1}`
+    (all cores but one, left to a GPU worker's host thread), `${hetsgd.gpus:}`."""
+    resolvers = {"hetsgd.cores": usable_cores,
+                 "hetsgd.cores_but": lambda n: max(1, usable_cores() - int(n)),
+                 "hetsgd.gpus": lambda: max(1, len(cuda_devices()))}
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
     cs = ConfigStore.instance()
     # Schemas live under schema/ so that they do not show up as choices of the config groups.
     cs.store(group="schema", name="run", node=RunConfig)

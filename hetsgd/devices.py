@@ -6,14 +6,15 @@ context (only workers create one).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
+from omegaconf import OmegaConf
 
-from hetsgd.config import DevicesConfig
+from hetsgd.config import CONF_DIR, DevicesConfig
 from hetsgd.errors import UserError
-from hetsgd.host import cpu_model, usable_cores
-from hetsgd.monitor import describe_gpus
+from hetsgd.host import cpu_model, cuda_devices, usable_cores
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,16 @@ class WorkerSpec:
         return "emulated" if self.emulated else self.kind
 
 
-def cuda_devices() -> list[dict]:
-    """GPUs that this torch build can use (NVML sees them and torch was built with CUDA)."""
-    if torch.version.cuda is None:
-        return []
-    return describe_gpus()
+def resolve_auto(mix: DevicesConfig) -> DevicesConfig:
+    """`auto` becomes `cpu+gpu` where a CUDA GPU is usable, else `emulated` (others pass through)."""
+    if mix.name != "auto":
+        return mix
+    chosen = "cpu+gpu" if cuda_devices() else "emulated"
+    node = OmegaConf.load(CONF_DIR / "devices" / f"{chosen}.yaml")
+    node.pop("defaults", None)
+    resolved = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DevicesConfig), node))
+    assert isinstance(resolved, DevicesConfig)
+    return resolved
 
 
 def expand(mix: DevicesConfig) -> list[WorkerSpec]:
@@ -71,3 +77,8 @@ def describe() -> dict:
     """What `hetsgd devices` lists: the CPU, its cores, and the GPUs torch can use here."""
     return {"cpu_model": cpu_model(), "cores": usable_cores(), "torch": torch.__version__,
             "torch_cuda": torch.version.cuda, "gpus": cuda_devices()}
+
+
+def renumber(specs: list[WorkerSpec]) -> list[WorkerSpec]:
+    """The same workers ranked 0..n-1 (after an algorithm leaves some out)."""
+    return [dataclasses.replace(spec, rank=rank) for rank, spec in enumerate(specs)]

@@ -16,6 +16,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.multiprocessing as mp
@@ -59,6 +60,18 @@ class Training:
     snapshots: list[Snapshot] = field(default_factory=list)
     counters: list[dict[str, float]] = field(default_factory=list)
     utilization: list[dict[str, float]] = field(default_factory=list)
+    batches: list[dict[str, float]] = field(default_factory=list)  # batch-size changes, if any
+    extra: dict = field(default_factory=dict)  # algorithm-specific summary entries
+
+
+class Controller(Protocol):
+    """Steers workers while they train (Adaptive Hogbatch's batch sizes), from the coordinator."""
+
+    log: list[dict[str, float]]
+
+    def tick(self, elapsed: float, counters: WorkerCounters) -> None: ...
+
+    def summary(self) -> dict: ...
 
 
 class SnapshotBuffer:
@@ -81,8 +94,9 @@ class Coordinator:
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster,
                  on_tick: OnTick | None = None,
-                 target: Callable = worker_process) -> None:
+                 target: Callable = worker_process, controller: Controller | None = None) -> None:
         self.cfg, self.specs, self.problem, self.target = cfg, specs, problem, target
+        self.controller = controller
         ctx = mp.get_context("spawn")
         self.ctx = ctx
         self.state = SharedState(
@@ -150,6 +164,8 @@ class Coordinator:
                     next_time = now + snapshots.every_s
                     while epoch_step is not None and next_epoch <= epoch:
                         next_epoch += epoch_step
+                if self.controller is not None:
+                    self.controller.tick(now - t0, self.state.counters)
                 if self.on_tick is not None:
                     self.on_tick(now - t0, self.state.counters)
             training.time_s = time.perf_counter() - t0
@@ -170,6 +186,8 @@ class Coordinator:
             if status != "done" and training.status == "completed":
                 training.status, training.error = status, message
         training.counters = [self.state.counters.row(s.rank) for s in self.specs]
+        if self.controller is not None:
+            training.batches, training.extra = self.controller.log, self.controller.summary()
         return training
 
     def _await_ready(self, procs: list, finished: dict[int, tuple[str, str]]) -> None:

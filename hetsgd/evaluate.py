@@ -1,4 +1,4 @@
-"""Evaluation of model snapshots, normalized loss and time-to-target.
+"""Evaluation of model snapshots.
 
 Snapshots are evaluated after training, in the coordinator, so evaluation never takes cycles from
 the workers and never counts as training time.
@@ -6,10 +6,8 @@ the workers and never counts as training time.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from hetsgd.config import RunConfig
@@ -17,8 +15,6 @@ from hetsgd.flat import FlatModel
 from hetsgd.losses import correct, per_sample_loss
 from hetsgd.models import build_model
 from hetsgd.shared import Problem, SharedData
-
-TARGETS = (0.9, 0.95, 0.99)
 
 
 @dataclass
@@ -61,21 +57,3 @@ class Evaluator:
         train_loss, _ = self._loss_and_acc(self.train, self.train_idx)
         test_loss, test_acc = self._loss_and_acc(self.test, torch.arange(self.test.num_examples))
         return Metrics(train_loss, test_loss, test_acc)
-
-
-def normalized_loss(losses: np.ndarray, initial: float, best: float) -> np.ndarray:
-    """(L0 - L) / (L0 - L_best): the fraction of the achievable loss reduction, 0 at the start and
-    1 at the best loss of the comparison (the papers' plots rise from 0 to 1)."""
-    span = initial - best
-    if not span > 0:
-        return np.zeros_like(losses)
-    return (initial - losses) / span
-
-
-def first_reaching(values: np.ndarray, axis: np.ndarray, targets=TARGETS) -> dict[str, float | None]:
-    """For each target, the first `axis` value (time or epoch) at which `values` reaches it."""
-    out: dict[str, float | None] = {}
-    for target in targets:
-        hits = np.flatnonzero(np.nan_to_num(values, nan=-math.inf) >= target)
-        out[str(target)] = float(axis[hits[0]]) if len(hits) else None
-    return out

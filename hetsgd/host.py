@@ -1,9 +1,16 @@
-"""Facts about this machine's CPU that configs and summaries need."""
+"""Facts about this machine that configs and summaries need: cores, CPU model, usable GPUs.
+
+GPUs are found through NVML, never through CUDA, so the coordinator stays free of a CUDA context.
+"""
 
 from __future__ import annotations
 
 import os
 import platform
+
+import torch
+
+from hetsgd.monitor import describe_gpus
 
 
 def usable_cores() -> int:
@@ -23,3 +30,10 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cuda_devices() -> list[dict]:
+    """GPUs that this torch build can use (NVML sees them and torch was built with CUDA)."""
+    if torch.version.cuda is None:
+        return []
+    return describe_gpus()

@@ -12,8 +12,7 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-from hetsgd.devices import cuda_devices
-from hetsgd.host import cpu_model, usable_cores
+from hetsgd.host import cpu_model, cuda_devices, usable_cores
 
 SUMMARY = "summary.json"
 

@@ -11,17 +11,17 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from hetsgd import algorithms
 from hetsgd.config import RunConfig
 from hetsgd.data import load_dataset
-from hetsgd.devices import WorkerSpec, expand
+from hetsgd.devices import WorkerSpec, expand, resolve_auto
 from hetsgd.engine import Training
 from hetsgd.errors import UserError
-from hetsgd.evaluate import Evaluator, first_reaching, normalized_loss
+from hetsgd.evaluate import Evaluator
 from hetsgd.flat import FlatModel
+from hetsgd.metrics import normalized_loss, time_to_targets
 from hetsgd.models import build_model
 from hetsgd.monitor import UtilizationMonitor, summarize
 from hetsgd.progress import TrainingProgress
@@ -48,8 +48,8 @@ def _convergence(training: Training, metrics: list, specs: list[WorkerSpec],
         row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
         rows.append(row)
     frame = pd.DataFrame(rows)
-    losses = frame["train_loss"].to_numpy()
-    frame["normalized_loss"] = normalized_loss(losses, losses[0], np.nanmin(losses))
+    losses = frame["train_loss"]
+    frame["normalized_loss"] = normalized_loss(losses, losses.iloc[0], losses.min())
     return frame
 
 
@@ -80,10 +80,8 @@ def _results(training: Training, convergence: pd.DataFrame, specs: list[WorkerSp
         "examples_per_s": examples / training.time_s if training.time_s > 0 else None,
         "initial": {k: float(first[k]) for k in metrics},
         "final": {k: float(last[k]) for k in metrics},
-        "time_to_target": first_reaching(convergence["normalized_loss"].to_numpy(),
-                                         convergence["time_s"].to_numpy()),
-        "epochs_to_target": first_reaching(convergence["normalized_loss"].to_numpy(),
-                                           convergence["epoch"].to_numpy()),
+        "time_to_target": time_to_targets(convergence["time_s"], convergence["normalized_loss"]),
+        "epochs_to_target": time_to_targets(convergence["epoch"], convergence["normalized_loss"]),
         "utilization": summarize(training.utilization),
     }
 
@@ -95,10 +93,15 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
     try:
         out.write_config(resolved_config)
         summary["environment"] = environment()
-        specs = expand(cfg.devices)
+        mix = resolve_auto(cfg.devices)
+        if mix is not cfg.devices:
+            log.info("devices=auto: no usable CUDA GPU here, so the emulated mix stands in"
+                     if mix.name == "emulated" else "devices=auto: using cpu+gpu")
+        summary["devices_resolved"] = mix.name
+        specs = expand(mix)
         summary["emulated"] = any(spec.emulated for spec in specs)
         algorithm = algorithms.get(cfg.algo.name)
-        algorithm.check(cfg, specs)
+        specs = algorithm.plan(cfg, specs)
         dataset = load_dataset(cfg.dataset, cfg.seed, progress=cfg.progress)
         summary["dataset_source"] = dataset.source
         summary["synthetic"] = dataset.synthetic
@@ -117,13 +120,15 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
         summary.update(status=training.status, error=training.error)
         out.write_table("utilization", training.utilization)
         out.write_table("workers", _workers_table(training, specs))
+        if training.batches:
+            out.write_table("batches", training.batches)
         if not training.snapshots:
             raise RuntimeError(training.error or "training ended before the first snapshot")
         evaluator = Evaluator(cfg, problem, data, SharedData.from_arrays(dataset.x_test, dataset.y_test))
         metrics = [evaluator(s.params, s.buffers) for s in training.snapshots]
         convergence = _convergence(training, metrics, specs, data.num_examples)
         out.write_table("convergence", convergence)
-        summary.update(_results(training, convergence, specs, data.num_examples))
+        summary.update(_results(training, convergence, specs, data.num_examples), **training.extra)
     except UserError as exc:
         summary.update(status="failed", error=str(exc))
     except Exception as exc:  # a failed run must still say why, in its directory
@@ -131,4 +136,15 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
         (run_dir / "error.log").write_text(traceback.format_exc())
     finally:
         out.write_summary(summary)
+    _draw_figures(run_dir)
     return summary
+
+
+def _draw_figures(run_dir: Path) -> None:
+    """Figures are a view of the files just written; failing to draw never fails the run."""
+    from hetsgd.plots import plot_run  # matplotlib loads only here
+
+    try:
+        plot_run(run_dir)
+    except Exception as exc:  # noqa: BLE001 - the results are on disk; say why figures are missing
+        log.warning("could not draw the figures of %s: %s", run_dir, exc)

@@ -1,13 +1,16 @@
 """Worker processes of the shared-master engine: claim a chunk, take an SGD step, count it.
 
-A worker reaches the master model in one of two ways:
+A worker reaches the master model in one of three ways (its "link"):
 
 - ``InPlace``: the model's parameters *are* the master in shared memory; each step updates it
-  lock-free (Hogwild). CPU workers of the asynchronous family, and the single-device CPU baseline.
+  lock-free (Hogwild). Host workers of the asynchronous family, and the single-device CPU baseline.
+- ``Replica``: the accelerator's path in Hogbatch: copy the master in before each batch, merge the
+  result back after it (``delta`` or ``overwrite``). Runs on a CPU too (the emulated ``accel``).
 - ``Resident``: the model lives on the worker's device and is copied into the master only when the
   coordinator asks for a snapshot, and at the end. The single-device GPU baseline.
 
-The loop reads top to bottom: claim -> gather -> step -> count -> (emulated) sleep.
+The loop reads top to bottom: claim -> gather -> copy in -> step -> merge -> count -> (emulated)
+sleep. The batch size is re-read every step, so a controller (Adaptive Hogbatch) can change it.
 """
 
 from __future__ import annotations
@@ -106,6 +109,9 @@ class InPlace:
     def __init__(self, module: torch.nn.Module, state: SharedState) -> None:
         self.flat = FlatModel(module, state.master.params, state.master.buffers)
 
+    def before_step(self) -> float:
+        return 0.0
+
     def after_step(self) -> float:
         return 0.0
 
@@ -121,6 +127,9 @@ class Resident:
         self.flat.load_(state.master.params.to(self.flat.params.device),
                         state.master.buffers.to(self.flat.params.device))
         self.state = state
+
+    def before_step(self) -> float:
+        return 0.0
 
     def publish(self) -> float:
         start = time.perf_counter()
@@ -141,6 +150,56 @@ class Resident:
         return self.publish()
 
 
+class Replica:
+    """A device copy refreshed from the master before each batch and merged back after it.
+
+    ``delta`` adds the replica's own change (w_after - w_before) to the master, so CPU updates
+    that landed during the batch survive; ``overwrite`` copies the replica over the master, as the
+    authors' released code does, losing them. Buffers (BatchNorm statistics) are overwritten.
+    """
+
+    def __init__(self, module: torch.nn.Module, state: SharedState, merge: str) -> None:
+        self.flat = FlatModel(module)
+        self.master = state.master
+        self.merge = merge
+        device = self.flat.params.device
+        self.start_params = torch.empty_like(self.flat.params)
+        pin = device.type == "cuda"
+        self.host_delta = torch.empty(self.flat.params.shape, pin_memory=pin)
+        self.host_buffers = torch.empty(self.flat.buffers.shape, pin_memory=pin)
+
+    def before_step(self) -> float:
+        start = time.perf_counter()
+        self.flat.load_(self.master.params, self.master.buffers)
+        if self.merge == "delta":
+            self.start_params.copy_(self.flat.params)
+        return time.perf_counter() - start
+
+    def after_step(self) -> float:
+        start = time.perf_counter()
+        if self.merge == "delta":
+            self.host_delta.copy_(self.flat.params.sub_(self.start_params))
+            self.master.params.add_(self.host_delta)  # lock-free, like every Hogwild update
+        else:
+            self.master.params.copy_(self.flat.params)
+        self.host_buffers.copy_(self.flat.buffers)
+        self.master.buffers.copy_(self.host_buffers)
+        return time.perf_counter() - start
+
+    def finish(self) -> float:
+        return 0.0
+
+
+Link = InPlace | Replica | Resident
+# Chooses each worker's link; algorithms with a replica path pass their own. Must be picklable.
+LinkFactory = Callable[[WorkerSpec, torch.nn.Module, SharedState], Link]
+
+
+def default_link(spec: WorkerSpec, module: torch.nn.Module, state: SharedState) -> Link:
+    """A lone worker: in place on a CPU, resident on a GPU."""
+    return InPlace(module, state) if spec.device == "cpu" else Resident(module, state)
+
+
 @dataclass
 class StepRecord:
     """What one step did; handed to an optional observer (tests, traces)."""
@@ -154,14 +213,14 @@ class StepRecord:
 class Worker:
     """One worker's training loop. ``run`` works in-process too, which tests use."""
 
-    def __init__(self, spec: WorkerSpec, cfg: RunConfig, problem: Problem,
-                 state: SharedState) -> None:
+    def __init__(self, spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
+                 link_factory: LinkFactory | None = None) -> None:
         self.spec, self.cfg, self.state = spec, cfg, state
         self.device = torch.device(spec.device)
         module = build_model(cfg.model, problem.num_features, problem.num_outputs,
                              problem.image_shape, cfg.seed).to(self.device)
         self.module = module.train()
-        self.link = InPlace(module, state) if spec.device == "cpu" else Resident(module, state)
+        self.link = (link_factory or default_link)(spec, module, state)
         self.sgd = SGD(cfg.optim, self.link.flat)
         self.loss = loss_fn(problem.task)
         self.batches = Batches(state.data, self.device, cfg.data.shuffle, cfg.seed,
@@ -171,24 +230,24 @@ class Worker:
         state, rank = self.state, self.spec.rank
         counters = state.counters.table[rank]
         col = {name: i for i, name in enumerate(COUNTERS)}
-        batch_size = self.spec.batch_size
-        counters[col["batch_size"]] = counters[col["first_batch"]] = batch_size
+        counters[col["batch_size"]] = counters[col["first_batch"]] = self.spec.batch_size
         n = state.data.num_examples
         while not state.signals.stop.is_set():
             waited = time.perf_counter()
-            claim = state.cursor.claim(batch_size)
+            claim = state.cursor.claim(int(counters[col["batch_size"]]))
             started = time.perf_counter()
             if claim is None:
                 break
             epoch, start, size = claim
             x, y = self.batches.get(epoch, start, size)
+            comm = self.link.before_step()
             self.link.flat.zero_grad()
             loss = self.loss(self.module(x), y)
             loss.backward()
             with torch.no_grad():
                 self.sgd.step(epoch + start / n, size)
             loss_value = loss.item()
-            comm = self.link.after_step()
+            comm += self.link.after_step()
             finished = time.perf_counter()
             counters[col["updates"]] += 1
             counters[col["examples"]] += size
@@ -208,11 +267,11 @@ class Worker:
 
 
 def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
-                   reports) -> None:
+                   reports, link_factory: LinkFactory | None = None) -> None:
     """Entry point of a spawned worker: threads first, then train, then report how it ended."""
     torch.set_num_threads(spec.threads)
     try:
-        worker = Worker(spec, cfg, problem, state)
+        worker = Worker(spec, cfg, problem, state, link_factory)
         reports.put(("ready", spec.rank, ""))
         state.signals.go.wait()
         worker.run()

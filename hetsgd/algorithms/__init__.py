@@ -1,18 +1,19 @@
 """The algorithms, by config name.
 
-Each algorithm module provides ``check(cfg, specs)``, which rejects worker layouts it cannot run
-with a one-line ``UserError``, and ``coordinator(cfg, specs, problem, data, master, on_tick)``,
-which returns the :class:`hetsgd.engine.Coordinator` that runs its workers.
+Each algorithm module provides ``plan(cfg, specs) -> specs``, which picks the workers it trains
+on and rejects layouts it cannot run with a one-line ``UserError``, and
+``coordinator(cfg, specs, problem, data, master, on_tick)``, which returns the :class:`hetsgd.engine.Coordinator` that runs its workers.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from hetsgd.algorithms import sync
+from hetsgd.algorithms import adaptive, hogbatch, hogwild, sync
 from hetsgd.errors import UserError
 
-ALGORITHMS: dict[str, ModuleType] = {"sync": sync}
+ALGORITHMS: dict[str, ModuleType] = {"sync": sync, "hogwild": hogwild, "hogbatch": hogbatch,
+                                     "adaptive": adaptive}
 
 
 def get(name: str) -> ModuleType:

@@ -10,11 +10,12 @@ from hetsgd.errors import UserError
 from hetsgd.shared import Problem, SharedData, SharedMaster
 
 
-def check(cfg: RunConfig, specs: list[WorkerSpec]) -> None:
+def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> list[WorkerSpec]:
     if len(specs) != 1:
         raise UserError(
             f"algo=sync trains on exactly one worker, but devices={cfg.devices.name} has "
             f"{len(specs)}: use devices=single_cpu or devices=gpu")
+    return specs
 
 
 def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,

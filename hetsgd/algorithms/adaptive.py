@@ -1,0 +1,122 @@
+"""Adaptive Hogbatch (Ma & Rusu): Hogbatch plus a controller that resizes batches from measured
+update rates toward a target share of model updates between the accelerator and host classes.
+
+The paper does not give its rule. This is the project's reconstruction (see the README):
+
+* every ``period_s`` seconds, measure each class's update rate U over the last ``window_s``;
+* with s* = ``target_share`` (the accelerator class's wanted share of updates),
+  r = (s* / (1 - s*)) * U_host / U_accel is how many times more often the accelerators should
+  update; inside a 10 % dead band nothing changes;
+* r > 1: shrink the accelerator batch, b_g <- clamp(b_g / r^gamma, min_gpu_batch, max_gpu_batch);
+  once b_g sits at ``min_gpu_batch`` (the paper's threshold, which caps the utilization cost),
+  grow the host batches by r^gamma up to ``max_cpu_batch``;
+* r < 1: undo in the opposite order (host batches back down to their configured size, then
+  b_g up to ``max_gpu_batch``);
+* each resize is capped at a factor of 4, and the measuring window restarts after it.
+
+Every change is logged (``batches.csv``); the summary says whether a bound stopped the controller.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hetsgd.algorithms import hogbatch
+from hetsgd.config import AdaptiveConfig, RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engine import Coordinator, OnTick
+from hetsgd.shared import Problem, SharedData, SharedMaster, WorkerCounters
+
+DEAD_BAND = 1.1
+MAX_FACTOR = 4.0
+
+plan = hogbatch.plan
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return max(low, min(high, value))
+
+
+class BatchController:
+    """Runs in the coordinator; workers read their batch size from the shared counters."""
+
+    def __init__(self, cfg: AdaptiveConfig, specs: list[WorkerSpec]) -> None:
+        self.cfg = cfg
+        self.specs = specs
+        self.accel = [s.rank for s in specs if s.accel]
+        self.host = [s.rank for s in specs if not s.accel]
+        self.gpu_batch = float(specs[self.accel[0]].batch_size)
+        self.max_gpu_batch = float(cfg.max_gpu_batch or self.gpu_batch)
+        self.initial_host = {r: specs[r].batch_size for r in self.host}
+        self.host_factor = 1.0
+        self.max_host_factor = max(1.0, cfg.max_cpu_batch / max(self.initial_host.values(), default=1))
+        self.window: deque[tuple[float, float, float]] = deque()
+        self.next_control = cfg.period_s
+        self.last_ratio: float | None = None
+        self.last_share: float | None = None  # accelerator share of updates, last window
+        self.log = [{"time_s": 0.0, "worker": s.rank, "group": s.group, "batch_size": s.batch_size}
+                    for s in specs]
+
+    def _sizes(self) -> dict[int, int]:
+        sizes = {r: max(1, round(self.gpu_batch)) for r in self.accel}
+        sizes.update({r: min(self.cfg.max_cpu_batch, max(b, round(b * self.host_factor)))
+                      for r, b in self.initial_host.items()})
+        return sizes
+
+    def tick(self, elapsed: float, counters: WorkerCounters) -> None:
+        updates = counters.column("updates")
+        self.window.append((elapsed, float(updates[self.accel].sum()), float(updates[self.host].sum())))
+        while self.window and elapsed - self.window[0][0] > self.cfg.window_s:
+            self.window.popleft()
+        if elapsed < self.next_control:
+            return
+        self.next_control = elapsed + self.cfg.period_s
+        (t0, a0, h0), (t1, a1, h1) = self.window[0], self.window[-1]
+        if t1 - t0 < 0.5 * self.cfg.window_s or h1 == h0:
+            return  # not enough evidence yet
+        self.last_share = (a1 - a0) / (a1 - a0 + h1 - h0)
+        share = self.cfg.target_share
+        ratio = share / (1 - share) * (h1 - h0) / max(a1 - a0, 0.5)  # no accel update yet: shrink
+        self.last_ratio = ratio
+        if 1 / DEAD_BAND < ratio < DEAD_BAND:
+            return
+        step = _clamp(ratio ** self.cfg.gamma, 1 / MAX_FACTOR, MAX_FACTOR)
+        before = self._sizes()
+        if ratio > 1 and self.gpu_batch > self.cfg.min_gpu_batch:
+            self.gpu_batch = _clamp(self.gpu_batch / step, self.cfg.min_gpu_batch, self.max_gpu_batch)
+        elif ratio > 1:
+            self.host_factor = _clamp(self.host_factor * step, 1.0, self.max_host_factor)
+        elif self.host_factor > 1:
+            self.host_factor = _clamp(self.host_factor * step, 1.0, self.max_host_factor)
+        else:
+            self.gpu_batch = _clamp(self.gpu_batch / step, self.cfg.min_gpu_batch, self.max_gpu_batch)
+        after = self._sizes()
+        if after == before:
+            return
+        sizes = counters.column("batch_size")
+        for rank, size in after.items():
+            if size != before[rank]:
+                sizes[rank] = size
+                self.log.append({"time_s": elapsed, "worker": rank, "group": self.specs[rank].group,
+                                 "batch_size": size})
+        self.window.clear()
+
+    def summary(self) -> dict:
+        """Where the controller ended, and which bound (if any) kept it from its target."""
+        bound = None
+        if self.last_ratio is not None and self.last_ratio >= DEAD_BAND:
+            if self.gpu_batch <= self.cfg.min_gpu_batch and self.host_factor >= self.max_host_factor:
+                bound = "min_gpu_batch and max_cpu_batch"
+        elif self.last_ratio is not None and self.last_ratio <= 1 / DEAD_BAND:
+            if self.host_factor <= 1 and self.gpu_batch >= self.max_gpu_batch:
+                bound = "max_gpu_batch"
+        return {"adaptive": {"target_share": self.cfg.target_share, "bound": bound,
+                             "last_window_share": self.last_share,
+                             "last_ratio": self.last_ratio, "final_batch_sizes": self._sizes()}}
+
+
+def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,
+                master: SharedMaster, on_tick: OnTick) -> Coordinator:
+    assert isinstance(cfg.algo, AdaptiveConfig)
+    return hogbatch.coordinator(cfg, specs, problem, data, master, on_tick,
+                                controller=BatchController(cfg.algo, specs))

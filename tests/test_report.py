@@ -1,0 +1,290 @@
+"""The report from hand-made run directories that follow DESIGN.md section 6.
+
+The fixture writers here are shared with ``test_plots.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from hetsgd.errors import UserError
+from hetsgd.report import comparisons, crossing, write_report
+from hetsgd.results_index import index_runs, load_csv
+from hetsgd.sweep import SweepReport
+
+ALGOS = {"sync": 1.0, "adaptive": 2.0}  # algo -> speed of its loss decay (1/s)
+MIXES = {"cpu+gpu": False, "emulated": True}  # device mix -> emulated
+SEEDS = (0, 1)
+
+
+def write_overrides(run_dir: Path, overrides: list[str]) -> None:
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+
+
+def write_failed(run_dir: Path, *, algo: str, devices: str, seed: int, error: str,
+                 dataset: str = "digits") -> Path:
+    """A failed run: only summary.json, with its identity and error."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"status": "failed", "error": error, "algo": algo, "dataset": dataset,
+               "model": "mlp", "devices": devices, "seed": seed}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def write_run(run_dir: Path, *, algo: str, devices: str, seed: int, speed: float = 1.0,
+              emulated: bool = False, dataset: str = "digits",
+              train_loss: list[float] | None = None) -> Path:
+    """A completed run with every file a real one has: the loss decays at ``speed`` per second
+    towards 0.1 from 2.3 (or follows ``train_loss``, one snapshot a second)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    gpu = devices != "emulated"
+    if train_loss is None:
+        t = np.linspace(0.0, 4.0, 17)
+        loss = 0.1 + 2.2 * np.exp(-speed * t) + rng.normal(0, 0.01, t.size) * (t > 0)
+    else:
+        t, loss = np.arange(len(train_loss), dtype=float), np.asarray(train_loss)
+    epoch = t * 0.75
+    updates = np.round(t * 100 * speed).astype(int)
+    cpu_updates = np.round(updates * (0.6 if algo == "adaptive" else 0.95)).astype(int)
+    acc = 0.1 + 0.85 * (1 - np.exp(-speed * t))
+    conv = pd.DataFrame({
+        "time_s": t, "epoch": epoch, "updates": updates, "updates_cpu": cpu_updates,
+        "updates_accel": updates - cpu_updates, "train_loss": loss, "test_loss": loss + 0.05,
+        "test_acc": acc, "normalized_loss": (loss[0] - loss) / (loss[0] - loss.min())})
+    conv.to_csv(run_dir / "convergence.csv", index=False)
+    ut = np.arange(0.0, t[-1] + 0.01, 0.25)
+    dip = (np.abs(ut * 0.75 - np.round(ut * 0.75)) < 0.1) & (ut > 0)  # epoch ends
+    util = pd.DataFrame({"time_s": ut, "cpu_percent": np.where(dip, 20.0, 85.0),
+                         "cpu0_percent": 90.0, "cpu1_percent": 80.0,
+                         "workers_cpu_percent": np.where(dip, 15.0, 160.0)})
+    if gpu:
+        util["gpu0_util"] = np.where(dip, 40.0, 95.0)
+        util["gpu0_mem_mb"] = 812.0
+    util.to_csv(run_dir / "utilization.csv", index=False)
+    pd.DataFrame([
+        {"worker": 0, "group": "accel", "device": "cuda:0" if gpu else "cpu",
+         "kind": "cuda" if gpu else "emulated", "threads": 1, "first_batch": 256,
+         "last_batch": 256, "updates": int(updates[-1] - cpu_updates[-1]), "examples": 1000,
+         "busy_s": 3.5, "wait_s": 0.2, "comm_s": 0.3},
+        {"worker": 1, "group": "cpu", "device": "cpu", "kind": "cpu", "threads": 1,
+         "first_batch": 16, "last_batch": 16, "updates": int(cpu_updates[-1]),
+         "examples": 1000, "busy_s": 3.9, "wait_s": 0.0, "comm_s": 0.1}]).to_csv(
+        run_dir / "workers.csv", index=False)
+    if algo == "adaptive":
+        pd.DataFrame({"time_s": [0.0, 1.0, 2.0, 0.0, 1.5], "worker": [0, 0, 0, 1, 1],
+                      "group": ["accel"] * 3 + ["cpu"] * 2,
+                      "batch_size": [256, 512, 1024, 16, 32]}).to_csv(
+            run_dir / "batches.csv", index=False)
+    final = {"train_loss": float(loss[-1]), "test_loss": float(loss[-1] + 0.05),
+             "test_acc": float(acc[-1])}
+    summary = {
+        "status": "completed", "error": None, "algo": algo, "dataset": dataset, "model": "mlp",
+        "devices": devices, "seed": seed, "time_s": float(t[-1]), "epochs": float(epoch[-1]),
+        "examples": 2000, "updates": int(updates[-1]),
+        "updates_by_group": {"cpu": int(cpu_updates[-1]),
+                             "accel": int(updates[-1] - cpu_updates[-1])},
+        "update_share": {"cpu": cpu_updates[-1] / updates[-1],
+                         "accel": 1 - cpu_updates[-1] / updates[-1]},
+        "examples_per_s": 500.0, "final": final,
+        "initial": {"train_loss": float(loss[0]), "test_loss": float(loss[0] + 0.05),
+                    "test_acc": 0.1},
+        "time_to_target": {"0.9": 1.0, "0.95": 1.5, "0.99": None},
+        "epochs_to_target": {"0.9": 0.75, "0.95": 1.1, "0.99": None},
+        "utilization": {"cpu_mean": float(util["cpu_percent"].mean()),
+                        "gpu_mean": float(util["gpu0_util"].mean()) if gpu else None},
+        "emulated": emulated,
+        "environment": {"torch": "2.13", "python": "3.11", "cpu_model": "test", "cores": 2,
+                        "gpus": ["H200"] if gpu else [], "driver": None},
+        "run_dir": str(run_dir)}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def write_sweep(sweep_dir: Path, *, failed: bool = True, crashed: bool = False) -> Path:
+    """A sweep of 2 algos x 2 device mixes x 2 seeds on digits, plus a failed job (summary.json
+    only) and, if ``crashed``, a job that died before writing anything but ``.hydra/``."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / "multirun.yaml").write_text("hydra: {mode: MULTIRUN}\n")
+    job = 0
+    for algo, speed in ALGOS.items():
+        for devices, emulated in MIXES.items():
+            for seed in SEEDS:
+                overrides = [f"algo={algo}", f"devices={devices}", f"seed={seed}"]
+                run_dir = sweep_dir / f"{job}_{','.join(overrides)}"
+                write_run(run_dir, algo=algo, devices=devices, seed=seed, emulated=emulated,
+                          speed=speed * (1.5 if devices == "cpu+gpu" else 1.0) * (1 + seed / 10))
+                write_overrides(run_dir, overrides)
+                job += 1
+    extra = []
+    if failed:
+        extra.append(("hogbatch", "CUDA error: out of memory"))
+    if crashed:
+        extra.append(("local_sgd", None))
+    for algo, error in extra:
+        overrides = [f"algo={algo}", "devices=cpu+gpu", "seed=0"]
+        run_dir = sweep_dir / f"{job}_{','.join(overrides)}"
+        if error:
+            write_failed(run_dir, algo=algo, devices="cpu+gpu", seed=0, error=error)
+        write_overrides(run_dir, overrides)
+        job += 1
+    return sweep_dir
+
+
+def table_rows(markdown: str) -> list[list[str]]:
+    """The body rows of the markdown tables, as lists of cells."""
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in lines]
+    return [row for row in rows if row[0] not in ("algo", "---")]
+
+
+def test_one_row_per_algo_and_devices_with_mean_and_std(tmp_path: Path) -> None:
+    sweep = write_sweep(tmp_path / "sweep")
+    markdown = write_report(sweep)
+    rows = table_rows(markdown)
+    keys = sorted((row[0], row[1]) for row in rows)
+    assert keys == sorted([("sync", "cpu+gpu"), ("sync", "emulated (emulated)"),
+                           ("adaptive", "cpu+gpu"), ("adaptive", "emulated (emulated)"),
+                           ("hogbatch", "cpu+gpu")])
+    complete = [row for row in rows if row[0] != "hogbatch"]
+    assert all(row[2] == "2" and row[3] == "2/2 completed" for row in complete)
+    assert all("±" in row[4] for row in complete)  # t@0.9 over two seeds
+    assert (sweep / "report.md").read_text() == markdown
+    numbers = pd.read_csv(sweep / "report.csv")
+    assert len(numbers) == 5
+    assert {"time_to_0.9_mean", "time_to_0.9_std", "share_cpu_mean", "speedup"} <= set(numbers)
+
+
+def test_failed_run_is_listed_with_its_error(tmp_path: Path) -> None:
+    markdown = write_report(write_sweep(tmp_path / "sweep"))
+    failed_row = next(row for row in table_rows(markdown) if row[0] == "hogbatch")
+    assert failed_row[2] == "0" and failed_row[3] == "0/1 completed, 1 failed"
+    section = markdown.split("## Failed runs", 1)[1]
+    assert "CUDA error: out of memory" in section and "algo=hogbatch" in section
+
+
+def test_baseline_row_has_speedup_one_and_others_are_relative_to_it(tmp_path: Path) -> None:
+    sweep = write_sweep(tmp_path / "sweep")
+    write_report(sweep)
+    numbers = pd.read_csv(sweep / "report.csv").set_index(["algo", "devices"])
+    base = numbers.loc[("sync", "cpu+gpu")]  # default: the first sync row
+    assert base["baseline"] and base["speedup"] == pytest.approx(1.0)
+    fast = numbers.loc[("adaptive", "cpu+gpu")]
+    assert fast["speedup"] == pytest.approx(base["time_to_0.9_mean"] / fast["time_to_0.9_mean"])
+    assert fast["speedup"] > 1.5  # the fixture's adaptive decays twice as fast
+    sync_row = next(r for r in table_rows((sweep / "report.md").read_text())
+                    if r[:2] == ["sync", "cpu+gpu"])
+    assert sync_row[-1] == "1.00"
+
+
+def test_baseline_selector(tmp_path: Path) -> None:
+    sweep = write_sweep(tmp_path / "sweep")
+    markdown = write_report(sweep, baseline="algo=adaptive devices=emulated")
+    assert "baseline: adaptive · emulated (emulated)" in markdown
+    numbers = pd.read_csv(sweep / "report.csv").set_index(["algo", "devices"])
+    assert numbers.loc[("adaptive", "emulated"), "speedup"] == pytest.approx(1.0)
+    assert numbers.loc[("sync", "emulated"), "speedup"] < 1.0
+    with pytest.raises(UserError, match="not a summary.json key"):
+        write_report(sweep, baseline="colour=red")
+    with pytest.raises(UserError, match="key=value"):
+        write_report(sweep, baseline="sync")
+
+
+def test_normalized_loss_uses_the_comparison_wide_best(tmp_path: Path) -> None:
+    fast = write_run(tmp_path / "a", algo="hogbatch", devices="gpu", seed=0,
+                     train_loss=[2.0, 1.0, 0.5])
+    write_run(tmp_path / "b", algo="sync", devices="gpu", seed=0, train_loss=[2.0, 1.5, 1.0])
+    (comp,) = comparisons(index_runs(tmp_path))
+    assert comp.l_best == 0.5
+    slow = comp.curves[str(tmp_path / "b")]["normalized"]
+    assert slow.tolist() == pytest.approx([0.0, 1 / 3, 2 / 3])  # its own best would give 1.0
+    write_report(tmp_path)
+    numbers = pd.read_csv(tmp_path / "report.csv").set_index("algo")
+    # 0.9 lies between the snapshots at 1 s (2/3) and 2 s (1.0): 1 + (0.9 - 2/3) / (1/3) = 1.7
+    assert numbers.loc["hogbatch", "time_to_0.9_mean"] == pytest.approx(1.7)
+    assert numbers.loc["hogbatch", "epochs_to_0.9_mean"] == pytest.approx(1.7 * 0.75)
+    assert math.isnan(numbers.loc["sync", "time_to_0.9_mean"])  # never reached: "—"
+    assert fast.name == "a"
+
+
+def test_overrides_shared_by_every_run_do_not_split_rows(tmp_path: Path) -> None:
+    for name, extra in (("a", ["progress=false"]), ("b", []), ("c", ["+optim.lr=0.5"])):
+        run = write_run(tmp_path / name, algo="sync", devices="gpu", seed=0)
+        write_overrides(run, ["algo=sync", "budget.epochs=3", *extra])
+    rows = table_rows(write_report(tmp_path))
+    assert [(row[2], row[3]) for row in rows] == [("—", "2"), ("+optim.lr=0.5", "1")]
+
+
+def test_crossing_interpolates_and_skips_missing_values() -> None:
+    assert crossing([0, 1, 2], [0.0, 0.5, 1.0], 0.75) == pytest.approx(1.5)
+    assert crossing([0, 1, 2], [0.0, float("nan"), 1.0], 0.9) == 2.0
+    assert crossing([0, 1], [0.0, 0.5], 0.9) is None
+
+
+def test_comparisons_are_split_by_dataset(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", algo="sync", devices="gpu", seed=0)
+    write_run(tmp_path / "b", algo="sync", devices="gpu", seed=0, dataset="w8a")
+    markdown = write_report(tmp_path)
+    assert "## digits · mlp" in markdown and "## w8a · mlp" in markdown
+    assert "Failed runs" not in markdown
+
+
+def test_bad_paths_and_files_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="not a directory"):
+        write_report(tmp_path / "missing")
+    with pytest.raises(UserError, match="no runs under"):
+        write_report(tmp_path)
+    run = write_run(tmp_path / "run", algo="sync", devices="gpu", seed=0)
+    (run / "convergence.csv").write_text("time_s,epoch\n0,0\n")
+    with pytest.raises(UserError, match="lacks the column"):
+        load_csv(run, "convergence")
+    (run / "summary.json").write_text("{not json")
+    index = index_runs(tmp_path)
+    assert index.loc[0, "status"] == "failed" and "unreadable" in index.loc[0, "error"]
+
+
+def test_sweep_report_lists_every_job_and_prints_the_table(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = write_sweep(tmp_path / "sweep", crashed=True)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+    SweepReport().on_multirun_end(config)
+    summary = pd.read_csv(sweep / "summary.csv").set_index("job")
+    assert list(summary.index) == list(range(10))
+    assert (summary.loc[:7, "status"] == "completed").all()
+    assert summary.loc[8, "status"] == "failed"
+    assert summary.loc[8, "error"] == "CUDA error: out of memory"
+    assert summary.loc[9, "status"] == "failed" and "no summary.json" in summary.loc[9, "error"]
+    assert summary.loc[8, "overrides"] == "algo=hogbatch devices=cpu+gpu seed=0"
+    report = (sweep / "report.md").read_text()
+    assert "CUDA error: out of memory" in report and "job 9" in report
+    assert (sweep / "report.csv").exists()
+    assert (sweep / "figures" / "loss_vs_time_digits.png").exists()
+    out = capsys.readouterr().out
+    assert "| sync | cpu+gpu | 2 | 2/2 completed |" in out
+
+
+def test_sweep_report_never_raises(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    write_failed(sweep / "0_algo=sync", algo="sync", devices="gpu", seed=0, error="boom")
+    write_overrides(sweep / "1_algo=hogbatch", ["algo=hogbatch"])
+    SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    summary = pd.read_csv(sweep / "summary.csv")
+    assert summary["status"].tolist() == ["failed", "failed"]
+    assert summary["error"].iloc[0] == "boom"
+    assert "boom" in (sweep / "report.md").read_text()
+    for where in (tmp_path / "none", tmp_path / "empty"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(where)}}}))
+    assert "no runs under" in (tmp_path / "empty" / "report.md").read_text()
+    (sweep / "0_algo=sync" / "summary.json").write_text("[1, 2]")
+    SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    assert "unreadable summary.json" in (sweep / "report.md").read_text()
