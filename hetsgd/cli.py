@@ -19,7 +19,7 @@ from rich.table import Table
 
 from hetsgd import data as datasets
 from hetsgd import devices as device_info
-from hetsgd.config import CONF_DIR, ConfigError, register_configs, to_run_config
+from hetsgd.config import CONF_DIR, ConfigError, RunConfig, register_configs, to_run_config
 from hetsgd.errors import UserError
 from hetsgd.results import RunDirectory
 
@@ -199,9 +199,51 @@ def data_fetch(name: str) -> None:
 # -- devices -------------------------------------------------------------------------------------
 
 
-@app.command()
-def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List this machine's CPU, cores and the CUDA GPUs torch can use."""
+def _compose(overrides: list[str]) -> RunConfig:
+    """A run's config from overrides, as `hetsgd run` would compose it (for commands that are not
+    runs themselves); bad overrides end in one error line."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return to_run_config(compose(config_name="config", overrides=overrides))
+    except Exception as exc:  # composition and validation errors: bad overrides
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        _fail(f"{exc}{cause}")
+        raise  # unreachable: _fail exits
+
+
+def _print_calibration(overrides: list[str], seconds: float) -> None:
+    from hetsgd.calibrate import calibrate, save
+
+    cfg = _compose(overrides)
+    try:
+        rows = calibrate(cfg, seconds)
+    except (UserError, RuntimeError) as exc:
+        _fail(str(exc))
+    table = Table("group", "device", "kind", "threads", "batch", "examples/s", "ms/step",
+                  title=f"{cfg.model.name} on {cfg.dataset.name}, devices={cfg.devices.name}")
+    for row in rows:
+        table.add_row(row["group"], row["device"], row["kind"], str(row["threads"]),
+                      str(row["batch_size"]), f"{row['examples_per_s']:,.0f}",
+                      f"{row['ms_per_step']:.3f}")
+    console.print(table)
+    console.print(f"saved: {save(rows, cfg)}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def devices(ctx: typer.Context,
+            as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+            calibrate: bool = typer.Option(False, "--calibrate", help=(
+                "Measure examples/s of each group of the mix over batch sizes 1..1024 for the "
+                "configured model and dataset; extra arguments are run overrides, e.g. "
+                "`hetsgd devices --calibrate model=mlp_paper dataset=w8a devices=auto`.")),
+            seconds: float = typer.Option(0.5, help="Measuring time per batch size.")) -> None:
+    """List this machine's CPU, cores and the CUDA GPUs torch can use; --calibrate measures them."""
+    if calibrate:
+        _print_calibration(ctx.args, seconds)
+        return
     info = device_info.describe()
     if as_json:
         console.print_json(json.dumps(info))

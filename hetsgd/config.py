@@ -313,11 +313,15 @@ class BiasedSamplingConfig:
 @dataclass
 class LocalSGDConfig(AlgoConfig):
     """Local SGD: each worker takes tau_i local steps per round, then replicas are aggregated.
-    `tau`: a dict {group: steps} (e.g. {accel: 32, cpu: 1}) or "auto" (proportional to
-    measured step speed); equal values = balanced local SGD."""
+
+    `tau`: a dict {group: steps} (e.g. {accel: 32, cpu: 1}), or {fast: N, slow: M} on a two-group
+    mix (fast = the group with the higher measured step speed), or one number for every group
+    (balanced), or "auto": proportional to measured step speed, so that all groups finish a round
+    together, the slowest group taking `tau_min` steps. See hetsgd/algorithms/local_sgd.py."""
 
     name: str = "local_sgd"
     tau: Any = "auto"
+    tau_min: int = 1  # tau: auto gives the slowest group this many local steps per round
     aggregation: str = "uniform"  # uniform (authors' code) | samples | fast_weighted
     alpha: float = 2.0  # extra weight of fast-group models under fast_weighted
     biased: BiasedSamplingConfig = field(default_factory=BiasedSamplingConfig)
@@ -327,6 +331,11 @@ class LocalSGDConfig(AlgoConfig):
         _one_of("algo.aggregation", self.aggregation, ("uniform", "samples", "fast_weighted"))
         _one_of("algo.epoch_accounting", self.epoch_accounting, ("examples", "authors"))
         _require(self.alpha > 0, "algo.alpha", "a positive weight", self.alpha)
+        _require(self.tau_min > 0, "algo.tau_min", "a positive step count", self.tau_min)
+        steps = self.tau.values() if isinstance(self.tau, dict) else [self.tau]
+        _require(self.tau == "auto" or (len(steps) > 0 and all(
+            isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in steps)), "algo.tau",
+            "auto, a positive step count, or {group: steps} with positive step counts", self.tau)
 
 
 ALGO_SCHEMAS: dict[str, type[AlgoConfig]] = {
@@ -337,6 +346,30 @@ ALGO_SCHEMAS: dict[str, type[AlgoConfig]] = {
 # --------------------------------------------------------------------------------------------
 # the whole run
 # --------------------------------------------------------------------------------------------
+
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass
+class DistConfig:
+    """torch.distributed, for sync on several workers and for local_sgd. `backend: auto` is NCCL
+    when every rank is a GPU, else gloo (GPU ranks then stage through pinned host buffers). The
+    rendezvous and every collective give up after `timeout_s`, so a dead rank ends the run with an
+    error instead of a hang. On one machine the ranks meet at `master_addr`:`master_port` (null: a
+    free port); under torchrun, torchrun's rendezvous is used instead."""
+
+    backend: str = "auto"
+    timeout_s: float = 60.0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        _one_of("dist.backend", self.backend, BACKENDS)
+        _require(self.timeout_s > 0, "dist.timeout_s", "a positive number of seconds",
+                 self.timeout_s)
+        _require(self.master_port is None or 0 < self.master_port < 65536, "dist.master_port",
+                 "a TCP port, or null for a free one", self.master_port)
 
 
 @dataclass
@@ -350,6 +383,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
     seed: int = 0
     results_dir: str = "results"
     progress: bool = True

@@ -24,12 +24,10 @@ import torch.multiprocessing as mp
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.shared import (
-    EpochCursor,
     Problem,
     SharedData,
     SharedMaster,
     SharedState,
-    Signals,
     WorkerCounters,
 )
 from hetsgd.workers import worker_process
@@ -99,10 +97,7 @@ class Coordinator:
         self.controller = controller
         ctx = mp.get_context("spawn")
         self.ctx = ctx
-        self.state = SharedState(
-            data=data, master=master,
-            cursor=EpochCursor(data.num_examples, cfg.budget.epochs, ctx.Lock()),
-            counters=WorkerCounters(len(specs)), signals=Signals.create(ctx))
+        self.state = SharedState.create(data, master, cfg.budget.epochs, len(specs), ctx)
         self.reports = ctx.Queue()
         self.on_tick = on_tick
         self.publishing = any(spec.device != "cpu" for spec in specs)

@@ -202,3 +202,9 @@ class SharedState:
     cursor: EpochCursor
     counters: WorkerCounters
     signals: Signals
+
+    @classmethod
+    def create(cls, data: SharedData, master: SharedMaster, epochs: float | None,
+               num_workers: int, ctx) -> SharedState:  # ctx: a multiprocessing context
+        return cls(data, master, EpochCursor(data.num_examples, epochs, ctx.Lock()),
+                   WorkerCounters(num_workers), Signals.create(ctx))

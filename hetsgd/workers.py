@@ -226,6 +226,19 @@ class Worker:
         self.batches = Batches(state.data, self.device, cfg.data.shuffle, cfg.seed,
                                cfg.data.on_device)
 
+    def step(self, epoch: int, start: int, size: int) -> tuple[float, float]:
+        """One SGD step on a chunk of the epoch's order; returns (loss, seconds spent copying
+        to or from the master)."""
+        x, y = self.batches.get(epoch, start, size)
+        comm = self.link.before_step()
+        self.link.flat.zero_grad()
+        loss = self.loss(self.module(x), y)
+        loss.backward()
+        with torch.no_grad():
+            self.sgd.step(epoch + start / self.batches.n, size)
+        loss_value = loss.item()
+        return loss_value, comm + self.link.after_step()
+
     def run(self, observe: Callable[[StepRecord], None] | None = None) -> None:
         state, rank = self.state, self.spec.rank
         counters = state.counters.table[rank]
@@ -239,15 +252,7 @@ class Worker:
             if claim is None:
                 break
             epoch, start, size = claim
-            x, y = self.batches.get(epoch, start, size)
-            comm = self.link.before_step()
-            self.link.flat.zero_grad()
-            loss = self.loss(self.module(x), y)
-            loss.backward()
-            with torch.no_grad():
-                self.sgd.step(epoch + start / n, size)
-            loss_value = loss.item()
-            comm += self.link.after_step()
+            loss_value, comm = self.step(epoch, start, size)
             finished = time.perf_counter()
             counters[col["updates"]] += 1
             counters[col["examples"]] += size

@@ -16,16 +16,15 @@ from hetsgd.devices import expand, resolve_auto
 from hetsgd.errors import UserError
 from hetsgd.flat import FlatModel
 from hetsgd.host import cuda_devices
-from hetsgd.shared import EpochCursor, SharedData, SharedMaster, SharedState, Signals, WorkerCounters
+from hetsgd.shared import SharedData, SharedMaster, SharedState
 from hetsgd.workers import Replica
 
 
 def _state_with_master(module: torch.nn.Module) -> SharedState:
     flat = FlatModel(module)
-    ctx = mp.get_context("spawn")
     data = SharedData.from_arrays(torch.zeros(4, 3).numpy(), torch.zeros(4).numpy())
-    return SharedState(data, SharedMaster.from_flat(flat.params, flat.buffers),
-                       EpochCursor(4, 1, ctx.Lock()), WorkerCounters(1), Signals.create(ctx))
+    return SharedState.create(data, SharedMaster.from_flat(flat.params, flat.buffers), 1, 1,
+                              mp.get_context("spawn"))
 
 
 @pytest.mark.parametrize("merge", ["delta", "overwrite"])

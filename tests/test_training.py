@@ -23,8 +23,6 @@ from hetsgd.shared import (
     SharedMaster,
     SharedRows,
     SharedState,
-    Signals,
-    WorkerCounters,
 )
 from hetsgd.workers import SGD, StepRecord, Worker
 
@@ -102,10 +100,8 @@ def _single_worker_losses(overrides: tuple[str, ...]) -> tuple[list[StepRecord],
     data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
     init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
                                  problem.image_shape, cfg.seed))
-    ctx = mp.get_context("spawn")
-    state = SharedState(data, SharedMaster.from_flat(init.params, init.buffers),
-                        EpochCursor(data.num_examples, cfg.budget.epochs, ctx.Lock()),
-                        WorkerCounters(1), Signals.create(ctx))
+    state = SharedState.create(data, SharedMaster.from_flat(init.params, init.buffers),
+                               cfg.budget.epochs, 1, mp.get_context("spawn"))
     spec, = expand(cfg.devices)
     records: list[StepRecord] = []
     Worker(spec, cfg, problem, state).run(records.append)

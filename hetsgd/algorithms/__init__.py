@@ -2,7 +2,8 @@
 
 Each algorithm module provides ``plan(cfg, specs) -> specs``, which picks the workers it trains
 on and rejects layouts it cannot run with a one-line ``UserError``, and
-``coordinator(cfg, specs, problem, data, master, on_tick)``, which returns the :class:`hetsgd.engine.Coordinator` that runs its workers.
+``coordinator(cfg, specs, problem, data, master, on_tick)``, which returns the
+:class:`hetsgd.engine.Coordinator` that runs its workers.
 """
 
 from __future__ import annotations

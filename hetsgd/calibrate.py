@@ -1,0 +1,96 @@
+"""How fast each worker group of a mix runs the configured model, over a range of batch sizes.
+
+Each group is measured in its own spawned process (one at a time, so groups do not compete for
+cores), through the same step the group's workers take in training — the replica copy and merge
+of an accelerator, and an emulated group's slowdown, included. The coordinator stays CUDA-free.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from hetsgd.algorithms.hogbatch import hogbatch_link
+from hetsgd.config import RunConfig
+from hetsgd.data import load_dataset
+from hetsgd.devices import WorkerSpec, expand, resolve_auto
+from hetsgd.flat import FlatModel
+from hetsgd.models import build_model
+from hetsgd.shared import Problem, SharedData, SharedMaster, SharedState
+from hetsgd.workers import Worker
+
+BATCH_SIZES = (1, 4, 16, 64, 256, 1024)
+WARMUP_STEPS = 3
+
+
+def _measure(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
+             batch_sizes: list[int], seconds: float, results) -> None:
+    torch.set_num_threads(spec.threads)
+    try:
+        worker = Worker(spec, cfg, problem, state, partial(hogbatch_link, merge="delta"))
+        n = state.data.num_examples
+        for batch_size in batch_sizes:
+            steps, start, elapsed = 0, 0, 0.0
+            while steps < WARMUP_STEPS or elapsed < seconds:
+                began = time.perf_counter()
+                worker.step(0, start, batch_size)
+                took = time.perf_counter() - began
+                if spec.slowdown > 1.0:
+                    time.sleep((spec.slowdown - 1.0) * took)
+                start = (start + batch_size) % (n - batch_size + 1)
+                steps += 1
+                if steps > WARMUP_STEPS:
+                    elapsed += time.perf_counter() - began
+            timed = steps - WARMUP_STEPS
+            results.put((batch_size, timed * batch_size / elapsed, 1000 * elapsed / timed))
+        results.put(None)
+    except BaseException as exc:  # the parent turns it into an error line
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
+    """Examples/s and ms/step per group and batch size (batch sizes up to the training set)."""
+    dataset = load_dataset(cfg.dataset, cfg.seed, progress=cfg.progress)
+    problem = Problem.of(dataset)
+    data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
+    init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
+                                 problem.image_shape, cfg.seed))
+    batch_sizes = [b for b in BATCH_SIZES if b <= data.num_examples]
+    rows = []
+    ctx = mp.get_context("spawn")
+    specs = expand(resolve_auto(cfg.devices))
+    first_of_group: dict[str, WorkerSpec] = {}
+    for spec in specs:
+        first_of_group.setdefault(spec.group, spec)
+    for spec in first_of_group.values():
+        state = SharedState.create(data, SharedMaster.from_flat(init.params, init.buffers), None,
+                                   1, ctx)
+        results = ctx.Queue()
+        proc = ctx.Process(target=_measure, args=(spec, cfg, problem, state, batch_sizes, seconds,
+                                                  results), daemon=True)
+        proc.start()
+        while (item := results.get()) is not None:
+            if isinstance(item, str):
+                proc.join()
+                raise RuntimeError(f"calibrating group '{spec.group}' failed: {item}")
+            batch_size, per_s, ms = item
+            rows.append({"group": spec.group, "device": spec.device, "kind": spec.label,
+                         "threads": spec.threads, "batch_size": batch_size,
+                         "examples_per_s": per_s, "ms_per_step": ms})
+        proc.join()
+    return rows
+
+
+def save(rows: list[dict], cfg: RunConfig) -> Path:
+    import pandas as pd
+
+    folder = Path(cfg.results_dir) / "calibration"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{cfg.model.name}_{cfg.dataset.name}_"
+                     f"{cfg.devices.name}.csv")
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path

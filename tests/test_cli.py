@@ -1,0 +1,105 @@
+"""The command line as a user meets it: help, whole runs, and bad input as one clear error line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hetsgd.host import cuda_devices
+
+
+def hetsgd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hetsgd", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def only_run_dir(results: Path) -> Path:
+    runs = list((results / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["data", "--help"],
+                                  ["devices", "--help"], ["report", "--help"], ["plot", "--help"]])
+def test_every_command_has_help(args: list[str]) -> None:
+    result = hetsgd(*args)
+    assert result.returncode == 0
+    assert "Usage" in result.stdout
+
+
+def test_data_list_and_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETSGD_DATA", str(tmp_path))
+    listing = hetsgd("data", "list")
+    assert listing.returncode == 0 and "w8a" in listing.stdout and "digits" in listing.stdout
+    devices = json.loads(hetsgd("devices", "--json").stdout)
+    assert devices["cores"] >= 1 and isinstance(devices["gpus"], list)
+
+
+def test_calibrate_measures_every_group(results_dir: Path) -> None:
+    result = hetsgd("devices", "--calibrate", "devices=emulated", "progress=false", "--seconds",
+                    "0.02")
+    assert result.returncode == 0, result.stderr
+    saved, = (results_dir / "calibration").glob("*_mlp_digits_emulated.csv")
+    table = pd.read_csv(saved)
+    assert set(table["group"]) == {"accel", "cpu"}
+    assert (table["examples_per_s"] > 0).all()
+    assert list(table[table["group"] == "accel"]["kind"].unique()) == ["emulated"]
+
+
+def _write_libsvm(path: Path) -> Path:
+    lines = []
+    for i in range(400):
+        label = i % 2
+        lines.append(f"{2 * label - 1} 1:{0.2 + 0.6 * label + 0.01 * (i % 7)} 2:{(i % 5) / 5} "
+                     f"4:{1 - label}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_run_trains_on_an_unseen_libsvm_file(tmp_path: Path, results_dir: Path) -> None:
+    data = _write_libsvm(tmp_path / "unseen.svm")
+    result = hetsgd("run", "algo=sync", "dataset=libsvm", f"dataset.path={data}", "model=mlp",
+                    "budget.epochs=2", "progress=false")
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(results_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["final"]["test_loss"] < summary["initial"]["test_loss"]
+    for name in ("config.yaml", "convergence.csv", "utilization.csv", "workers.csv",
+                 "figures/loss_vs_time.png", ".hydra/overrides.yaml"):
+        assert (run_dir / name).exists(), name
+
+
+BAD_INPUT = [
+    (["algo=nope"], "algo/nope"),
+    (["dataset=libsvm", "dataset.path=/no/such/file"], "dataset file not found: /no/such/file"),
+    (["optim.lr=-1"], "optim.lr"),
+    (["budget.epochs=0"], "budget.epochs"),
+    (["budget.epochs=abc"], "budget.epochs"),
+    (["optim.nope=1"], "optim.nope"),
+    (["dataset=libsvm", "dataset.path=CORRUPT"], "line 2"),
+]
+if not cuda_devices():
+    BAD_INPUT.append((["devices=gpu"], "no CUDA GPU"))
+
+
+@pytest.mark.parametrize("overrides,says", BAD_INPUT)
+def test_bad_input_is_one_clear_error_line(overrides: list[str], says: str, tmp_path: Path,
+                                           results_dir: Path) -> None:
+    corrupt = tmp_path / "corrupt.svm"
+    corrupt.write_text("1 1:0.5 3:1\n0 2:x\n")
+    overrides = [o.replace("CORRUPT", str(corrupt)) for o in overrides]
+    result = hetsgd("run", *overrides, "progress=false")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("hetsgd: error:"), result.stderr
+    assert says in errors[0]
+    runs = results_dir / "runs"
+    for run_dir in runs.iterdir() if runs.exists() else []:  # a run that started says it failed
+        assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
