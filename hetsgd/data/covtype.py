@@ -6,19 +6,16 @@ checksum, so the first download is trusted (see :mod:`hetsgd.data.download`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from hetsgd.config import DatasetConfig
-from hetsgd.data.cache import existing_file, load_or_parse, open_decompressed
+from hetsgd.data.cache import open_decompressed
 from hetsgd.data.dataset import Parsed
-from hetsgd.data.download import RemoteFile, ensure, verify
+from hetsgd.data.download import RemoteFile
 from hetsgd.data.labels import encode
-from hetsgd.data.progress import status
-from hetsgd.data.source import Source
+from hetsgd.data.source import SingleFile
 from hetsgd.errors import UserError
 
 NUM_FEATURES = 54
@@ -39,26 +36,10 @@ def read_covtype(path: Path, source: str) -> Parsed:
                   source)
 
 
-@dataclass(frozen=True)
-class Covtype(Source):
-    """``dataset.path`` replaces the cached ``covtype.data.gz``."""
-
-    def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
-        remote = self.remotes[0]
-        path = existing_file(cfg.path) if cfg.path else ensure(remote, self.name, progress)
-
-        def parse() -> Parsed:
-            if not cfg.path:
-                verify(path, remote)
-            with status(f"parsing {path.name}", progress):
-                return read_covtype(path, f"covtype from {remote.url}: {path}")
-
-        return load_or_parse(self.name, [path], {}, parse)
-
-
 SOURCES = (
-    Covtype("covtype", "UCI covertype, 7 classes (forest cover type from cartographic data)",
-            "multiclass", "581,012 x 54",
-            (RemoteFile("covtype.data.gz", "https://archive.ics.uci.edu/ml/"
-                        "machine-learning-databases/covtype/covtype.data.gz"),)),
+    SingleFile("covtype", "UCI covertype, 7 classes (forest cover type from cartographic data)",
+               "multiclass", "581,012 x 54",
+               (RemoteFile("covtype.data.gz", "https://archive.ics.uci.edu/ml/"
+                           "machine-learning-databases/covtype/covtype.data.gz"),),
+               reader=read_covtype, label="covtype"),
 )

@@ -19,9 +19,9 @@ import numpy as np
 from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_decompressed
 from hetsgd.data.dataset import Parsed
-from hetsgd.data.download import RemoteFile, ensure, verify
+from hetsgd.data.download import RemoteFile, verify
 from hetsgd.data.progress import status
-from hetsgd.data.source import Source, SourceInfo
+from hetsgd.data.source import SingleFile, Source, SourceInfo
 from hetsgd.errors import UserError
 
 # --------------------------------------------------------------------------------------------
@@ -179,30 +179,14 @@ def read_cifar10(path: Path, source: str) -> Parsed:
                   image_shape=(3, 32, 32), channel_stats=(CIFAR_MEAN, CIFAR_STD))
 
 
-@dataclass(frozen=True)
-class Cifar10(Source):
-    """``dataset.path`` replaces the cached tarball."""
-
-    def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
-        remote = self.remotes[0]
-        path = existing_file(cfg.path) if cfg.path else ensure(remote, self.name, progress)
-
-        def parse() -> Parsed:
-            if not cfg.path:
-                verify(path, remote)
-            with status(f"reading {path.name}", progress):
-                return read_cifar10(path, f"CIFAR-10 from {remote.url}: {path}")
-
-        return load_or_parse(self.name, [path], {}, parse)
-
-
 SOURCES = (
     FashionMnist("fashion_mnist", "Fashion-MNIST: 28x28 grey images of clothes, 10 classes",
                  "multiclass", "60,000 train / 10,000 test x 784 (1x28x28)",
                  tuple(RemoteFile(n, _FASHION_URL + n, f"md5:{md5}") for n, md5 in _FASHION_FILES)),
-    Cifar10("cifar10", "CIFAR-10: 32x32 colour images, 10 classes", "multiclass",
-            "50,000 train / 10,000 test x 3,072 (3x32x32)",
-            (RemoteFile("cifar-10-python.tar.gz",
-                        "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-                        "md5:c58f30108f718f92721af3b95e74349a"),)),
+    SingleFile("cifar10", "CIFAR-10: 32x32 colour images, 10 classes", "multiclass",
+               "50,000 train / 10,000 test x 3,072 (3x32x32)",
+               (RemoteFile("cifar-10-python.tar.gz",
+                           "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                           "md5:c58f30108f718f92721af3b95e74349a"),),
+               reader=read_cifar10, label="CIFAR-10"),
 )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data.cache import data_home
+from hetsgd.data.cache import data_home, existing_file, load_or_parse
 from hetsgd.data.dataset import Parsed
-from hetsgd.data.download import RemoteFile, ensure, local
+from hetsgd.data.download import RemoteFile, ensure, local, verify
+from hetsgd.data.progress import status
 from hetsgd.errors import UserError
 
 
@@ -61,3 +63,25 @@ class Source:
         if cfg.path:
             raise UserError(f"dataset.path is not used by the {self.name} source "
                             f"(got {cfg.path}); use dataset=libsvm dataset.path=... for a file")
+
+
+@dataclass(frozen=True)
+class SingleFile(Source):
+    """A source read from one downloadable file by ``reader(path, source_line)``;
+    ``dataset.path`` replaces the cached copy (and is then not checksum-checked)."""
+
+    reader: Callable[[Path, str], Parsed] | None = None
+    label: str = ""
+
+    def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
+        assert self.reader is not None
+        remote = self.remotes[0]
+        path = existing_file(cfg.path) if cfg.path else ensure(remote, self.name, progress)
+
+        def parse() -> Parsed:
+            if not cfg.path:
+                verify(path, remote)
+            with status(f"reading {path.name}", progress):
+                return self.reader(path, f"{self.label} from {remote.url}: {path}")
+
+        return load_or_parse(self.name, [path], {}, parse)
