@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 
 ## the main job: a small comparison on the embedded digits set, offline
 run: setup
-	$(BIN)/hetsgd run
+	$(BIN)/hetsgd run -m algo=sync,hogwild,hogbatch,adaptive devices=auto dataset=digits budget.epochs=30
 
 ## the test suite (GPU tests skip without CUDA)
 test: setup

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig
 from hetsgd.data import load_dataset
-from hetsgd.devices import WorkerSpec, expand, resolve_auto
+from hetsgd.devices import WorkerSpec, expand
 from hetsgd.flat import FlatModel
 from hetsgd.models import build_model
 from hetsgd.shared import Problem, SharedData, SharedMaster, SharedState
@@ -62,7 +62,7 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
     batch_sizes = [b for b in BATCH_SIZES if b <= data.num_examples]
     rows = []
     ctx = mp.get_context("spawn")
-    specs = expand(resolve_auto(cfg.devices))
+    specs = expand(cfg.devices)
     first_of_group: dict[str, WorkerSpec] = {}
     for spec in specs:
         first_of_group.setdefault(spec.group, spec)

@@ -20,7 +20,9 @@ from rich.table import Table
 from hetsgd import data as datasets
 from hetsgd import devices as device_info
 from hetsgd.config import CONF_DIR, ConfigError, RunConfig, register_configs, to_run_config
+from hetsgd.distributed import follower
 from hetsgd.errors import UserError
+from hetsgd.launch import follow
 from hetsgd.results import RunDirectory
 
 app = typer.Typer(
@@ -107,6 +109,12 @@ def run(ctx: typer.Context) -> None:
     $HETSGD_RESULTS).
     """
     register_configs()
+    if follower():  # a torchrun rank other than 0 trains its rank; rank 0 writes the run directory
+        try:
+            code = follow(CONF_DIR, ctx.args)
+        except (UserError, ConfigError) as exc:
+            _fail(str(exc))
+        raise typer.Exit(code)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us whole; we print them as one line
     sys.argv = ["hetsgd run", *ctx.args]
     try:

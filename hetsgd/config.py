@@ -140,9 +140,12 @@ class EvalConfig:
 
     every_s: float = 0.5
     every_epochs: float | None = 0.25
-    train_subset: int = 20000  # training loss is measured on at most this many examples
+    train_subset: int = 10000  # training loss is measured on at most this many examples
     batch_size: int = 4096
-    max_snapshot_mb: float = 1024.0  # beyond this, every other snapshot is dropped
+    # Beyond either cap every other snapshot is dropped and the spacing doubles: evaluation
+    # time and memory stay bounded however long the run.
+    max_snapshots: int = 80
+    max_snapshot_mb: float = 1024.0
 
     def __post_init__(self) -> None:
         _require(self.every_s > 0, "eval.every_s", "a positive number of seconds", self.every_s)
@@ -150,6 +153,7 @@ class EvalConfig:
                  "a positive number of epochs, or null", self.every_epochs)
         _require(self.train_subset > 0, "eval.train_subset", "a positive count", self.train_subset)
         _require(self.batch_size > 0, "eval.batch_size", "a positive count", self.batch_size)
+        _require(self.max_snapshots >= 4, "eval.max_snapshots", "at least 4", self.max_snapshots)
         _require(self.max_snapshot_mb > 0, "eval.max_snapshot_mb", "a positive size",
                  self.max_snapshot_mb)
 
@@ -217,8 +221,8 @@ class DevicesConfig:
     groups: dict[str, GroupConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _require(len(self.groups) > 0 or self.name == "auto", "devices.groups",
-                 "at least one worker group", self.groups)
+        _require(len(self.groups) > 0, "devices.groups", "at least one worker group",
+                 self.groups)
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,8 +396,10 @@ class RunConfig:
 def register_configs() -> None:
     """Register the schemas so that YAML files can name them in their defaults lists, and the
     resolvers device mixes use: `${hetsgd.cores:}` (one worker per core), `${hetsgd.cores_but:1}`
-    (all cores but one, left to a GPU worker's host thread), `${hetsgd.gpus:}`."""
+    (all cores but one, left to a GPU worker's host thread), `${hetsgd.gpus:}`, and
+    `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes)."""
     resolvers = {"hetsgd.cores": usable_cores,
+                 "hetsgd.cuda_or": lambda with_cuda, without: with_cuda if cuda_devices() else without,
                  "hetsgd.cores_but": lambda n: max(1, usable_cores() - int(n)),
                  "hetsgd.gpus": lambda: max(1, len(cuda_devices()))}
     for name, resolver in resolvers.items():

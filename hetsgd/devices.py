@@ -10,9 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from omegaconf import OmegaConf
 
-from hetsgd.config import CONF_DIR, DevicesConfig
+from hetsgd.config import DevicesConfig
 from hetsgd.errors import UserError
 from hetsgd.host import cpu_model, cuda_devices, usable_cores
 
@@ -38,18 +37,6 @@ class WorkerSpec:
     @property
     def label(self) -> str:
         return "emulated" if self.emulated else self.kind
-
-
-def resolve_auto(mix: DevicesConfig) -> DevicesConfig:
-    """`auto` becomes `cpu+gpu` where a CUDA GPU is usable, else `emulated` (others pass through)."""
-    if mix.name != "auto":
-        return mix
-    chosen = "cpu+gpu" if cuda_devices() else "emulated"
-    node = OmegaConf.load(CONF_DIR / "devices" / f"{chosen}.yaml")
-    node.pop("defaults", None)
-    resolved = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DevicesConfig), node))
-    assert isinstance(resolved, DevicesConfig)
-    return resolved
 
 
 def expand(mix: DevicesConfig) -> list[WorkerSpec]:

@@ -73,12 +73,13 @@ class Controller(Protocol):
 
 
 class SnapshotBuffer:
-    """Keeps snapshots within a memory cap by dropping every other one (keeping the first and
-    the newest) and doubling the interval, so a long run stays evenly covered."""
+    """Keeps snapshots within a count and memory cap by dropping every other one (keeping the
+    first and the newest) and doubling the spacing, so a long run stays evenly covered."""
 
-    def __init__(self, every_s: float, max_bytes: float, snapshot_bytes: int) -> None:
+    def __init__(self, every_s: float, max_count: int, max_bytes: float, snapshot_bytes: int) -> None:
         self.every_s = every_s
-        self.capacity = max(4, int(max_bytes // max(snapshot_bytes, 1)))
+        self.every_epochs_factor = 1
+        self.capacity = max(4, min(max_count, int(max_bytes // max(snapshot_bytes, 1))))
         self.items: list[Snapshot] = []
 
     def add(self, snapshot: Snapshot) -> None:
@@ -86,6 +87,7 @@ class SnapshotBuffer:
         if len(self.items) > self.capacity:
             self.items = self.items[:-1:2] + [self.items[-1]]
             self.every_s *= 2
+            self.every_epochs_factor *= 2
 
 
 class Coordinator:
@@ -133,8 +135,8 @@ class Coordinator:
         try:
             self._await_ready(procs, finished)
             snapshot_bytes = self.state.master.nbytes
-            snapshots = SnapshotBuffer(self.cfg.eval.every_s, self.cfg.eval.max_snapshot_mb * 2**20,
-                                       snapshot_bytes)
+            snapshots = SnapshotBuffer(self.cfg.eval.every_s, self.cfg.eval.max_snapshots,
+                                       self.cfg.eval.max_snapshot_mb * 2**20, snapshot_bytes)
             monitor.start()
             t0 = time.perf_counter()
             monitor.set_time_origin(t0)
@@ -145,9 +147,14 @@ class Coordinator:
             next_epoch = epoch_step if epoch_step is not None else float("inf")
             examples = self.state.counters.column("examples")
             n = self.state.data.num_examples
+            first_failure: float | None = None
             while len(finished) < len(procs):
                 self._collect(procs, finished, timeout=TICK_S)
                 now = time.perf_counter()
+                if first_failure is None and any(k != "done" for k, _ in finished.values()):
+                    first_failure = now
+                if first_failure is not None and now - first_failure > self.cfg.dist.timeout_s + 10:
+                    break  # a worker still alive this long after a failure is hung: end it below
                 budget = self.cfg.budget.seconds
                 if budget is not None and now - t0 >= budget:
                     self.state.signals.stop.set()
@@ -158,7 +165,7 @@ class Coordinator:
                     snapshots.add(self._snapshot(t0))
                     next_time = now + snapshots.every_s
                     while epoch_step is not None and next_epoch <= epoch:
-                        next_epoch += epoch_step
+                        next_epoch += epoch_step * snapshots.every_epochs_factor
                 if self.controller is not None:
                     self.controller.tick(now - t0, self.state.counters)
                 if self.on_tick is not None:

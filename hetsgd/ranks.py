@@ -12,7 +12,8 @@ unchanged. Two rules keep every rank out of a collective that will never come:
   the same exchange and leaves after it.
 
 The algorithm module provides ``RankLoop(spec, world, cfg, problem, state, group)`` with a
-``rank`` attribute (a :class:`Rank`) and ``run()``.
+``rank`` attribute (a :class:`Rank`), ``notes()`` (``launch.NOTES`` numbers per rank for
+summary.json) and ``run()``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from hetsgd.workers import SGD, Batches, Diverged, Link, default_link
 
 B = TypeVar("B", bound=Batches)
 
-WARMUP_STEPS = 2  # untimed steps before a speed measurement
-TIMED_STEPS = 3  # the median of these is the step time
+# A speed measurement: untimed steps first, then timed ones until there are enough of them and
+# the measurement ran long enough to trust; the median is the step time.
+WARMUP_STEPS = 2
+MIN_TIMED_STEPS, MAX_TIMED_STEPS, MIN_TIMED_S = 5, 200, 0.3
 
 
 class Ledger:
@@ -49,8 +52,8 @@ class Ledger:
     Time spent in collectives (``comm_s``) includes waiting there for slower ranks.
     """
 
-    def __init__(self, rank: int, world_size: int, batch_size: int, shared: WorkerCounters) -> None:
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, rank: int, batch_size: int, shared: WorkerCounters) -> None:
+        self.rank = rank
         self.col = {name: i for i, name in enumerate(COUNTERS)}
         self.row = torch.zeros(len(COUNTERS), dtype=torch.float64)
         self.row[self.col["batch_size"]] = self.row[self.col["first_batch"]] = batch_size
@@ -146,8 +149,8 @@ class Rank:
         group.broadcast_from_0(self.flat.buffers)
         self.sgd = SGD(cfg.optim, self.flat)
         self.loss = loss_fn(problem.task)
-        self.ledger = Ledger(spec.rank, len(world), spec.batch_size, state.counters)
-        self.exchange_ = Exchange(group, self.ledger,
+        self.ledger = Ledger(spec.rank, spec.batch_size, state.counters)
+        self._exchange = Exchange(group, self.ledger,
                                   (self.flat.params.numel(), self.flat.buffers.numel()))
 
     def _model(self) -> torch.nn.Module:
@@ -181,28 +184,36 @@ class Rank:
 
     def exchange(self, first: torch.Tensor, second: torch.Tensor, weight: float,
                  loss: float | None) -> Verdict:
-        verdict = self.exchange_(first, second, weight, self.state.signals.stop.is_set(),
+        verdict = self._exchange(first, second, weight, self.state.signals.stop.is_set(),
                                  loss is not None and not math.isfinite(loss))
         self.ledger.add("comm_s", verdict.seconds)
         return verdict
 
     def step_times(self, batches: Batches) -> list[float]:
         """Every rank's seconds per training step at its own batch size, the emulated slowdown
-        included: a few steps on a throwaway copy of the model, not counted as training."""
+        included: a few steps on a throwaway copy of the model, not counted as training. An
+        emulated rank sleeps after each of them as in training, since a step that follows a sleep
+        runs slower than one in a tight loop."""
         module = self._model()
         flat = FlatModel(module)
         sgd = SGD(self.cfg.optim, flat)
-        x, y = batches.get(0, 0, min(self.spec.batch_size, self.num_examples))
-        times = []
-        for _ in range(WARMUP_STEPS + TIMED_STEPS):
+        size = min(self.spec.batch_size, self.num_examples)
+        times: list[float] = []
+        began = time.perf_counter()
+        while len(times) < WARMUP_STEPS + MAX_TIMED_STEPS:
+            if (len(times) >= WARMUP_STEPS + MIN_TIMED_STEPS
+                    and time.perf_counter() - began >= MIN_TIMED_S):
+                break
             started = time.perf_counter()
+            x, y = batches.get(0, len(times) * size % (self.num_examples - size + 1), size)
             flat.zero_grad()
             self.loss(module(x), y).backward()
             with torch.no_grad():
-                sgd.step(0.0, len(y))
+                sgd.step(0.0, size)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             times.append(time.perf_counter() - started)
+            self.emulate(times[-1])
         return self.group.gather(statistics.median(times[WARMUP_STEPS:]) * self.spec.slowdown)
 
     def write_master(self) -> None:
@@ -222,10 +233,12 @@ class Rank:
 
 
 def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
-                 reports, world: list[WorkerSpec]) -> None:
+                 reports, world: list[WorkerSpec], notes: torch.Tensor) -> None:
     """Entry point of a rank: join the world, set up, report ready, wait for go, train, report.
 
-    ``world`` is every rank's spec (bound with functools.partial by the coordinator)."""
+    ``world`` is every rank's spec and ``notes`` a [ranks, launch.NOTES] table where rank 0 leaves
+    what it settled at setup for summary.json (both bound with functools.partial by the
+    coordinator)."""
     from hetsgd import algorithms  # the algorithm modules import this one
 
     torch.set_num_threads(spec.threads)
@@ -233,6 +246,8 @@ def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Shar
     try:
         group = Group(cfg.dist, spec.rank, world)
         loop = algorithms.get(cfg.algo.name).RankLoop(spec, world, cfg, problem, state, group)
+        if spec.rank == 0:
+            notes.copy_(torch.tensor(loop.notes(), dtype=torch.float64))
         reports.put(("ready", spec.rank, ""))
         state.signals.go.wait()
         loop.run()

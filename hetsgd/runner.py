@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from rich.console import Console
+from rich.progress import track
 
 from hetsgd import algorithms
 from hetsgd.config import RunConfig
 from hetsgd.data import load_dataset
-from hetsgd.devices import WorkerSpec, expand, resolve_auto
+from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engine import Training
 from hetsgd.errors import UserError
 from hetsgd.evaluate import Evaluator
@@ -93,12 +95,7 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
     try:
         out.write_config(resolved_config)
         summary["environment"] = environment()
-        mix = resolve_auto(cfg.devices)
-        if mix is not cfg.devices:
-            log.info("devices=auto: no usable CUDA GPU here, so the emulated mix stands in"
-                     if mix.name == "emulated" else "devices=auto: using cpu+gpu")
-        summary["devices_resolved"] = mix.name
-        specs = expand(mix)
+        specs = expand(cfg.devices)
         summary["emulated"] = any(spec.emulated for spec in specs)
         algorithm = algorithms.get(cfg.algo.name)
         specs = algorithm.plan(cfg, specs)
@@ -107,9 +104,13 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
         summary["synthetic"] = dataset.synthetic
         log.info("%s on %s (%d train / %d test, %d features), %d worker(s): %s",
                  cfg.algo.name, dataset.name, dataset.num_train, dataset.num_test,
-                 dataset.num_features, len(specs), ", ".join(f"{s.group}:{s.device}" for s in specs))
+                 dataset.num_features, len(specs),
+                 ", ".join(f"{s.group}:{s.device}{' (emulated)' if s.emulated else ''}"
+                           for s in specs))
         problem = Problem.of(dataset)
         data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
+        test = SharedData.from_arrays(dataset.x_test, dataset.y_test)
+        del dataset  # from here on the shared copies are the only ones
         init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
                                      problem.image_shape, cfg.seed))
         master = SharedMaster.from_flat(init.params, init.buffers)
@@ -124,8 +125,10 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
             out.write_table("batches", training.batches)
         if not training.snapshots:
             raise RuntimeError(training.error or "training ended before the first snapshot")
-        evaluator = Evaluator(cfg, problem, data, SharedData.from_arrays(dataset.x_test, dataset.y_test))
-        metrics = [evaluator(s.params, s.buffers) for s in training.snapshots]
+        evaluator = Evaluator(cfg, problem, data, test)
+        metrics = [evaluator(s.params, s.buffers) for s in track(
+            training.snapshots, description="evaluating snapshots", disable=not cfg.progress,
+            console=Console(stderr=True), transient=True)]
         convergence = _convergence(training, metrics, specs, data.num_examples)
         out.write_table("convergence", convergence)
         summary.update(_results(training, convergence, specs, data.num_examples), **training.extra)

@@ -11,12 +11,14 @@ import math
 import warnings
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event, Lock
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from hetsgd.data import Dataset
+if TYPE_CHECKING:  # workers import this module: keep the data stack (sklearn, pandas) out
+    from hetsgd.data import Dataset
 
 # Sparse sets stay sparse through CSR tensors, whose support torch still labels beta.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")

@@ -59,8 +59,8 @@ def test_svg_and_pdf_are_reproducible(tmp_path: Path) -> None:
 
 
 def test_titles_name_dataset_and_mark_emulated_mixes(tmp_path: Path) -> None:
-    run = write_run(tmp_path / "run", algo="sync", devices="emulated", seed=3, emulated=True)
-    assert run_title(read_summary(run)) == "digits · mlp: sync on emulated (emulated), seed 3"
+    run = write_run(tmp_path / "run", algo="sync", devices="auto", seed=3, emulated=True)
+    assert run_title(read_summary(run)) == "digits · mlp: sync on auto (emulated), seed 3"
     real = write_run(tmp_path / "real", algo="sync", devices="gpu", seed=0)
     assert "(emulated)" not in run_title(read_summary(real))
     failed = write_failed(tmp_path / "failed", algo="sync", devices="gpu", seed=0, error="x")

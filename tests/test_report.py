@@ -21,7 +21,7 @@ from hetsgd.results_index import index_runs, load_csv
 from hetsgd.sweep import SweepReport
 
 ALGOS = {"sync": 1.0, "adaptive": 2.0}  # algo -> speed of its loss decay (1/s)
-MIXES = {"cpu+gpu": False, "emulated": True}  # device mix -> emulated
+MIXES = {"cpu+gpu": False, "auto": True}  # device mix -> emulated
 SEEDS = (0, 1)
 
 
@@ -47,7 +47,7 @@ def write_run(run_dir: Path, *, algo: str, devices: str, seed: int, speed: float
     towards 0.1 from 2.3 (or follows ``train_loss``, one snapshot a second)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    gpu = devices != "emulated"
+    gpu = not MIXES.get(devices, devices != "auto")
     if train_loss is None:
         t = np.linspace(0.0, 4.0, 17)
         loss = 0.1 + 2.2 * np.exp(-speed * t) + rng.normal(0, 0.01, t.size) * (t > 0)
@@ -152,8 +152,8 @@ def test_one_row_per_algo_and_devices_with_mean_and_std(tmp_path: Path) -> None:
     markdown = write_report(sweep)
     rows = table_rows(markdown)
     keys = sorted((row[0], row[1]) for row in rows)
-    assert keys == sorted([("sync", "cpu+gpu"), ("sync", "emulated (emulated)"),
-                           ("adaptive", "cpu+gpu"), ("adaptive", "emulated (emulated)"),
+    assert keys == sorted([("sync", "cpu+gpu"), ("sync", "auto (emulated)"),
+                           ("adaptive", "cpu+gpu"), ("adaptive", "auto (emulated)"),
                            ("hogbatch", "cpu+gpu")])
     complete = [row for row in rows if row[0] != "hogbatch"]
     assert all(row[2] == "2" and row[3] == "2/2 completed" for row in complete)
@@ -176,23 +176,23 @@ def test_baseline_row_has_speedup_one_and_others_are_relative_to_it(tmp_path: Pa
     sweep = write_sweep(tmp_path / "sweep")
     write_report(sweep)
     numbers = pd.read_csv(sweep / "report.csv").set_index(["algo", "devices"])
-    base = numbers.loc[("sync", "cpu+gpu")]  # default: the first sync row
+    base = numbers.loc[("sync", "auto")]  # default: the first sync row
     assert base["baseline"] and base["speedup"] == pytest.approx(1.0)
-    fast = numbers.loc[("adaptive", "cpu+gpu")]
+    fast = numbers.loc[("adaptive", "auto")]
     assert fast["speedup"] == pytest.approx(base["time_to_0.9_mean"] / fast["time_to_0.9_mean"])
     assert fast["speedup"] > 1.5  # the fixture's adaptive decays twice as fast
     sync_row = next(r for r in table_rows((sweep / "report.md").read_text())
-                    if r[:2] == ["sync", "cpu+gpu"])
+                    if r[:2] == ["sync", "auto (emulated)"])
     assert sync_row[-1] == "1.00"
 
 
 def test_baseline_selector(tmp_path: Path) -> None:
     sweep = write_sweep(tmp_path / "sweep")
-    markdown = write_report(sweep, baseline="algo=adaptive devices=emulated")
-    assert "baseline: adaptive · emulated (emulated)" in markdown
+    markdown = write_report(sweep, baseline="algo=adaptive devices=auto")
+    assert "baseline: adaptive · auto (emulated)" in markdown
     numbers = pd.read_csv(sweep / "report.csv").set_index(["algo", "devices"])
-    assert numbers.loc[("adaptive", "emulated"), "speedup"] == pytest.approx(1.0)
-    assert numbers.loc[("sync", "emulated"), "speedup"] < 1.0
+    assert numbers.loc[("adaptive", "auto"), "speedup"] == pytest.approx(1.0)
+    assert numbers.loc[("sync", "auto"), "speedup"] < 1.0
     with pytest.raises(UserError, match="not a summary.json key"):
         write_report(sweep, baseline="colour=red")
     with pytest.raises(UserError, match="key=value"):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from hetsgd.algorithms import adaptive, hogbatch, hogwild, sync
+from hetsgd.algorithms import adaptive, hogbatch, hogwild, local_sgd, sync
 from hetsgd.errors import UserError
 
 ALGORITHMS: dict[str, ModuleType] = {"sync": sync, "hogwild": hogwild, "hogbatch": hogbatch,
-                                     "adaptive": adaptive}
+                                     "adaptive": adaptive, "local_sgd": local_sgd}
 
 
 def get(name: str) -> ModuleType:

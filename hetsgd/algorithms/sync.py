@@ -1,23 +1,124 @@
-"""Synchronous mini-batch SGD. On one worker it is the single-device baseline: plain SGD on the
-master model, in place on a CPU, or resident on a GPU and published for snapshots."""
+"""Synchronous data-parallel SGD.
+
+On one worker it is the single-device baseline: plain SGD on the master model, in place on a CPU,
+or resident on a GPU and published for snapshots (the shared-memory engine's own worker).
+
+On several workers it runs on torch.distributed (see ``hetsgd.ranks``): every step takes the next
+global batch of the epoch's order (``algo.global_batch``, by default the sum of the workers'
+batch sizes; an epoch's last batch may be shorter, as with one worker) and cuts it into one
+contiguous shard per rank, ``split: equal`` (as DistributedDataParallel) or ``proportional`` to
+each rank's examples/s measured in a short warm-up. Each rank computes the mean-loss gradient of
+its shard; the gradients are all-reduced weighted by shard size (so the result is the gradient
+of the global batch's mean loss) and every replica takes the same step, with its own identical
+momentum. Floating BatchNorm statistics are averaged the same way at every step (DDP instead
+broadcasts rank 0's), which for the running mean equals what one worker on the global batch
+would keep. The learning rate is that of the global batch size (``optim.lr_scaling``).
+"""
 
 from __future__ import annotations
 
+import math
+import threading
+import time
+
+import torch
+
+from hetsgd import distributed, launch
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.engine import Coordinator, OnTick
 from hetsgd.errors import UserError
-from hetsgd.shared import Problem, SharedData, SharedMaster
+from hetsgd.ranks import Rank
+from hetsgd.shared import EpochCursor, Problem, SharedData, SharedMaster, SharedState
+from hetsgd.workers import Diverged
 
 
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> list[WorkerSpec]:
-    if len(specs) != 1:
-        raise UserError(
-            f"algo=sync trains on exactly one worker, but devices={cfg.devices.name} has "
-            f"{len(specs)}: use devices=single_cpu or devices=gpu")
+    if len(specs) > 1:
+        distributed.check_world(specs, cfg.devices.name)
+        distributed.choose_backend(cfg.dist.backend, specs)
+        batch = cfg.algo.global_batch
+        if batch is not None and batch < len(specs):
+            raise UserError(f"algo.global_batch={batch} is smaller than the {len(specs)} workers "
+                            f"of devices={cfg.devices.name}: every worker needs a share")
     return specs
 
 
 def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,
                 master: SharedMaster, on_tick: OnTick) -> Coordinator:
-    return Coordinator(cfg, specs, problem, data, master, on_tick)
+    if len(specs) == 1:
+        return Coordinator(cfg, specs, problem, data, master, on_tick)
+    return launch.RanksCoordinator(cfg, specs, problem, data, master, on_tick,
+                                   publishing=specs[0].device != "cpu", describe=describe)
+
+
+def describe(world: list[WorkerSpec], notes: list[list[float]]) -> dict:
+    """summary.json's `sync` entry: each group's share of a global batch, measured step time."""
+    share, _, step_s = zip(*notes)
+    return {"sync": {"batch_share": launch.per_group(world, share, total=True),
+                     "step_s": launch.per_group(world, step_s)}}
+
+
+def split(size: int, shares: list[float]) -> list[int]:
+    """`size` examples cut in proportion to `shares` (largest remainders, ties to lower ranks),
+    every rank getting at least one example while there are enough."""
+    total = sum(shares)
+    raw = [size * share / total for share in shares]
+    sizes = [math.floor(r) for r in raw]
+    by_remainder = sorted(range(len(raw)), key=lambda i: (sizes[i] - raw[i], i))
+    for i in by_remainder[:size - sum(sizes)]:
+        sizes[i] += 1
+    if size >= len(sizes):
+        for i in range(len(sizes)):
+            if sizes[i] == 0:
+                sizes[max(range(len(sizes)), key=sizes.__getitem__)] -= 1
+                sizes[i] = 1
+    return sizes
+
+
+class RankLoop:
+    """One rank of synchronous data-parallel SGD."""
+
+    def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
+                 problem: Problem, state: SharedState, group: distributed.Group) -> None:
+        self.rank = Rank(spec, world, cfg, problem, state, group, linked=True)
+        self.batches = self.rank.batches()
+        self.global_batch = cfg.algo.global_batch or sum(s.batch_size for s in world)
+        self.shares = [1.0] * len(world)
+        self.step_times = [math.nan] * len(world)
+        if cfg.algo.split == "proportional":  # examples per second at each rank's batch size
+            self.step_times = self.rank.step_times(self.batches)
+            self.shares = [s.batch_size / t for s, t in zip(world, self.step_times)]
+        # Every rank walks the same cursor, so all agree on every step and on the last one.
+        self.cursor = EpochCursor(self.rank.num_examples, cfg.budget.epochs, threading.Lock())
+
+    def notes(self) -> list[list[float]]:
+        return [[share / sum(self.shares), math.nan, step_s]
+                for share, step_s in zip(self.shares, self.step_times)]
+
+    def run(self) -> None:
+        rank = self.rank
+        me, n = rank.spec.rank, rank.num_examples
+        while (claim := self.cursor.claim(self.global_batch)) is not None:
+            epoch, start, size = claim
+            sizes = split(size, self.shares)
+            started = time.perf_counter()
+            loss = None
+            if sizes[me]:
+                x, y = self.batches.get(epoch, start + sum(sizes[:me]), sizes[me])
+                loss, _ = rank.gradient(x, y)
+            else:
+                rank.flat.zero_grad()
+            computed = time.perf_counter()
+            rank.emulate(computed - started)
+            verdict = rank.exchange(rank.flat.grads, rank.flat.buffers, sizes[me] / size, loss)
+            stepped = time.perf_counter()
+            with torch.no_grad():
+                rank.sgd.step(epoch + start / n, size)
+            rank.ledger.step(sizes[me], computed - started + time.perf_counter() - stepped, loss)
+            if rank.link is not None:  # rank 0 on a GPU: publish when the coordinator asks
+                rank.ledger.add("comm_s", rank.link.after_step())
+            if verdict.diverged:
+                raise Diverged(f"training loss became non-finite at epoch {epoch + start / n:.3f}")
+            if verdict.stop:
+                break

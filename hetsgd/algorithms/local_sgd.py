@@ -1,0 +1,275 @@
+"""Local SGD on heterogeneous workers, and biased local SGD (Lim et al., arXiv 2508.08540).
+
+A round: every rank trains its own replica for tau_r local steps of its own batch size, then the
+replicas (parameters and floating BatchNorm statistics) are aggregated by one all-reduce and every
+replica restarts from the aggregate. Momentum buffers stay local, never averaged or reset (the
+authors' code); integer buffers (BatchNorm's num_batches_tracked) stay local too.
+
+Where the paper is silent, these are the project's choices (the authors' code where it has one):
+
+- ``tau`` per group: ``{group: steps}``; one number for every group (balanced local SGD);
+  ``{fast: N, slow: M}`` on a two-group mix; or ``auto``: proportional to each group's measured
+  step speed (a few warm-up steps on a throwaway copy, the emulated slowdown included), so that
+  all groups finish a round together, the slowest group taking ``tau_min`` steps. The authors'
+  code sets tau by hand (32 fast, 1 slow).
+- The **fast group** is the group with the largest tau; on a tie (balanced runs, or the
+  ``fast``/``slow`` form), the one with the highest measured step speed. Every other group is
+  the slow side.
+- ``aggregation``: ``uniform`` (1/W per rank, the authors' code), ``samples`` (weighted by the
+  examples each rank processed in the round, tau_r * B_r), ``fast_weighted`` (weight ``alpha``
+  on each fast-group rank, 1 on the others, normalized). The paper's own weights are not known
+  (its method section was not available); this stays a config option.
+- Data: every ``period`` = max(1, floor(N / examples per round)) rounds the ranks reshuffle: the
+  period's seeded permutation is cut into contiguous shards, one per rank, of period * tau_r * B_r
+  examples (data share proportional to tau, as the authors' code), walked in order.
+- ``biased.sampling``: at each reshuffle the loss tables are min-merged and the ``side``'s ranks
+  (``slow``, as the authors' code; ``fast``, as the paper's summary) train on the top-k of a pool
+  instead (see ``hetsgd.biased``); the other side keeps its uniform shards, which may overlap.
+- Epochs: ``epoch_accounting: examples`` counts N examples consumed by all ranks as one epoch
+  (the budget then stops at the first round that reaches it); ``authors`` counts the authors'
+  R = floor(N / (sum of batch sizes * tau_fast)) rounds as one epoch (the round count balanced
+  local SGD at tau_fast would need), so unbalanced runs consume less data per "epoch". The
+  budget, the learning-rate milestones and the round count follow the chosen accounting;
+  summary.json's ``epochs`` is always examples / N.
+- The stop signal (time budget) is agreed at each aggregation, so a run overshoots
+  ``budget.seconds`` by at most one round.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hetsgd import distributed, launch
+from hetsgd.biased import LossTable, generator, top_k_of_pool
+from hetsgd.config import LocalSGDConfig, RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engine import Coordinator, OnTick
+from hetsgd.errors import UserError
+from hetsgd.ranks import Rank
+from hetsgd.shared import Problem, SharedData, SharedMaster, SharedState
+from hetsgd.workers import Batches, Diverged
+
+ALIASES = frozenset({"fast", "slow"})
+
+
+def _groups(world: list[WorkerSpec]) -> list[str]:
+    return list(dict.fromkeys(spec.group for spec in world))
+
+
+def _uses_fast_group(algo: LocalSGDConfig) -> bool:
+    return algo.biased.sampling or algo.aggregation == "fast_weighted"
+
+
+def group_taus(algo: LocalSGDConfig, groups: list[str],
+               step_times: dict[str, float] | None) -> dict[str, int]:
+    """Local steps per round of each group; `step_times` (seconds per step, by group) are
+    needed for `auto` and for the fast/slow form."""
+    tau = algo.tau
+    if isinstance(tau, int):
+        return {group: tau for group in groups}
+    if isinstance(tau, dict) and set(tau) != ALIASES:
+        return {group: int(tau[group]) for group in groups}
+    if step_times is None:
+        raise ValueError(f"algo.tau={tau!r} needs measured step times")
+    slowest = max(step_times.values())
+    if tau == "auto":
+        return {g: max(1, round(algo.tau_min * slowest / step_times[g])) for g in groups}
+    fast = min(groups, key=step_times.__getitem__)
+    return {g: int(tau["fast"] if g == fast else tau["slow"]) for g in groups}
+
+
+def fast_group(taus: dict[str, int], step_times: dict[str, float] | None) -> str:
+    """The group with the largest tau; on a tie, the one with the shortest measured step."""
+    top = max(taus.values())
+    tied = [g for g, t in taus.items() if t == top]
+    if len(tied) == 1:
+        return tied[0]
+    if step_times is None:
+        raise ValueError("a tie on tau needs measured step times to tell the fast group")
+    return min(tied, key=step_times.__getitem__)
+
+
+def needs_step_times(algo: LocalSGDConfig, groups: list[str]) -> bool:
+    if algo.tau == "auto" or (isinstance(algo.tau, dict) and set(algo.tau) == ALIASES):
+        return True
+    if not _uses_fast_group(algo):
+        return False
+    taus = group_taus(algo, groups, None)
+    return sum(t == max(taus.values()) for t in taus.values()) > 1
+
+
+def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> list[WorkerSpec]:
+    distributed.check_world(specs, cfg.devices.name)
+    distributed.choose_backend(cfg.dist.backend, specs)
+    algo, groups, mix = cfg.algo, _groups(specs), cfg.devices.name
+    if isinstance(algo.tau, dict):
+        if set(algo.tau) == ALIASES and len(groups) != 2:
+            raise UserError(f"algo.tau={{fast, slow}} needs a two-group mix; devices={mix} has "
+                            f"{', '.join(groups)}: name the groups instead")
+        if set(algo.tau) != ALIASES and set(algo.tau) != set(groups):
+            raise UserError(f"algo.tau names {', '.join(algo.tau)}, but the groups of devices={mix} "
+                            f"are {', '.join(groups)}: give one tau per group (or fast/slow)")
+    if _uses_fast_group(algo) and len(groups) < 2:
+        raise UserError(f"biased sampling and fast_weighted aggregation need a fast and a slow "
+                        f"group; devices={mix} has one ({groups[0]})")
+    return specs
+
+
+def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,
+                master: SharedMaster, on_tick: OnTick) -> Coordinator:
+    return launch.RanksCoordinator(cfg, specs, problem, data, master, on_tick, publishing=False,
+                                   describe=describe)
+
+
+def describe(world: list[WorkerSpec], notes: list[list[float]]) -> dict:
+    """summary.json's `local_sgd` entry: tau, aggregation weight and measured step time by group."""
+    tau, weight, step_s = zip(*notes)
+    return {"local_sgd": {"tau": {g: int(t) for g, t in launch.per_group(world, tau).items()},
+                          "aggregation_weight": launch.per_group(world, weight),
+                          "step_s": launch.per_group(world, step_s)}}
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What every rank knows about every round, the same on all of them."""
+
+    taus: list[int]  # local steps per round, by rank
+    batches: list[int]  # batch size, by rank
+    weights: list[float]  # aggregation weight, by rank
+    side: frozenset[int]  # ranks that train on the top-k of a pool (biased sampling)
+    num_examples: int
+    period: int  # rounds between reshuffles
+    rounds_per_epoch: float
+    total_rounds: int | None  # the epoch budget, in rounds
+    pool_ratio: float
+    seed: int
+
+    @classmethod
+    def build(cls, cfg: RunConfig, world: list[WorkerSpec], num_examples: int,
+              step_times: list[float] | None) -> RoundPlan:
+        algo = cfg.algo
+        assert isinstance(algo, LocalSGDConfig)
+        groups = _groups(world)
+        by_group = None
+        if step_times is not None:
+            by_group = {g: sum(t for s, t in zip(world, step_times) if s.group == g)
+                        / sum(s.group == g for s in world) for g in groups}
+        group_tau = group_taus(algo, groups, by_group)
+        taus = [group_tau[s.group] for s in world]
+        batches = [s.batch_size for s in world]
+        fast = fast_group(group_tau, by_group) if _uses_fast_group(algo) else None
+        if algo.aggregation == "samples":
+            raw = [float(t * b) for t, b in zip(taus, batches)]
+        elif algo.aggregation == "fast_weighted":
+            raw = [algo.alpha if s.group == fast else 1.0 for s in world]
+        else:
+            raw = [1.0] * len(world)
+        weights = [w / sum(raw) for w in raw]
+        side = frozenset(r for r, s in enumerate(world) if algo.biased.sampling
+                         and (s.group == fast) == (algo.biased.side == "fast"))
+        per_round = sum(t * b for t, b in zip(taus, batches))
+        epochs = cfg.budget.epochs
+        if algo.epoch_accounting == "authors":
+            rounds_per_epoch = float(max(1, num_examples // (sum(batches) * max(taus))))
+            total = None if epochs is None else max(1, round(epochs * rounds_per_epoch))
+        else:
+            rounds_per_epoch = num_examples / per_round
+            total = None if epochs is None else -(-round(epochs * num_examples) // per_round)
+        return cls(taus, batches, weights, side, num_examples,
+                   max(1, num_examples // per_round), rounds_per_epoch, total,
+                   algo.biased.pool_ratio, cfg.seed)
+
+    def epoch(self, round_: int) -> float:
+        return round_ / self.rounds_per_epoch
+
+    def done(self, round_: int) -> bool:
+        return self.total_rounds is not None and round_ >= self.total_rounds
+
+    def shard(self, rank: int, period: int, permutation: torch.Tensor,
+              table: LossTable | None) -> torch.Tensor:
+        """The examples `rank` trains on during reshuffle `period`, in order: its contiguous
+        shard of the period's permutation, or its part of the shuffled top-k of a pool."""
+        lengths = [self.period * t * b for t, b in zip(self.taus, self.batches)]
+        if table is not None and rank in self.side:
+            side = sorted(self.side)
+            chosen = top_k_of_pool(table.values, sum(lengths[r] for r in side), self.pool_ratio,
+                                   generator(self.seed, period))
+            offset = sum(lengths[r] for r in side if r < rank)
+        else:
+            chosen, offset = permutation, sum(lengths[:rank])
+        return chosen[(offset + torch.arange(lengths[rank])) % chosen.numel()]
+
+
+class ShardBatches(Batches):
+    """Batches walked from this rank's shard of the current period instead of an epoch's order."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.shard = self.permutation(0)
+
+    def permutation(self, period: int) -> torch.Tensor:
+        """The seeded permutation of a reshuffle period (file order without data.shuffle)."""
+        return super().order(period)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        return self.shard
+
+
+class RankLoop:
+    """One rank of local SGD: rounds of tau local steps, then one aggregating all-reduce."""
+
+    def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
+                 problem: Problem, state: SharedState, group: distributed.Group) -> None:
+        self.rank = Rank(spec, world, cfg, problem, state, group, linked=False)
+        self.batches = self.rank.batches(ShardBatches)
+        algo = cfg.algo
+        assert isinstance(algo, LocalSGDConfig)
+        self.step_times = (self.rank.step_times(self.batches)
+                           if needs_step_times(algo, _groups(world)) else None)
+        self.plan = RoundPlan.build(cfg, world, self.rank.num_examples, self.step_times)
+        self.table = LossTable(self.rank.num_examples) if algo.biased.sampling else None
+
+    def notes(self) -> list[list[float]]:
+        times = self.step_times or [math.nan] * len(self.plan.taus)
+        return [[float(t), w, s] for t, w, s in zip(self.plan.taus, self.plan.weights, times)]
+
+    def run(self) -> None:
+        rank, plan, table = self.rank, self.plan, self.table
+        me = rank.spec.rank
+        tau, batch = plan.taus[me], plan.batches[me]
+        round_ = 0
+        while not plan.done(round_):
+            period, offset = divmod(round_, plan.period)
+            if offset == 0:
+                if table is not None:
+                    table.merge(rank.group)
+                self.batches.shard = plan.shard(me, period, self.batches.permutation(period), table)
+            epoch = plan.epoch(round_)
+            loss = None
+            for step in range(tau):
+                started = time.perf_counter()
+                start = (offset * tau + step) * batch
+                x, y = self.batches.get(period, start, batch)
+                loss, losses = rank.gradient(x, y, per_sample=table is not None)
+                if table is not None and losses is not None:
+                    table.record(self.batches.shard[start:start + batch], losses)
+                with torch.no_grad():
+                    rank.sgd.step(epoch, batch)
+                busy = time.perf_counter() - started
+                rank.ledger.step(batch, busy, loss)
+                rank.emulate(busy)
+                if not math.isfinite(loss):
+                    break
+            weight = plan.weights[me]
+            verdict = rank.exchange(rank.flat.params, rank.flat.buffers, weight, loss)
+            rank.write_master()
+            if verdict.diverged:
+                raise Diverged(f"training loss became non-finite in round {round_} "
+                               f"(epoch {epoch:.3f})")
+            if verdict.stop:
+                break
+            round_ += 1

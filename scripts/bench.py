@@ -1,0 +1,587 @@
+"""`make bench`: hetsgd's speed as ratios measured side by side in one run (DESIGN.md section 8).
+
+Absolute times on a shared or CPU-only machine say little, so every measurement pairs two
+configurations run back to back on the same machine and reports their ratio; the absolute numbers
+go to ``bench.json`` too, labelled with the machine. Nothing here is a threshold: the bench reports.
+
+a. hetsgd's worker step vs a bare ``torch.optim.SGD`` loop (in-process, one thread, batch 1/16/256)
+b. Hogwild over 1 and 2 worker processes (examples/s)
+c. memory: the data and the master exist once, however many workers (USS per process)
+d. time to normalized loss 0.9 for each algorithm, as a ratio to sync
+e. the utilization sampler's overhead (monitor.interval_s 0.5 vs 0.05)
+
+Runs use w8a when the file is at hand (the shared copy beside the repository, or the data cache),
+else a synthetic set of w8a's shape. ``--seconds`` (or ``$HETSGD_BENCH_SECONDS``) sets the budget of
+each training run; results go to ``$HETSGD_RESULTS/bench/<time>/`` (default ``results/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import psutil
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from hetsgd import runner
+from hetsgd.config import CONF_DIR, RunConfig, register_configs, to_run_config
+from hetsgd.data import load_dataset, source_info
+from hetsgd.devices import expand
+from hetsgd.flat import FlatModel
+from hetsgd.losses import loss_fn
+from hetsgd.metrics import crossing, normalized_loss
+from hetsgd.models import build_model
+from hetsgd.results import environment
+from hetsgd.shared import (
+    EpochCursor,
+    Problem,
+    SharedData,
+    SharedMaster,
+    SharedState,
+    Signals,
+    WorkerCounters,
+)
+from hetsgd.workers import Worker
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_W8A = ROOT.parent / "shared" / "data" / "w8a.xz"
+# w8a's shape (49,749 + 14,951 examples, 300 features), dense, when the real file is absent
+W8A_LIKE = ("dataset=synthetic", "dataset.n_samples=64700", "dataset.n_features=300")
+STEP_BATCHES = {1: 3000, 16: 2000, 256: 300}  # batch size -> steps per timing
+STEP_REPEATS = 3
+MEMORY_SET = ("dataset=synthetic", "dataset.n_samples=300000", "dataset.n_features=400")
+MEMORY_NEEDS_BYTES = 4 * 2**30  # the memory run needs about 2 GiB; keep a margin
+ALGORITHMS = (("sync", "single_cpu"), ("hogwild", "cpu"), ("hogbatch", "emulated"),
+              ("adaptive", "emulated"))
+FAST_EVAL = ("eval.every_s=1000", "eval.every_epochs=null")  # speed runs: first and last snapshot
+# Time-to-target runs: on w8a the normalized loss reaches 0.9 in about 0.1 s, so a short budget
+# with a snapshot every 20 ms (each costs an evaluation after training) resolves it.
+TARGET_BUDGET_S = 2.0
+TARGET_SNAPSHOTS = 100
+MiB = 2**20
+
+console = Console(width=None if sys.stdout.isatty() else 132)
+
+
+# -- sections: one measurement each, rendered to the terminal, markdown and JSON ---------------
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    explanation: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)  # absolute numbers, for bench.json
+    error: str | None = None
+    load: str = ""  # how busy the rest of the machine was meanwhile
+
+    def table(self) -> Table:
+        table = Table(*self.columns, title=f"{self.key}. {self.title}",
+                      caption=f"{self.explanation} {self.load}", title_justify="left",
+                      caption_justify="left")
+        for row in self.rows:
+            table.add_row(*row)
+        if self.error:
+            table.add_row(f"[red]failed: {self.error}[/red]", *[""] * (len(self.columns) - 1))
+        return table
+
+    def markdown(self) -> str:
+        lines = [f"## {self.key}. {self.title}", "", f"{self.explanation} {self.load}", "",
+                 "| " + " | ".join(self.columns) + " |",
+                 "|" + "---|" * len(self.columns)]
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        if self.error:
+            lines += ["", f"**failed:** {self.error}"]
+        return "\n".join(lines) + "\n"
+
+
+def _ratio(value: float | None, baseline: float | None) -> float | None:
+    return value / baseline if value is not None and baseline else None
+
+
+def _fmt(value: float | None, spec: str = ".3g", unit: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{unit}"
+
+
+# -- how busy the rest of the machine was --------------------------------------------------------
+
+
+class OtherLoad:
+    """CPU time that processes outside this bench used meanwhile, as a share of all cores.
+
+    Ratios need a quiet machine; this says whether it was. Ours is this process and the children
+    it reaped (the workers); the rest of the system's busy time is someone else's, and steal is
+    the hypervisor's (a noisy neighbour on a VM)."""
+
+    def __enter__(self) -> OtherLoad:
+        self.start = self._read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float, float]:
+        cpu, mine = psutil.cpu_times(), os.times()
+        busy = sum(getattr(cpu, name, 0.0) for name in ("user", "nice", "system", "irq",
+                                                         "softirq"))
+        ours = mine.user + mine.system + mine.children_user + mine.children_system
+        return time.perf_counter(), busy, ours, getattr(cpu, "steal", 0.0)
+
+    def shares(self) -> tuple[float, float]:
+        """(others' share, steal share) of the cores' time over the block."""
+        (t0, busy0, ours0, steal0), (t1, busy1, ours1, steal1) = self.start, self.end
+        capacity = max((t1 - t0) * psutil.cpu_count(), 1e-9)
+        return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / capacity, (steal1 - steal0) / capacity
+
+
+# -- running hetsgd jobs in-process, as `hetsgd run` does ---------------------------------------
+
+
+def compose_config(*overrides: str) -> DictConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=["progress=false", *overrides])
+
+
+@dataclass
+class Job:
+    summary: dict[str, Any]
+    workers: pd.DataFrame
+    convergence: pd.DataFrame
+    others: float  # share of the CPUs that other processes used during the run
+
+
+class Jobs:
+    """Runs jobs through ``hetsgd.runner.run`` into a temporary folder; a failed run raises."""
+
+    def __init__(self, folder: Path, data: tuple[str, ...]) -> None:
+        self.folder, self.data, self.count = folder, data, 0
+
+    def run(self, *overrides: str) -> Job:
+        cfg = compose_config(*self.data, *overrides)
+        self.count += 1
+        run_dir = self.folder / f"run{self.count:02d}"
+        with OtherLoad() as load:
+            summary = runner.run(to_run_config(cfg), run_dir, cfg)
+        if summary["status"] != "completed":
+            raise RuntimeError(f"{' '.join(overrides)}: {summary['status']}: {summary['error']}")
+        return Job(summary, pd.read_csv(run_dir / "workers.csv"),
+                   pd.read_csv(run_dir / "convergence.csv"), load.shares()[0])
+
+
+def choose_data(tmp: Path) -> tuple[tuple[str, ...], str]:
+    """w8a from the shared copy (through a temporary data cache) or the cache, else w8a-like."""
+    if SHARED_W8A.exists():
+        home = tmp / "data"
+        home.mkdir()
+        (home / SHARED_W8A.name).symlink_to(SHARED_W8A)
+        os.environ["HETSGD_DATA"] = str(home)
+        return ("dataset=w8a",), f"w8a ({SHARED_W8A})"
+    if source_info("w8a").cached:
+        return ("dataset=w8a",), "w8a (data cache)"
+    return W8A_LIKE, "synthetic, w8a's shape (dense; the w8a file is not here)"
+
+
+# -- a. worker step vs a bare PyTorch loop ------------------------------------------------------
+
+
+def _step_config(batch: int, steps: int, num_examples: int) -> RunConfig:
+    """Sync on one single-threaded CPU worker, for about `steps` steps of `batch` examples."""
+    return to_run_config(compose_config(
+        "algo=sync", "devices=single_cpu", "dataset=digits", "model=mlp", "optim.lr=0.01",
+        "devices.groups.cpu.threads=1", f"devices.groups.cpu.batch_size={batch}",
+        f"budget.epochs={steps * batch / num_examples}"))
+
+
+def _hetsgd_steps(cfg: RunConfig, problem: Problem, data: SharedData) -> tuple[float, int,
+                                                                               torch.Tensor]:
+    """Time ``Worker.run`` in-process over a fresh master and cursor: (seconds, steps, params)."""
+    init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs, None,
+                                 cfg.seed))
+    ctx = mp.get_context("spawn")
+    state = SharedState(data, SharedMaster.from_flat(init.params, init.buffers),
+                        EpochCursor(data.num_examples, cfg.budget.epochs, ctx.Lock()),
+                        WorkerCounters(1), Signals.create(ctx))
+    spec, = expand(cfg.devices)
+    worker = Worker(spec, cfg, problem, state)
+    start = time.perf_counter()
+    worker.run()
+    seconds = time.perf_counter() - start
+    return seconds, int(state.counters.row(0)["updates"]), state.master.params.clone()
+
+
+def _bare_steps(cfg: RunConfig, problem: Problem, data: SharedData) -> tuple[float, int,
+                                                                             torch.Tensor]:
+    """The same model, data order and batches through torch.optim.SGD."""
+    cursor = EpochCursor(data.num_examples, cfg.budget.epochs, threading.Lock())
+    orders: dict[int, torch.Tensor] = {}
+    batches = []
+    while (claim := cursor.claim(cfg.devices.groups["cpu"].batch_size)) is not None:
+        epoch, begin, size = claim
+        if epoch not in orders:  # the worker's seeded permutation of each epoch
+            generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+            orders[epoch] = torch.randperm(data.num_examples, generator=generator)
+        batches.append(orders[epoch][begin:begin + size])
+    x, y = data.x.dense, data.y
+    model = build_model(cfg.model, problem.num_features, problem.num_outputs, None, cfg.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr)
+    criterion = loss_fn(problem.task)
+    start = time.perf_counter()
+    for idx in batches:
+        optimizer.zero_grad()
+        loss = criterion(model(x.index_select(0, idx)), y.index_select(0, idx))
+        loss.backward()
+        optimizer.step()
+        loss.item()
+    seconds = time.perf_counter() - start
+    return seconds, len(batches), torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def bench_step(_jobs: Jobs, _seconds: float) -> Section:
+    section = Section(
+        "a", "worker step vs a bare PyTorch loop (CPU, 1 thread, in-process)",
+        "Time per SGD step of hetsgd's Worker.run (claim from the cursor, gather, step on the "
+        "flat master, counters) vs a plain torch.optim.SGD loop over the same model (mlp "
+        "[128,128]), data (digits) and batches; best of "
+        f"{STEP_REPEATS} interleaved repeats. Ratio > 1: hetsgd's step is slower.",
+        ["batch", "steps", "bare µs/step", "hetsgd µs/step", "hetsgd / bare", "same result"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        digits = load_dataset(to_run_config(compose_config("dataset=digits")).dataset, 0,
+                              progress=False)
+        problem = Problem.of(digits)
+        data = SharedData.from_arrays(digits.x_train, digits.y_train)
+        for batch, steps in STEP_BATCHES.items():
+            cfg = _step_config(batch, steps, data.num_examples)
+            best = {"bare": float("inf"), "hetsgd": float("inf")}
+            for _repeat in range(STEP_REPEATS):
+                ours_s, count, ours = _hetsgd_steps(cfg, problem, data)
+                bare_s, bare_count, theirs = _bare_steps(cfg, problem, data)
+                assert count == bare_count, (count, bare_count)
+                best["hetsgd"] = min(best["hetsgd"], ours_s / count)
+                best["bare"] = min(best["bare"], bare_s / count)
+            diff = float((ours - theirs).abs().max())
+            ratio = best["hetsgd"] / best["bare"]
+            section.rows.append([str(batch), str(count), f"{best['bare'] * 1e6:.0f}",
+                                 f"{best['hetsgd'] * 1e6:.0f}", f"{ratio:.2f}x",
+                                 "yes" if diff < 1e-4 else f"no (max diff {diff:.1e})"])
+            section.data[str(batch)] = {"steps": count, "bare_s_per_step": best["bare"],
+                                        "hetsgd_s_per_step": best["hetsgd"],
+                                        "hetsgd_over_bare": ratio, "max_param_diff": diff}
+    finally:
+        torch.set_num_threads(threads)
+    return section
+
+
+# -- b. Hogwild scaling over processes -----------------------------------------------------------
+
+SCALING_ROUNDS = 2  # 1 worker, 2 workers, 1, 2, ...: the spread between rounds shows the noise
+
+
+def bench_hogwild(jobs: Jobs, seconds: float) -> Section:
+    section = Section(
+        "b", "Hogwild scaling over worker processes",
+        "examples/s of algo=hogwild devices=cpu with 1 and 2 single-threaded workers (mlp "
+        f"[256,256], batch 32, same time budget), {SCALING_ROUNDS} interleaved rounds. busy / "
+        "wait: share of the training time each worker spent in its step / waiting for the "
+        "cursor's lock. others' CPU: share of the CPUs other processes used during that run.",
+        ["round", "workers", "examples/s", "vs 1 worker", "busy per worker", "wait per worker",
+         "others' CPU"])
+    rounds = []
+    for round_ in range(1, SCALING_ROUNDS + 1):
+        speeds = {}
+        for count in (1, 2):
+            job = jobs.run("algo=hogwild", "devices=cpu", f"devices.groups.cpu.count={count}",
+                           "devices.groups.cpu.threads=1", "devices.groups.cpu.batch_size=32",
+                           "model=mlp", "model.hidden=[256,256]", "budget.epochs=null",
+                           f"budget.seconds={seconds}", *FAST_EVAL)
+            eps, time_s = job.summary["examples_per_s"], job.summary["time_s"]
+            speeds[count] = eps
+            section.rows.append([str(round_), str(count), f"{eps:,.0f}",
+                                 f"{_ratio(eps, speeds[1]):.2f}x",
+                                 " ".join(f"{b:.0%}" for b in job.workers["busy_s"] / time_s),
+                                 " ".join(f"{w:.1%}" for w in job.workers["wait_s"] / time_s),
+                                 f"{job.others:.0%}"])
+            section.data[f"round{round_}_workers{count}"] = {
+                "examples_per_s": eps, "time_s": time_s, "others_cpu_share": job.others,
+                "workers": job.workers.to_dict("records")}
+        rounds.append(_ratio(speeds[2], speeds[1]))
+    section.data["ratio_2_over_1"] = rounds
+    return section
+
+
+# -- c. memory: data and master once -------------------------------------------------------------
+
+
+class MemorySampler:
+    """Peak USS of this process (the coordinator) and of each spawned worker, and the peak rise
+    of system-wide used and shared memory, sampled by a thread while a run executes. Coordinator
+    and system peaks are kept apart for the time workers run (training) and the rest (loading
+    the data, evaluating)."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.before = psutil.virtual_memory()
+        self.workers: dict[int, int] = {}
+        self.coordinator = {"training": 0, "other": 0}
+        self.used = {"training": 0, "other": 0}
+        self.shared = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _worker_uss(self, me: psutil.Process) -> dict[int, int]:
+        uss = {}
+        for child in me.children(recursive=True):
+            try:  # workers are spawned interpreters; skip multiprocessing's resource tracker
+                if any("spawn_main" in part for part in child.cmdline()):
+                    uss[child.pid] = child.memory_full_info().uss
+            except psutil.Error:  # it ended between listing and reading
+                continue
+        return uss
+
+    def _loop(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(self.interval_s):
+            workers = self._worker_uss(me)
+            for pid, uss in workers.items():
+                self.workers[pid] = max(self.workers.get(pid, 0), uss)
+            phase = "training" if workers else "other"
+            vm = psutil.virtual_memory()
+            self.used[phase] = max(self.used[phase], vm.used - self.before.used)
+            self.shared = max(self.shared, vm.shared - self.before.shared)
+            self.coordinator[phase] = max(self.coordinator[phase], me.memory_full_info().uss)
+
+
+def runtime_floor() -> int:
+    """USS of a fresh interpreter that imported what a worker imports: the per-process floor."""
+    code = ("import psutil, torch, hetsgd.workers; "
+            "print(psutil.Process().memory_full_info().uss)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
+def bench_memory(jobs: Jobs, seconds: float) -> Section:
+    section = Section(
+        "c", "memory: one copy of the data and the master, whatever the worker count",
+        "Hogwild, 2 workers, on a large synthetic set. USS counts the pages only this process "
+        "maps: shared data a worker reads is mapped by the coordinator too, so it is not in a "
+        "worker's USS, and a worker holding its own copy of the data would show it. Floor: USS "
+        "of a fresh interpreter that imported torch and hetsgd's worker. The coordinator's USS "
+        "holds the loaded arrays and shared pages no worker has touched yet. System view: peak "
+        "rise over the run's start of used memory (psutil: shared memory not in it; other "
+        "processes' too) and of shared memory.",
+        ["what", "MiB", "vs data"])
+    available = psutil.virtual_memory().available
+    if available < MEMORY_NEEDS_BYTES:
+        section.error = f"skipped: {available / 2**30:.1f} GiB available, needs ~4 GiB"
+        return section
+    floor = runtime_floor()
+    with MemorySampler() as sampler:
+        job = jobs.run("algo=hogwild", "devices=cpu", "devices.groups.cpu.count=2",
+                       "devices.groups.cpu.threads=1", *MEMORY_SET, "model=mlp",
+                       "budget.epochs=null", f"budget.seconds={seconds}", *FAST_EVAL)
+    features = int(MEMORY_SET[2].split("=")[1])
+    num_train = round(job.summary["examples"] / job.summary["epochs"])
+    data_bytes = num_train * (features + 1) * 4  # float32 rows and labels, as SharedData holds
+    peaks = list(sampler.workers.values())
+    rows = [("training data in shared memory", data_bytes)]
+    rows += [(f"worker {i} peak USS", uss) for i, uss in enumerate(peaks)]
+    rows += [("workers' peak USS, sum", sum(peaks)),
+             ("worker runtime floor (USS)", floor),
+             (f"workers' sum minus {len(peaks)} floors", sum(peaks) - len(peaks) * floor),
+             ("coordinator peak USS while workers run", sampler.coordinator["training"]),
+             ("coordinator peak USS otherwise (load, evaluate)", sampler.coordinator["other"]),
+             ("system used memory rise while workers run", sampler.used["training"]),
+             ("system used memory rise otherwise", sampler.used["other"]),
+             ("system shared memory rise, peak", sampler.shared)]
+    section.rows = [[what, f"{value / MiB:,.0f}", f"{value / data_bytes:.2f}x"]
+                    for what, value in rows]
+    section.data = {"data_bytes": data_bytes, "num_train": num_train,
+                    "worker_peak_uss": peaks, "runtime_floor_uss": floor,
+                    "coordinator_peak_uss": sampler.coordinator,
+                    "system_used_peak_rise": sampler.used,
+                    "system_shared_peak_rise": sampler.shared,
+                    "examples_per_s": job.summary["examples_per_s"]}
+    return section
+
+
+# -- d. time to normalized loss 0.9 per algorithm ------------------------------------------------
+
+
+def _time_to(job: Job, l0: float, best: float, target: float) -> float | None:
+    """Time to `target` with every run normalized by the same initial and best loss."""
+    frame = job.convergence
+    return crossing(frame["time_s"], normalized_loss(frame["train_loss"], l0, best), target)
+
+
+def bench_time_to_target(jobs: Jobs, seconds: float) -> Section:
+    seconds = min(seconds, TARGET_BUDGET_S)
+    section = Section(
+        "d", "time to a normalized loss, each algorithm on its default mix",
+        f"Same data, model (mlp) and time budget ({seconds:g} s), a snapshot every "
+        f"{seconds / TARGET_SNAPSHOTS * 1000:.0f} ms. "
+        "'own': the summary's time_to_target['0.9'], each run normalized by its own best loss; "
+        "'common': every run normalized by the best loss of all four, so a run that stalls "
+        "early does not look fast. Speedup: sync's time / this time; ex/s: examples/s; final "
+        "loss: training loss at the end.",
+        ["algo", "devices", "ex/s", "0.9 own", "speedup", "0.9 common", "speedup",
+         "0.99 common", "speedup", "final loss", "others' CPU"])
+    runs = {algo: jobs.run(f"algo={algo}", f"devices={devices}", "model=mlp",
+                           "budget.epochs=null", f"budget.seconds={seconds}",
+                           f"eval.every_s={seconds / TARGET_SNAPSHOTS}", "eval.every_epochs=null")
+            for algo, devices in ALGORITHMS}
+    l0 = runs["sync"].convergence["train_loss"].iloc[0]  # the same initial model in every run
+    best = min(job.convergence["train_loss"].min() for job in runs.values())
+    times = {algo: {"0.9 own": job.summary["time_to_target"]["0.9"],
+                    "0.9 common": _time_to(job, l0, best, 0.9),
+                    "0.99 common": _time_to(job, l0, best, 0.99)}
+             for algo, job in runs.items()}
+    for algo, devices in ALGORITHMS:
+        summary = runs[algo].summary
+        row = [algo, summary["devices_resolved"], f"{summary['examples_per_s']:,.0f}"]
+        for kind, value in times[algo].items():
+            row += [_fmt(value, ".2f", " s"), _fmt(_ratio(times["sync"][kind], value), ".2f", "x")]
+        section.rows.append(row + [f"{summary['final']['train_loss']:.4f}",
+                                   f"{runs[algo].others:.0%}"])
+        section.data[algo] = {"devices": devices, "examples_per_s": summary["examples_per_s"],
+                              "seconds_to": times[algo],
+                              "speedup": {kind: _ratio(times["sync"][kind], value)
+                                          for kind, value in times[algo].items()},
+                              "final": summary["final"], "update_share": summary["update_share"],
+                              "others_cpu_share": runs[algo].others}
+    return section
+
+
+# -- e. sampler overhead -------------------------------------------------------------------------
+
+SAMPLER_ROUNDS = 2
+
+
+def bench_sampler(jobs: Jobs, seconds: float) -> Section:
+    section = Section(
+        "e", "utilization sampler overhead",
+        "The same sync job (single_cpu, mlp) with monitor.interval_s 0.5 (default) and 0.05, "
+        f"{SAMPLER_ROUNDS} interleaved rounds: examples/s. Ratio < 1: sampling 10x as often "
+        "costs training speed.",
+        ["round", "monitor.interval_s", "examples/s", "vs 0.5 s", "others' CPU"])
+    ratios = []
+    for round_ in range(1, SAMPLER_ROUNDS + 1):
+        speeds = {}
+        for interval in (0.5, 0.05):
+            job = jobs.run("algo=sync", "devices=single_cpu", "model=mlp", "budget.epochs=null",
+                           f"budget.seconds={seconds}", f"monitor.interval_s={interval}",
+                           *FAST_EVAL)
+            speeds[interval] = eps = job.summary["examples_per_s"]
+            section.rows.append([str(round_), str(interval), f"{eps:,.0f}",
+                                 f"{_ratio(eps, speeds[0.5]):.3f}x", f"{job.others:.0%}"])
+            section.data[f"round{round_}_interval{interval}"] = {"examples_per_s": eps,
+                                                                 "others_cpu_share": job.others}
+        ratios.append(_ratio(speeds[0.05], speeds[0.5]))
+    section.data["ratio_0.05_over_0.5"] = ratios
+    return section
+
+
+# -- the whole bench -----------------------------------------------------------------------------
+
+Bench = Callable[[Jobs, float], Section]
+BENCHES: tuple[tuple[Bench, str], ...] = (
+    (bench_step, "worker step vs bare loop"), (bench_hogwild, "Hogwild scaling"),
+    (bench_memory, "memory"), (bench_time_to_target, "time to target"),
+    (bench_sampler, "sampler overhead"))
+
+
+def _measure(bench: Bench, name: str, jobs: Jobs, seconds: float) -> Section:
+    """One measurement; a failure is recorded in its section and the bench goes on."""
+    console.print(f"[bold]bench:[/bold] {name} ...")
+    started = time.perf_counter()
+    with OtherLoad() as load:
+        try:
+            section = bench(jobs, seconds)
+        except Exception as exc:  # noqa: BLE001 - report it with the others, do not lose the rest
+            section = Section(bench.__name__.removeprefix("bench_"), name, "", ["error"],
+                              error=" ".join(f"{type(exc).__name__}: {exc}".split()))
+    others, steal = load.shares()
+    section.load = (f"Meanwhile other processes used {others:.0%} of the CPUs"
+                    + (f" and the hypervisor stole {steal:.0%}" if steal >= 0.005 else "")
+                    + ("; a busy machine makes these ratios unreliable." if others + steal > 0.1
+                       else "."))
+    section.data.update(bench_seconds=time.perf_counter() - started, others_cpu_share=others,
+                        steal_share=steal)
+    return section
+
+
+def write(out: Path, header: dict[str, Any], sections: list[Section]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    report = dict(header, sections={s.key: asdict(s) for s in sections})
+    (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    machine = header["machine"]
+    intro = [f"# hetsgd bench, {header['time']}", "",
+             f"Machine: {machine['cpu_model']}, {machine['cores']} usable cores, "
+             f"GPUs: {', '.join(machine['gpus']) or 'none'}; torch {machine['torch']}. "
+             f"Data: {header['data']}; {header['seconds']} s per training run. "
+             "Ratios compare runs made side by side in this one bench; absolute numbers are "
+             "in bench.json.", "", ""]
+    (out / "bench.md").write_text("\n".join(intro) + "\n".join(s.markdown() for s in sections))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float,
+                        default=float(os.environ.get("HETSGD_BENCH_SECONDS", 5)),
+                        help="time budget of each training run (default 5, "
+                             "or $HETSGD_BENCH_SECONDS)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default $HETSGD_RESULTS/bench/<time>)")
+    args = parser.parse_args()
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    out = args.out or Path(os.environ.get("HETSGD_RESULTS", "results")) / "bench" / stamp
+    started = time.perf_counter()
+    header: dict[str, Any] = {"time": stamp, "machine": environment(), "seconds": args.seconds}
+    sections: list[Section] = []
+    with tempfile.TemporaryDirectory(prefix="hetsgd-bench-") as tmp:
+        data, header["data"] = choose_data(Path(tmp))
+        os.environ["HETSGD_RESULTS"] = str(Path(tmp) / "results")
+        jobs = Jobs(Path(tmp) / "runs", data)
+        for bench, name in BENCHES:
+            sections.append(_measure(bench, name, jobs, args.seconds))
+            console.print(sections[-1].table())
+            console.print()
+            header["total_s"] = time.perf_counter() - started
+            write(out, header, sections)  # after each: a bench cut short keeps what it measured
+    machine = header["machine"]
+    console.print(f"{machine['cpu_model']}, {machine['cores']} cores; data: {header['data']}; "
+                  f"{header['total_s']:.0f} s in all. Written: {out}/bench.json, bench.md")
+    return 1 if any(s.error for s in sections) else 0
+
+
+if __name__ == "__main__":  # workers are spawned: they import this file and must not run it
+    sys.exit(main())

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The one prepared check for a machine with a CUDA GPU (DESIGN.md section 8), in about 8 minutes:
+# the devices, the GPU tests, a real CPU+GPU comparison of the four algorithms, its report, and
+# the benchmark. Every step is time-bounded and logged under DIR; a failed step is recorded and
+# the next one runs; the exit status is non-zero when any step failed.
+#
+#   scripts/gpu_check.sh [DIR]        (default DIR: results/gpu_check/<time>)
+#
+# Uses .venv/bin (as the Makefile does), or makes it with `make setup TORCH=torch` (PyPI's CUDA
+# build). Without a GPU it still runs end to end: the GPU tests skip and devices=auto trains the
+# emulated mix. Environment:
+#   HETSGD_DATA           a data cache; its w8a is used when it has one, else the embedded digits
+#   GPU_CHECK_SECONDS     training budget of each comparison run (default 20)
+#   HETSGD_BENCH_SECONDS  budget of each benchmark run (default: the smaller of 5 and the above)
+#   GPU_CHECK_TOTAL_S     the whole check's time; the benchmark is skipped when it would not fit
+#                         (default 480)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DIR=$(realpath -m "${1:-$ROOT/results/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)}")
+SECONDS_PER_RUN=${GPU_CHECK_SECONDS:-20}
+TOTAL_S=${GPU_CHECK_TOTAL_S:-480}
+BENCH_NEEDS_S=120  # not started with less left (it saves each measurement as it ends)
+BIN=$ROOT/.venv/bin
+mkdir -p "$DIR"
+cd "$ROOT"
+FAILED=()
+SECONDS=0
+
+# step NAME LIMIT_S COMMAND...: run COMMAND with a time limit, its output into DIR/NAME.log,
+# and one line into DIR/steps.txt.
+step() {
+  local name=$1 limit=$2 rc=0 started=$SECONDS note
+  shift 2
+  echo "== $name (at most ${limit} s): $*"
+  timeout --kill-after=15 "$limit" "$@" >"$DIR/$name.log" 2>&1 || rc=$?
+  case $rc in
+    0) note=ok ;;
+    124 | 137) note="FAILED: timed out after ${limit} s" ;;
+    *) note="FAILED: exit $rc" ;;
+  esac
+  [[ $rc == 0 ]] || FAILED+=("$name")
+  printf '%-12s %5d s  %s  (%s)\n' "$name" $((SECONDS - started)) "$note" "$DIR/$name.log" |
+    tee -a "$DIR/steps.txt"
+  return 0
+}
+
+note() { echo "$*" | tee -a "$DIR/steps.txt"; }
+
+newest() { find "$1" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sort | tail -n 1 || true; }
+
+# -- the environment ------------------------------------------------------------------------------
+if [[ ! -x $BIN/python || ! -e $ROOT/.venv/.installed ]]; then
+  step setup 300 make setup TORCH=torch
+fi
+if [[ ! -x $BIN/hetsgd ]]; then
+  note "no usable .venv (see $DIR/setup.log): nothing else can run"
+  exit 1
+fi
+PY=$BIN/python
+if command -v nvidia-smi >/dev/null; then
+  step nvidia-smi 30 nvidia-smi
+  if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    note "a GPU is here but this torch cannot use it (a CPU build?): rm -rf .venv and rerun"
+    FAILED+=(torch-cuda)
+  fi
+else
+  note "no nvidia-smi: no GPU here; the GPU tests skip and devices=auto uses the emulated mix"
+fi
+step devices 60 "$BIN/hetsgd" devices
+"$BIN/hetsgd" devices --json >"$DIR/devices.json" 2>/dev/null || true
+
+# -- the GPU tests --------------------------------------------------------------------------------
+step pytest-gpu 180 "$PY" -m pytest -m gpu -q
+
+# -- a real CPU+GPU comparison, and its report ----------------------------------------------------
+DATASET=digits
+if [[ -n ${HETSGD_DATA:-} ]] &&
+  [[ $("$PY" -c "from hetsgd.data import source_info; print(source_info('w8a').cached)" \
+    2>/dev/null) == True ]]; then
+  DATASET=w8a
+fi
+note "comparison: dataset=$DATASET, ${SECONDS_PER_RUN} s per run"
+step sweep $((4 * (SECONDS_PER_RUN + 45))) \
+  "$BIN/hetsgd" run -m algo=sync,hogwild,hogbatch,adaptive devices=auto "dataset=$DATASET" \
+  budget.epochs=null "budget.seconds=$SECONDS_PER_RUN" progress=false "results_dir=$DIR"
+SWEEP=$(newest "$DIR/sweeps")
+if [[ -n $SWEEP ]]; then
+  step report 120 "$BIN/hetsgd" report "$SWEEP"
+  for file in report.md report.csv summary.csv; do
+    if [[ -e $SWEEP/$file ]]; then cp "$SWEEP/$file" "$DIR/"; fi
+  done
+else
+  note "report: skipped, the sweep left no folder under $DIR/sweeps"
+  FAILED+=(report)
+fi
+
+# -- the benchmark, when it fits ------------------------------------------------------------------
+LEFT=$((TOTAL_S - SECONDS))
+if ((LEFT >= BENCH_NEEDS_S)); then
+  BENCH_S=$((SECONDS_PER_RUN < 5 ? SECONDS_PER_RUN : 5))
+  export HETSGD_BENCH_SECONDS=${HETSGD_BENCH_SECONDS:-$BENCH_S}
+  # -o: the venv was settled above; never reinstall in the middle of the check
+  step bench "$LEFT" env "HETSGD_RESULTS=$DIR" make -o .venv/.installed bench
+else
+  note "bench: skipped, ${LEFT} s left of ${TOTAL_S} s (it takes about 200 s on 2 cores)"
+fi
+
+# -- where everything is --------------------------------------------------------------------------
+echo
+echo "gpu_check: $SECONDS s in all; everything is under $DIR"
+echo "  steps and their logs:  $DIR/steps.txt"
+echo "  devices:               $DIR/devices.log, devices.json"
+if [[ -n $SWEEP ]]; then echo "  comparison runs:       $SWEEP (report: $DIR/report.md)"; fi
+BENCH_OUT=$(newest "$DIR/bench")
+if [[ -n $BENCH_OUT ]]; then echo "  benchmark:             $BENCH_OUT/bench.md"; fi
+if ((${#FAILED[@]})); then
+  echo "failed: ${FAILED[*]}"
+  exit 1
+fi
+echo "all steps passed"

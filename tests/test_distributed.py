@@ -1,0 +1,267 @@
+"""Distributed ranks: sync on two gloo ranks against DistributedDataParallel, local SGD against
+PeriodicModelAverager, a dead rank ending the run, and two torchrun "nodes" on one machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import compose_config, run_config
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.nn.parallel import DistributedDataParallel
+
+from hetsgd import algorithms, runner
+from hetsgd.algorithms.sync import split
+from hetsgd.config import RunConfig, to_run_config
+from hetsgd.data import load_dataset
+from hetsgd.devices import expand
+from hetsgd.distributed import free_port
+from hetsgd.engine import OnTick, Training
+from hetsgd.flat import FlatModel
+from hetsgd.host import cuda_devices
+from hetsgd.losses import loss_fn
+from hetsgd.models import build_model
+from hetsgd.shared import Problem, SharedData, SharedMaster
+
+ROOT = Path(__file__).resolve().parents[1]
+# Two groups on the CPU, the second one 10x slower by emulation.
+EMULATED = ("dataset=digits", "model=mlp", "devices=emulated", "devices.groups.accel.batch_size=32",
+            "devices.groups.cpu.batch_size=8", "devices.groups.cpu.slowdown=10")
+TWO_RANKS = ("dataset=digits", "model=mlp", "devices=cpu", "devices.groups.cpu.count=2",
+             "devices.groups.cpu.batch_size=32", "seed=5", "eval.every_s=100",
+             "eval.every_epochs=null")
+
+
+class NoMonitor:
+    def __init__(self, pids: Callable[[], list[int]]) -> None:
+        self.pids = pids
+
+    def start(self) -> None: ...
+
+    def set_time_origin(self, t0: float) -> None: ...
+
+    def stop(self) -> list:
+        return []
+
+
+def _train(cfg: RunConfig, on_tick: OnTick | None = None,
+           monitors: list[NoMonitor] | None = None) -> tuple[Training, torch.Tensor]:
+    """The coordinator of cfg's algorithm, run in-process; the master's final parameters."""
+    dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
+    problem = Problem.of(dataset)
+    data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
+    init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
+                                 problem.image_shape, cfg.seed))
+    master = SharedMaster.from_flat(init.params, init.buffers)
+    algorithm = algorithms.get(cfg.algo.name)
+    specs = algorithm.plan(cfg, expand(cfg.devices))
+
+    def monitor(pids: Callable[[], list[int]]) -> NoMonitor:
+        made = NoMonitor(pids)
+        if monitors is not None:
+            monitors.append(made)
+        return made
+
+    training = algorithm.coordinator(cfg, specs, problem, data, master, on_tick).run(monitor)
+    return training, master.params.clone()
+
+
+def _run(run_dir: Path, *overrides: str) -> dict:
+    """One whole run through the runner, as `hetsgd run` does it."""
+    cfg = compose_config(*overrides, "progress=false")
+    summary = runner.run(to_run_config(cfg), run_dir, cfg)
+    assert summary["status"] == "completed", summary["error"]
+    return summary
+
+
+def _reference(fn: Callable, cfg: RunConfig, *args) -> torch.Tensor:
+    """Run fn(rank, port, cfg, out, *args) on two spawned gloo ranks; rank 0's parameters."""
+    out = torch.zeros_like(FlatModel(_model(cfg)).params).share_memory_()
+    mp.spawn(fn, args=(free_port("127.0.0.1"), cfg, out, *args), nprocs=2)
+    return out
+
+
+def _model(cfg: RunConfig) -> torch.nn.Module:
+    dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
+    return build_model(cfg.model, dataset.num_features, dataset.num_outputs, None, cfg.seed)
+
+
+def _join(rank: int, port: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+
+
+def _leave(rank: int, model: torch.nn.Module, out: torch.Tensor) -> None:
+    if rank == 0:
+        out.copy_(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    dist.barrier()  # nobody tears the group down while the other still uses it
+    dist.destroy_process_group()
+    # DDP's C++ threads can abort the interpreter's teardown ("terminate called without an active
+    # exception"); the result is in shared memory already, so leave without one.
+    os._exit(0)
+
+
+def _permutation(cfg: RunConfig, n: int, epoch: int) -> torch.Tensor:
+    """The documented data order: one seeded permutation per epoch (or reshuffle period)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch))
+
+
+def test_split_is_equal_or_proportional_and_gives_everyone_a_share() -> None:
+    assert split(64, [1.0, 1.0]) == [32, 32]
+    assert split(5, [1.0, 1.0]) == [3, 2]
+    assert split(100, [3.0, 1.0]) == [75, 25]
+    assert split(10, [1000.0, 1.0]) == [9, 1]
+    assert split(1, [1.0, 1.0]) == [1, 0]
+
+
+def test_sync_splits_the_global_batch_in_proportion_to_measured_speed(tmp_path: Path) -> None:
+    summary = _run(tmp_path, "algo=sync", "algo.split=proportional", *EMULATED,
+                   "devices.groups.cpu.batch_size=32", "budget.epochs=0.5")
+    shares = summary["sync"]["batch_share"]
+    assert shares["accel"] > shares["cpu"]  # the emulated 10x slower group gets the smaller part
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert summary["examples"] == round(0.5 * 1437)
+
+
+def _ddp_rank(rank: int, port: int, cfg: RunConfig, out: torch.Tensor, steps: int) -> None:
+    _join(rank, port)
+    dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
+    x, y = torch.from_numpy(dataset.x_train), torch.from_numpy(dataset.y_train)
+    model = _model(cfg)
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum,
+                          weight_decay=cfg.optim.weight_decay)
+    criterion = loss_fn(dataset.task)
+    order = _permutation(cfg, len(y), 0)
+    shard = 32
+    for step in range(steps):
+        idx = order[step * 2 * shard + rank * shard:][:shard]
+        opt.zero_grad()
+        criterion(ddp(x[idx]), y[idx]).backward()
+        opt.step()
+    _leave(rank, model, out)
+
+
+def test_sync_with_an_equal_split_equals_distributed_data_parallel() -> None:
+    steps = 8
+    cfg = run_config(*TWO_RANKS, "algo=sync", "algo.split=equal", "optim.lr=0.05",
+                     "optim.momentum=0.9", "optim.weight_decay=1e-4",
+                     f"budget.epochs={steps * 64 / 1437!r}")
+    training, ours = _train(cfg)
+    assert training.status == "completed", training.error
+    assert [int(c["updates"]) for c in training.counters] == [steps, steps]
+    assert sum(c["examples"] for c in training.counters) == steps * 64
+    theirs = _reference(_ddp_rank, cfg, steps)
+    assert (ours - FlatModel(_model(cfg)).params).abs().max() > 1e-3  # it did train
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def _averager_rank(rank: int, port: int, cfg: RunConfig, out: torch.Tensor, tau: int,
+                   rounds: int) -> None:
+    _join(rank, port)
+    dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
+    x, y = torch.from_numpy(dataset.x_train), torch.from_numpy(dataset.y_train)
+    model = _model(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr)
+    averager = PeriodicModelAverager(period=tau, warmup_steps=tau - 1)  # after every tau steps
+    criterion = loss_fn(dataset.task)
+    batch, n = 32, len(y)
+    per_round = 2 * tau * batch
+    period = n // per_round  # rounds between reshuffles; each rank walks its contiguous shard
+    for round_ in range(rounds):
+        reshuffle, offset = divmod(round_, period)
+        shard = _permutation(cfg, n, reshuffle)[rank * period * tau * batch:]
+        for step in range(tau):
+            idx = shard[(offset * tau + step) * batch:][:batch]
+            opt.zero_grad()
+            criterion(model(x[idx]), y[idx]).backward()
+            opt.step()
+            averager.average_parameters(model.parameters())
+    _leave(rank, model, out)
+
+
+def test_balanced_local_sgd_equals_periodic_model_averaging() -> None:
+    tau, rounds = 3, 9  # 7 rounds per reshuffle on digits: the second period is covered too
+    cfg = run_config(*TWO_RANKS, "algo=local_sgd", f"algo.tau={tau}", "algo.aggregation=uniform",
+                     "optim.lr=0.05", "optim.momentum=0",
+                     f"budget.epochs={rounds * 2 * tau * 32 / 1437!r}")
+    training, ours = _train(cfg)
+    assert training.status == "completed", training.error
+    assert [int(c["updates"]) for c in training.counters] == [rounds * tau] * 2
+    theirs = _reference(_averager_rank, cfg, tau, rounds)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_a_killed_rank_fails_the_run_within_the_collective_timeout() -> None:
+    timeout_s = 10.0
+    cfg = run_config(*TWO_RANKS, "algo=local_sgd", "algo.tau=2", "budget.epochs=null",
+                     "budget.seconds=120", f"dist.timeout_s={timeout_s}")
+    monitors: list[NoMonitor] = []
+    killed: list[float] = []
+
+    def kill_rank_1(elapsed: float, counters) -> None:
+        if not killed and counters.column("updates")[1] >= 20:
+            os.kill(monitors[0].pids()[1], signal.SIGKILL)
+            killed.append(time.perf_counter())
+
+    training, _ = _train(cfg, kill_rank_1, monitors)
+    assert killed, "rank 1 was never killed"
+    assert training.status == "failed"
+    assert time.perf_counter() - killed[0] < timeout_s + 20
+    assert "worker 1" in training.error or "collective failed" in training.error
+
+
+def test_two_torchrun_nodes_on_one_machine_leave_one_run_directory(tmp_path: Path) -> None:
+    port = free_port("127.0.0.1")
+    results = tmp_path / "results"
+    env = dict(os.environ, HETSGD_RESULTS=str(results), PYTHONPATH=str(ROOT))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    overrides = ["algo=local_sgd", "algo.tau=2", *TWO_RANKS, "budget.epochs=1", "progress=false"]
+    nodes = [subprocess.Popen(
+        [str(torchrun), "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node}",
+         "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "hetsgd", "run", *overrides],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for node in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=120)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+    runs = list((results / "runs").iterdir())
+    assert len(runs) == 1, runs
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["epochs"] >= 1
+    assert summary["updates_by_group"]["cpu"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_devices(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("algo", ["sync", "local_sgd"])
+def test_a_gpu_rank_and_a_cpu_rank_train_together_over_gloo(tmp_path: Path, algo: str) -> None:
+    summary = _run(tmp_path, f"algo={algo}", "dataset=digits", "model=mlp", "devices=cpu+gpu",
+                   "devices.groups.cpu.count=1", "devices.groups.gpu.batch_size=256",
+                   "budget.epochs=3")
+    assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]
+    assert set(summary["updates_by_group"]) == {"gpu", "cpu"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(len(cuda_devices()) < 2, reason="needs two CUDA GPUs (NCCL)")
+@pytest.mark.parametrize("algo", ["sync", "local_sgd"])
+def test_gpu_ranks_train_over_nccl(tmp_path: Path, algo: str) -> None:
+    summary = _run(tmp_path, f"algo={algo}", "dataset=digits", "model=mlp", "devices=gpus",
+                   "devices.groups.gpu.count=2", "dist.backend=nccl", "budget.epochs=3")
+    assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]

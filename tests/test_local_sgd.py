@@ -1,0 +1,219 @@
+"""Local SGD: tau per group, the fast group, aggregation weights, reshuffle periods, epoch
+accounting, loss-based top-k sampling, and whole runs on a two-group mix."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import compose_config, run_config
+
+from hetsgd import runner
+from hetsgd.algorithms import local_sgd
+from hetsgd.algorithms.local_sgd import RoundPlan, fast_group, group_taus, needs_step_times
+from hetsgd.biased import LossTable, generator, top_k_of_pool
+from hetsgd.config import GroupConfig, to_run_config
+from hetsgd.devices import expand
+from hetsgd.errors import UserError
+
+# Two groups on the CPU: `accel` (batch 32) and `cpu` (batch 8, 10x slower by emulation).
+MIX = ("dataset=digits", "model=mlp", "devices=emulated", "devices.groups.accel.batch_size=32",
+       "devices.groups.cpu.batch_size=8", "devices.groups.cpu.slowdown=10")
+GROUPS = ["accel", "cpu"]
+
+
+def _algo(*overrides: str):
+    return run_config("algo=local_sgd", *MIX, *overrides).algo
+
+
+def test_tau_per_group_balanced_or_fast_slow_or_auto() -> None:
+    times = {"accel": 0.01, "cpu": 0.1}
+    assert group_taus(_algo("algo.tau={accel:32,cpu:1}"), GROUPS, None) == {"accel": 32, "cpu": 1}
+    assert group_taus(_algo("algo.tau=4"), GROUPS, None) == {"accel": 4, "cpu": 4}
+    assert group_taus(_algo("algo.tau={fast:8,slow:2}"), GROUPS, times) == {"accel": 8, "cpu": 2}
+    assert group_taus(_algo("algo.tau={fast:8,slow:2}"), GROUPS,
+                      {"accel": 0.1, "cpu": 0.01}) == {"accel": 2, "cpu": 8}
+    assert group_taus(_algo("algo.tau=auto"), GROUPS, times) == {"accel": 10, "cpu": 1}
+    assert group_taus(_algo("algo.tau=auto", "algo.tau_min=2"), GROUPS, times) == {"accel": 20,
+                                                                                 "cpu": 2}
+
+
+def test_the_fast_group_has_the_largest_tau_or_on_a_tie_the_shortest_step() -> None:
+    assert fast_group({"accel": 1, "cpu": 4}, None) == "cpu"
+    assert fast_group({"accel": 4, "cpu": 4}, {"accel": 0.01, "cpu": 0.1}) == "accel"
+    with pytest.raises(ValueError, match="tie"):
+        fast_group({"accel": 4, "cpu": 4}, None)
+
+
+def test_step_times_are_measured_only_when_something_needs_them() -> None:
+    assert needs_step_times(_algo("algo.tau=auto"), GROUPS)
+    assert needs_step_times(_algo("algo.tau={fast:8,slow:1}"), GROUPS)
+    assert not needs_step_times(_algo("algo.tau=4"), GROUPS)
+    assert needs_step_times(_algo("algo.tau=4", "algo.biased.sampling=true"), GROUPS)
+    assert not needs_step_times(_algo("algo.tau={accel:8,cpu:1}", "algo.biased.sampling=true"),
+                                GROUPS)
+
+
+ONE_GROUP = ("dataset=digits", "model=mlp", "devices=cpu", "devices.groups.cpu.count=2")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ((*MIX, "algo.tau={accel:8,gpu:1}"), "give one tau per group"),
+    ((*ONE_GROUP, "algo.biased.sampling=true"), "need a fast and a slow group"),
+    ((*ONE_GROUP, "algo.aggregation=fast_weighted"), "need a fast and a slow group"),
+    ((*MIX, "dist.backend=nccl"), "needs every rank on a GPU"),
+])
+def test_layouts_local_sgd_cannot_run_are_clear_errors(overrides: tuple[str, ...],
+                                                        message: str) -> None:
+    cfg = run_config("algo=local_sgd", *overrides)
+    with pytest.raises(UserError, match=message):
+        local_sgd.plan(cfg, expand(cfg.devices))
+
+
+def test_fast_and_slow_name_the_two_groups_of_a_two_group_mix() -> None:
+    cfg = run_config("algo=local_sgd", *MIX, "algo.tau={fast:8,slow:1}")
+    cfg.devices.groups["third"] = GroupConfig()
+    with pytest.raises(UserError, match="two-group mix"):
+        local_sgd.plan(cfg, expand(cfg.devices))
+
+
+def _plan(*overrides: str, times: list[float] | None = None, n: int = 1000) -> RoundPlan:
+    cfg = run_config("algo=local_sgd", *MIX, *overrides)
+    return RoundPlan.build(cfg, expand(cfg.devices), n, times)
+
+
+@pytest.mark.parametrize("aggregation,weights", [
+    ("uniform", [0.5, 0.5]),
+    ("samples", [4 * 32 / (4 * 32 + 1 * 8), 8 / (4 * 32 + 1 * 8)]),
+    ("fast_weighted", [3 / 4, 1 / 4]),
+])
+def test_aggregation_weights(aggregation: str, weights: list[float]) -> None:
+    plan = _plan("algo.tau={accel:4,cpu:1}", f"algo.aggregation={aggregation}", "algo.alpha=3")
+    assert plan.weights == pytest.approx(weights)
+
+
+def test_biased_sampling_goes_to_the_chosen_side() -> None:
+    assert _plan("algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true").side == {1}
+    assert _plan("algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true",
+                 "algo.biased.side=fast").side == {0}
+    assert _plan("algo.tau=2", "algo.biased.sampling=true", times=[0.5, 0.1]).side == {0}
+    assert _plan("algo.tau={accel:4,cpu:1}").side == set()
+
+
+def test_epoch_accounting_examples_or_the_authors_rounds() -> None:
+    # 136 examples per round (4 x 32 + 1 x 8) of 1000: 7 rounds between reshuffles.
+    examples = _plan("algo.tau={accel:4,cpu:1}", "budget.epochs=2")
+    assert examples.period == 7
+    assert examples.rounds_per_epoch == pytest.approx(1000 / 136)
+    assert examples.total_rounds == math.ceil(2000 / 136)
+    assert examples.epoch(68) == pytest.approx(68 * 136 / 1000)
+    # The authors': N / (sum of batch sizes x tau_fast) = 1000 // (40 x 4) = 6 rounds an epoch.
+    authors = _plan("algo.tau={accel:4,cpu:1}", "budget.epochs=2",
+                    "algo.epoch_accounting=authors")
+    assert authors.rounds_per_epoch == 6
+    assert authors.total_rounds == 12
+    assert authors.epoch(3) == 0.5
+    assert not authors.done(11) and authors.done(12)
+
+
+def test_uniform_shards_are_contiguous_and_proportional_to_tau() -> None:
+    plan = _plan("algo.tau={accel:4,cpu:1}")
+    permutation = torch.randperm(1000, generator=torch.Generator().manual_seed(0))
+    fast, slow = (plan.shard(rank, 0, permutation, None) for rank in (0, 1))
+    assert fast.numel() == 7 * 4 * 32 and slow.numel() == 7 * 1 * 8
+    assert torch.equal(torch.cat([fast, slow]), permutation[:fast.numel() + slow.numel()])
+
+
+def test_top_k_of_a_pool_takes_the_highest_losses_of_the_pool() -> None:
+    scores = torch.arange(100, dtype=torch.float32)
+    scores[7] = math.inf  # never trained on: ranks first
+    rng = torch.Generator().manual_seed(1)
+    chosen = top_k_of_pool(scores, 10, 4.0, rng)
+    pool = torch.randperm(100, generator=torch.Generator().manual_seed(1))[:40]
+    assert chosen.numel() == 10 and set(chosen.tolist()) <= set(pool.tolist())
+    assert set(chosen.tolist()) == set(pool[scores[pool].argsort(descending=True)[:10]].tolist())
+    assert top_k_of_pool(scores, 500, 4.0, rng).numel() == 100  # capped at the whole set
+
+
+def test_the_slow_side_trains_on_the_top_k_of_the_merged_table() -> None:
+    plan = _plan("algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true")
+    table = LossTable(1000)
+    table.values.copy_(torch.rand(1000, generator=torch.Generator().manual_seed(3)))
+    permutation = torch.randperm(1000)
+    slow = plan.shard(1, 5, permutation, table)
+    k = 7 * 1 * 8
+    assert torch.equal(slow, top_k_of_pool(table.values, k, 4.0, generator(plan.seed, 5)))
+    assert torch.equal(plan.shard(0, 5, permutation, table), permutation[:7 * 4 * 32])
+
+
+class _MinWith:
+    """A stand-in group whose other rank holds `other`."""
+
+    def __init__(self, other: torch.Tensor) -> None:
+        self.other = other
+
+    def all_reduce_(self, tensor: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
+        assert op == dist.ReduceOp.MIN
+        return torch.minimum(tensor, self.other, out=tensor)
+
+
+def test_loss_table_starts_at_infinity_records_losses_and_min_merges() -> None:
+    table = LossTable(4)
+    assert torch.isinf(table.values).all()
+    table.record(torch.tensor([0, 2]), torch.tensor([0.5, 2.0]))
+    table.merge(_MinWith(torch.tensor([1.0, math.inf, 1.5, math.inf])))  # type: ignore[arg-type]
+    assert table.values.tolist() == [0.5, math.inf, 1.5, math.inf]
+
+
+def test_biased_local_sgd_with_the_authors_accounting_runs_its_rounds(tmp_path: Path) -> None:
+    # digits: 1437 examples, sum of batch sizes 40, tau_fast 4: R = 1437 // 160 = 8 rounds/epoch.
+    overrides = ("algo=local_sgd", *MIX, "algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true",
+                 "algo.epoch_accounting=authors", "algo.aggregation=samples", "budget.epochs=0.5",
+                 "progress=false")
+    cfg = compose_config(*overrides)
+    summary = runner.run(to_run_config(cfg), tmp_path, cfg)
+    assert summary["status"] == "completed", summary["error"]
+    assert json.loads((tmp_path / "summary.json").read_text())["local_sgd"] == {
+        "tau": {"accel": 4, "cpu": 1},
+        "aggregation_weight": {"accel": pytest.approx(128 / 136), "cpu": pytest.approx(8 / 136)},
+        "step_s": {"accel": None, "cpu": None}}  # nothing needed a speed measurement
+    assert summary["updates_by_group"] == {"accel": 4 * 4, "cpu": 4 * 1}
+    workers = pd.read_csv(tmp_path / "workers.csv")
+    assert workers["examples"].tolist() == [4 * 4 * 32, 4 * 1 * 8]
+    assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]
+
+
+def _fake_fashion(folder: Path, n_train: int, n_test: int) -> Path:
+    """A tiny learnable stand-in for Fashion-MNIST's four IDX files (the label sets the mean)."""
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 50, (n, 28, 28)) + 20 * labels[:, None, None]
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            header = b"\0\0\x08" + bytes([array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+            with gzip.open(folder / f"{prefix}-{kind}-ubyte.gz", "wb") as f:
+                f.write(header + array.astype(np.uint8).tobytes())
+    return folder
+
+
+def test_resnet20_trains_with_local_sgd_and_averaged_batchnorm_statistics(tmp_path: Path) -> None:
+    data = _fake_fashion(tmp_path / "fashion", 256, 64)
+    overrides = ("algo=local_sgd", "dataset=fashion_mnist", f"dataset.path={data}", "model=resnet20",
+                 "devices=emulated", "devices.groups.accel.batch_size=32",
+                 "devices.groups.cpu.batch_size=16", "algo.tau={accel:2,cpu:1}", "optim.lr=0.1",
+                 "optim.momentum=0.9", "optim.weight_decay=1e-4", "budget.epochs=1",
+                 "progress=false")
+    cfg = compose_config(*overrides)
+    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg)
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["updates_by_group"] == {"accel": 2 * 4, "cpu": 4}  # 80 examples a round
+    assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]
