@@ -18,8 +18,6 @@ from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig
 from hetsgd.data import load_dataset
 from hetsgd.devices import WorkerSpec, expand
-from hetsgd.flat import FlatModel
-from hetsgd.models import build_model
 from hetsgd.shared import Problem, SharedData, SharedMaster, SharedState
 from hetsgd.workers import Worker
 
@@ -57,8 +55,6 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=cfg.progress)
     problem = Problem.of(dataset)
     data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
-    init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
-                                 problem.image_shape, cfg.seed))
     batch_sizes = [b for b in BATCH_SIZES if b <= data.num_examples]
     rows = []
     ctx = mp.get_context("spawn")
@@ -67,7 +63,7 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
     for spec in specs:
         first_of_group.setdefault(spec.group, spec)
     for spec in first_of_group.values():
-        state = SharedState.create(data, SharedMaster.from_flat(init.params, init.buffers), None,
+        state = SharedState.create(data, SharedMaster.initial(cfg.model, problem, cfg.seed), None,
                                    1, ctx)
         results = ctx.Queue()
         proc = ctx.Process(target=_measure, args=(spec, cfg, problem, state, batch_sizes, seconds,

@@ -27,8 +27,6 @@ from hetsgd.data import load_dataset
 from hetsgd.devices import WorkerSpec, expand
 from hetsgd.distributed import free_port, torchrun
 from hetsgd.engine import Coordinator, OnTick, Training
-from hetsgd.flat import FlatModel
-from hetsgd.models import build_model
 from hetsgd.ranks import rank_process
 from hetsgd.shared import Problem, SharedData, SharedMaster, SharedState, WorkerCounters
 
@@ -104,9 +102,7 @@ def follow(conf_dir: Path, overrides: list[str]) -> int:
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
     problem = Problem.of(dataset)
     data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
-    init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
-                                 problem.image_shape, cfg.seed))
-    state = SharedState.create(data, SharedMaster.from_flat(init.params, init.buffers),
+    state = SharedState.create(data, SharedMaster.initial(cfg.model, problem, cfg.seed),
                                cfg.budget.epochs, len(specs), mp.get_context("spawn"))
     state.signals.go.set()  # nobody else here to wait for: the first collective meets rank 0
     reports: queue.SimpleQueue = queue.SimpleQueue()

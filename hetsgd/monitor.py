@@ -147,6 +147,7 @@ class UtilizationMonitor:
                 ready.set()
             while not self._stop.wait(self.interval_s):
                 self._rows.append(self._sample(gpus))
+            self._rows.append(self._sample(gpus))  # the end is always covered, even of short runs
 
     def _sample(self, gpus: list[Any]) -> Row:
         assert self._origin is not None

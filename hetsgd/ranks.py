@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-import traceback
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,7 +33,7 @@ from hetsgd.flat import FlatModel
 from hetsgd.losses import loss_fn, per_sample_loss
 from hetsgd.models import build_model
 from hetsgd.shared import COUNTERS, Problem, SharedState, WorkerCounters
-from hetsgd.workers import SGD, Batches, Diverged, Link, default_link
+from hetsgd.workers import SGD, Batches, Link, default_link, reporting
 
 B = TypeVar("B", bound=Batches)
 
@@ -243,22 +242,16 @@ def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Shar
 
     torch.set_num_threads(spec.threads)
     group: Group | None = None
-    try:
-        group = Group(cfg.dist, spec.rank, world)
-        loop = algorithms.get(cfg.algo.name).RankLoop(spec, world, cfg, problem, state, group)
-        if spec.rank == 0:
-            notes.copy_(torch.tensor(loop.notes(), dtype=torch.float64))
-        reports.put(("ready", spec.rank, ""))
-        state.signals.go.wait()
-        loop.run()
-        loop.rank.finish()
-        reports.put(("done", spec.rank, ""))
-    except Diverged as exc:
-        state.signals.stop.set()
-        reports.put(("diverged", spec.rank, str(exc)))
-    except BaseException as exc:  # report anything, so the coordinator never waits on a dead rank
-        state.signals.stop.set()
-        reports.put(("failed", spec.rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    finally:
-        if group is not None:
-            group.leave()
+    with reporting(spec.rank, state, reports):
+        try:
+            group = Group(cfg.dist, spec.rank, world)
+            loop = algorithms.get(cfg.algo.name).RankLoop(spec, world, cfg, problem, state, group)
+            if spec.rank == 0:
+                notes.copy_(torch.tensor(loop.notes(), dtype=torch.float64))
+            reports.put(("ready", spec.rank, ""))
+            state.signals.go.wait()
+            loop.run()
+            loop.rank.finish()
+        finally:
+            if group is not None:
+                group.leave()

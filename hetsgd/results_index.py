@@ -139,6 +139,8 @@ def load_csv(run_dir: Path, name: str) -> pd.DataFrame | None:
         return None
     try:
         frame = pd.read_csv(file)
+    except pd.errors.EmptyDataError:  # written with no rows: nothing to draw or count
+        return None
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read {file}: {err}".splitlines()[0]) from err
     missing = [c for c in REQUIRED_COLUMNS.get(name, ()) if c not in frame.columns]

@@ -22,9 +22,7 @@ from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engine import Training
 from hetsgd.errors import UserError
 from hetsgd.evaluate import Evaluator
-from hetsgd.flat import FlatModel
 from hetsgd.metrics import normalized_loss, time_to_targets
-from hetsgd.models import build_model
 from hetsgd.monitor import UtilizationMonitor, summarize
 from hetsgd.progress import TrainingProgress
 from hetsgd.results import RunDirectory, environment
@@ -111,9 +109,7 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
         data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
         test = SharedData.from_arrays(dataset.x_test, dataset.y_test)
         del dataset  # from here on the shared copies are the only ones
-        init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
-                                     problem.image_shape, cfg.seed))
-        master = SharedMaster.from_flat(init.params, init.buffers)
+        master = SharedMaster.initial(cfg.model, problem, cfg.seed)
         with TrainingProgress(cfg, specs, data.num_examples) as progress:
             coordinator = algorithm.coordinator(cfg, specs, problem, data, master, progress.update)
             training = coordinator.run(

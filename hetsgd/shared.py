@@ -17,6 +17,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from hetsgd.config import ModelConfig
+from hetsgd.flat import FlatModel
+from hetsgd.models import build_model
+
 if TYPE_CHECKING:  # workers import this module: keep the data stack (sklearn, pandas) out
     from hetsgd.data import Dataset
 
@@ -161,6 +165,13 @@ class SharedMaster:
 
     params: torch.Tensor
     buffers: torch.Tensor
+
+    @classmethod
+    def initial(cls, model: ModelConfig, problem: Problem, seed: int) -> SharedMaster:
+        """A run's seeded initial model, flattened into shared memory."""
+        flat = FlatModel(build_model(model, problem.num_features, problem.num_outputs,
+                                     problem.image_shape, seed))
+        return cls.from_flat(flat.params, flat.buffers)
 
     @classmethod
     def from_flat(cls, params: torch.Tensor, buffers: torch.Tensor) -> SharedMaster:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -275,15 +276,24 @@ def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Sh
                    reports, link_factory: LinkFactory | None = None) -> None:
     """Entry point of a spawned worker: threads first, then train, then report how it ended."""
     torch.set_num_threads(spec.threads)
-    try:
+    with reporting(spec.rank, state, reports):
         worker = Worker(spec, cfg, problem, state, link_factory)
         reports.put(("ready", spec.rank, ""))
         state.signals.go.wait()
         worker.run()
-        reports.put(("done", spec.rank, ""))
+
+
+@contextmanager
+def reporting(rank: int, state: SharedState, reports) -> Iterator[None]:
+    """Report how a worker process's body ended: done, diverged or failed (with the traceback).
+    Anything is reported, so the coordinator never waits on a dead worker; a failure also stops
+    the others."""
+    try:
+        yield
+        reports.put(("done", rank, ""))
     except Diverged as exc:
         state.signals.stop.set()
-        reports.put(("diverged", spec.rank, str(exc)))
-    except BaseException as exc:  # report anything, so the coordinator never waits on a dead worker
+        reports.put(("diverged", rank, str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - reported, not swallowed
         state.signals.stop.set()
-        reports.put(("failed", spec.rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        reports.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))

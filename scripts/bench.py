@@ -44,7 +44,6 @@ from hetsgd import runner
 from hetsgd.config import CONF_DIR, RunConfig, register_configs, to_run_config
 from hetsgd.data import load_dataset, source_info
 from hetsgd.devices import expand
-from hetsgd.flat import FlatModel
 from hetsgd.losses import loss_fn
 from hetsgd.metrics import crossing, normalized_loss
 from hetsgd.models import build_model
@@ -55,8 +54,6 @@ from hetsgd.shared import (
     SharedData,
     SharedMaster,
     SharedState,
-    Signals,
-    WorkerCounters,
 )
 from hetsgd.workers import Worker
 
@@ -216,12 +213,8 @@ def _step_config(batch: int, steps: int, num_examples: int) -> RunConfig:
 def _hetsgd_steps(cfg: RunConfig, problem: Problem, data: SharedData) -> tuple[float, int,
                                                                                torch.Tensor]:
     """Time ``Worker.run`` in-process over a fresh master and cursor: (seconds, steps, params)."""
-    init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs, None,
-                                 cfg.seed))
-    ctx = mp.get_context("spawn")
-    state = SharedState(data, SharedMaster.from_flat(init.params, init.buffers),
-                        EpochCursor(data.num_examples, cfg.budget.epochs, ctx.Lock()),
-                        WorkerCounters(1), Signals.create(ctx))
+    state = SharedState.create(data, SharedMaster.initial(cfg.model, problem, cfg.seed),
+                               cfg.budget.epochs, 1, mp.get_context("spawn"))
     spec, = expand(cfg.devices)
     worker = Worker(spec, cfg, problem, state)
     start = time.perf_counter()

@@ -90,7 +90,8 @@ def test_hogbatch_shows_the_update_imbalance_on_w8a(w8a_home: Path, tmp_path: Pa
 @pytest.mark.slow
 def test_adaptive_moves_the_accel_share_to_its_target_or_names_the_bound(
         w8a_home: Path, tmp_path: Path) -> None:
-    summary, run_dir = _run(tmp_path, "algo=adaptive", *W8A_EMULATED, "budget.seconds=8")
+    summary, run_dir = _run(tmp_path, "algo=adaptive", *W8A_EMULATED, "budget.seconds=12",
+                            "algo.window_s=2")
     adaptive = summary["adaptive"]
     if adaptive["bound"] is None:
         assert abs(adaptive["last_window_share"] - adaptive["target_share"]) <= 0.1

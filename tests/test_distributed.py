@@ -60,9 +60,7 @@ def _train(cfg: RunConfig, on_tick: OnTick | None = None,
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
     problem = Problem.of(dataset)
     data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
-    init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
-                                 problem.image_shape, cfg.seed))
-    master = SharedMaster.from_flat(init.params, init.buffers)
+    master = SharedMaster.initial(cfg.model, problem, cfg.seed)
     algorithm = algorithms.get(cfg.algo.name)
     specs = algorithm.plan(cfg, expand(cfg.devices))
 

@@ -98,9 +98,7 @@ def _single_worker_losses(overrides: tuple[str, ...]) -> tuple[list[StepRecord],
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
     problem = Problem.of(dataset)
     data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
-    init = FlatModel(build_model(cfg.model, problem.num_features, problem.num_outputs,
-                                 problem.image_shape, cfg.seed))
-    state = SharedState.create(data, SharedMaster.from_flat(init.params, init.buffers),
+    state = SharedState.create(data, SharedMaster.initial(cfg.model, problem, cfg.seed),
                                cfg.budget.epochs, 1, mp.get_context("spawn"))
     spec, = expand(cfg.devices)
     records: list[StepRecord] = []
