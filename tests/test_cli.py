@@ -103,3 +103,15 @@ def test_bad_input_is_one_clear_error_line(overrides: list[str], says: str, tmp_
     runs = results_dir / "runs"
     for run_dir in runs.iterdir() if runs.exists() else []:  # a run that started says it failed
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+
+
+def test_a_sweep_finishes_its_other_jobs_when_one_fails(results_dir: Path) -> None:
+    result = hetsgd("run", "-m", "dataset=digits,libsvm", "budget.epochs=1", "progress=false",
+                    timeout=300)
+    assert result.returncode != 0  # the failure is not hidden ...
+    sweep, = (results_dir / "sweeps").iterdir()
+    summary = pd.read_csv(sweep / "summary.csv")
+    statuses = dict(zip(summary["overrides"].astype(str), summary["status"]))
+    assert sorted(statuses.values()) == ["completed", "failed"]  # ... and did not stop the sweep
+    assert "needs dataset.path" in " ".join(summary["error"].dropna())
+    assert (sweep / "report.md").exists()
