@@ -12,6 +12,7 @@ failed or died. Evaluation of the snapshots happens after training (see ``evalua
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from collections.abc import Callable
@@ -72,22 +73,34 @@ class Controller(Protocol):
     def summary(self) -> dict: ...
 
 
-class SnapshotBuffer:
-    """Keeps snapshots within a count and memory cap by dropping every other one (keeping the
-    first and the newest) and doubling the spacing, so a long run stays evenly covered."""
+class Snapshots:
+    """When to copy the master, and the copies kept.
 
-    def __init__(self, every_s: float, max_count: int, max_bytes: float, snapshot_bytes: int) -> None:
+    A snapshot is due every ``every_s`` seconds and every ``every_epochs`` epochs, whichever
+    comes first. Past the count or memory cap, every other snapshot is dropped (keeping the
+    first and the newest) and both spacings double, so a long run stays evenly covered at a
+    bounded evaluation cost.
+    """
+
+    def __init__(self, every_s: float, every_epochs: float | None, max_count: int,
+                 max_bytes: float, snapshot_bytes: int) -> None:
         self.every_s = every_s
-        self.every_epochs_factor = 1
+        self.every_epochs = every_epochs if every_epochs is not None else math.inf
         self.capacity = max(4, min(max_count, int(max_bytes // max(snapshot_bytes, 1))))
         self.items: list[Snapshot] = []
+        self.next_time = self.next_epoch = 0.0
 
-    def add(self, snapshot: Snapshot) -> None:
+    def due(self, time_s: float, epoch: float) -> bool:
+        return time_s >= self.next_time or epoch >= self.next_epoch
+
+    def add(self, snapshot: Snapshot, epoch: float) -> None:
         self.items.append(snapshot)
         if len(self.items) > self.capacity:
             self.items = self.items[:-1:2] + [self.items[-1]]
             self.every_s *= 2
-            self.every_epochs_factor *= 2
+            self.every_epochs *= 2
+        self.next_time = snapshot.time_s + self.every_s
+        self.next_epoch = (math.floor(epoch / self.every_epochs) + 1) * self.every_epochs
 
 
 class Coordinator:
@@ -134,17 +147,15 @@ class Coordinator:
         finished: dict[int, tuple[str, str]] = {}
         try:
             self._await_ready(procs, finished)
-            snapshot_bytes = self.state.master.nbytes
-            snapshots = SnapshotBuffer(self.cfg.eval.every_s, self.cfg.eval.max_snapshots,
-                                       self.cfg.eval.max_snapshot_mb * 2**20, snapshot_bytes)
+            evaluation = self.cfg.eval
+            snapshots = Snapshots(evaluation.every_s, evaluation.every_epochs,
+                                  evaluation.max_snapshots, evaluation.max_snapshot_mb * 2**20,
+                                  self.state.master.nbytes)
             monitor.start()
             t0 = time.perf_counter()
             monitor.set_time_origin(t0)
-            snapshots.add(self._snapshot(t0))
+            snapshots.add(self._snapshot(t0), 0.0)
             self.state.signals.go.set()
-            next_time = t0 + snapshots.every_s
-            epoch_step = self.cfg.eval.every_epochs
-            next_epoch = epoch_step if epoch_step is not None else float("inf")
             examples = self.state.counters.column("examples")
             n = self.state.data.num_examples
             first_failure: float | None = None
@@ -159,19 +170,16 @@ class Coordinator:
                 if budget is not None and now - t0 >= budget:
                     self.state.signals.stop.set()
                 epoch = float(examples.sum()) / n
-                if (now >= next_time or epoch >= next_epoch) and len(finished) < len(procs):
+                if snapshots.due(now - t0, epoch) and len(finished) < len(procs):
                     if self.publishing:
                         self._publish(lambda: len(finished) < len(procs))
-                    snapshots.add(self._snapshot(t0))
-                    next_time = now + snapshots.every_s
-                    while epoch_step is not None and next_epoch <= epoch:
-                        next_epoch += epoch_step * snapshots.every_epochs_factor
+                    snapshots.add(self._snapshot(t0), epoch)
                 if self.controller is not None:
                     self.controller.tick(now - t0, self.state.counters)
                 if self.on_tick is not None:
                     self.on_tick(now - t0, self.state.counters)
             training.time_s = time.perf_counter() - t0
-            snapshots.add(self._snapshot(t0))
+            snapshots.add(self._snapshot(t0), float(examples.sum()) / n)
             training.snapshots = snapshots.items
         except KeyboardInterrupt:
             training.status, training.error = "interrupted", "interrupted by the user"

@@ -13,6 +13,7 @@ from conftest import run_config
 
 from hetsgd.data import load_dataset
 from hetsgd.devices import expand
+from hetsgd.engine import Snapshot, Snapshots
 from hetsgd.flat import FlatModel
 from hetsgd.losses import loss_fn
 from hetsgd.models import build_model
@@ -138,3 +139,13 @@ def test_single_worker_sync_matches_a_bare_pytorch_loop() -> None:
     np.testing.assert_allclose([r.loss for r in records], losses, rtol=0, atol=1e-6)
     reference = torch.cat([p.detach().flatten() for p in model.parameters()])
     torch.testing.assert_close(params, reference, rtol=0, atol=1e-6)
+
+
+def test_snapshots_are_due_by_time_or_epoch_and_thin_out_past_their_cap() -> None:
+    snaps = Snapshots(every_s=1.0, every_epochs=0.5, max_count=4, max_bytes=1e9, snapshot_bytes=1)
+    for t in range(5):
+        assert snaps.due(float(t), 0.0)
+        snaps.add(Snapshot(float(t), 0.0, [], torch.zeros(1), torch.zeros(0)), 0.0)
+    assert [s.time_s for s in snaps.items] == [0.0, 2.0, 4.0]  # the first and newest kept
+    assert not snaps.due(5.0, 0.9)  # both spacings doubled: next at 6 s or at epoch 1.0
+    assert snaps.due(6.0, 0.0) and snaps.due(5.0, 1.0)
