@@ -8,6 +8,7 @@ error names the field and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -415,8 +416,24 @@ def register_configs() -> None:
         cs.store(group="schema/algo", name=algo_name, node=schema)
 
 
+def _unknown_keys(node: DictConfig, path: str = "") -> list[str]:
+    """Keys that no schema declares (added with `+key=value`): OmegaConf would drop them."""
+    schema = OmegaConf.get_type(node)
+    declared = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) \
+        else None
+    unknown = [f"{path}{key}" for key in node.keys() if declared is not None and key not in declared]
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            unknown += _unknown_keys(child, f"{path}{key}.")
+    return unknown
+
+
 def to_run_config(cfg: DictConfig) -> RunConfig:
     """Turn a composed config into typed objects, running every range check."""
+    unknown = _unknown_keys(cfg)
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: no schema has them")
     try:
         run = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:  # e.g. a key added with `+` that no schema has

@@ -82,6 +82,7 @@ BAD_INPUT = [
     (["budget.epochs=0"], "budget.epochs"),
     (["budget.epochs=abc"], "budget.epochs"),
     (["optim.nope=1"], "optim.nope"),
+    (["+model.nope=1"], "model.nope"),
     (["dataset=libsvm", "dataset.path=CORRUPT"], "line 2"),
 ]
 if not cuda_devices():
