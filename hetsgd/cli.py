@@ -104,9 +104,11 @@ def run(ctx: typer.Context) -> None:
 
     hetsgd run --cfg job    (print the composed config and exit)
 
-    Groups: algo, dataset (dataset.path=FILE for libsvm), model, devices; keys: budget.epochs,
-    budget.seconds, optim.lr, eval.every_s, seed, ... Results go to results/runs/ (or
-    $HETSGD_RESULTS).
+    Config groups: algo, dataset (dataset.path=FILE for libsvm), model, devices.
+
+    Common keys: budget.epochs, budget.seconds, optim.lr, eval.every_s, seed.
+
+    Results go to results/runs/ (or $HETSGD_RESULTS); sweeps to results/sweeps/.
     """
     register_configs()
     if follower():  # a torchrun rank other than 0 trains its rank; rank 0 writes the run directory
