@@ -6,9 +6,12 @@
 #
 #   scripts/gpu_check.sh [DIR]        (default DIR: results/gpu_check/<time>)
 #
-# Uses .venv/bin (as the Makefile does), or makes it with `make setup TORCH=torch` (PyPI's CUDA
-# build). Without a GPU it still runs end to end: the GPU tests skip and devices=auto trains the
+# Uses .venv/bin (as the Makefile does), or makes it: offline from WHEELHOUSE when that is set,
+# else with `make setup TORCH=torch` (PyPI's CUDA build). Without a GPU it still runs end to end: the GPU tests skip and devices=auto trains the
 # emulated mix. Environment:
+#   WHEELHOUSE            a folder of wheels for an offline machine whose python3 already has a
+#                         CUDA torch: a --system-site-packages venv gets what python3 lacks from
+#                         it (typically hydra-core, omegaconf, antlr4-python3-runtime, pooch)
 #   HETSGD_DATA           a data cache; its w8a is used when it has one, else the embedded digits
 #   GPU_CHECK_SECONDS     training budget of each comparison run (default 20)
 #   HETSGD_BENCH_SECONDS  budget of each benchmark run (default: the smaller of 5 and the above)
@@ -50,8 +53,20 @@ note() { echo "$*" | tee -a "$DIR/steps.txt"; }
 newest() { find "$1" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sort | tail -n 1 || true; }
 
 # -- the environment ------------------------------------------------------------------------------
+offline_setup() {
+  python3 -m venv --system-site-packages "$ROOT/.venv" &&
+    "$BIN/python" -m pip install -q --no-index --no-build-isolation --find-links "$WHEELHOUSE" "$WHEELHOUSE"/* &&
+    "$BIN/python" -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT" &&
+    touch "$ROOT/.venv/.installed"
+}
 if [[ ! -x $BIN/python || ! -e $ROOT/.venv/.installed ]]; then
-  step setup 300 make setup TORCH=torch
+  if [[ -n ${WHEELHOUSE:-} ]]; then
+    export -f offline_setup
+    export ROOT BIN WHEELHOUSE
+    step setup 300 bash -c offline_setup
+  else
+    step setup 300 make setup TORCH=torch
+  fi
 fi
 if [[ ! -x $BIN/hetsgd ]]; then
   note "no usable .venv (see $DIR/setup.log): nothing else can run"
