@@ -7,11 +7,12 @@
 #   scripts/gpu_check.sh [DIR]        (default DIR: results/gpu_check/<time>)
 #
 # Uses .venv/bin (as the Makefile does), or makes it: offline from WHEELHOUSE when that is set,
-# else with `make setup TORCH=torch` (PyPI's CUDA build). Without a GPU it still runs end to end: the GPU tests skip and devices=auto trains the
-# emulated mix. Environment:
-#   WHEELHOUSE            a folder of wheels for an offline machine whose python3 already has a
-#                         CUDA torch: a --system-site-packages venv gets what python3 lacks from
-#                         it (typically hydra-core, omegaconf, antlr4-python3-runtime, pooch)
+# else with `make setup TORCH=torch` (PyPI's CUDA build). Without a GPU it still runs end to end:
+# the GPU tests skip and devices=auto trains the emulated mix. Environment:
+#   WHEELHOUSE            a folder of wheels (.whl only) for an offline machine whose python3
+#                         already has a CUDA torch: a --system-site-packages venv takes what
+#                         python3 lacks from it (e.g. hydra-core, omegaconf<2.4, a built wheel of
+#                         antlr4-python3-runtime 4.9.3, pooch, platformdirs)
 #   HETSGD_DATA           a data cache; its w8a is used when it has one, else the embedded digits
 #   GPU_CHECK_SECONDS     training budget of each comparison run (default 20)
 #   HETSGD_BENCH_SECONDS  budget of each benchmark run (default: the smaller of 5 and the above)
@@ -55,7 +56,7 @@ newest() { find "$1" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sort | tail -
 # -- the environment ------------------------------------------------------------------------------
 offline_setup() {
   python3 -m venv --system-site-packages "$ROOT/.venv" &&
-    "$BIN/python" -m pip install -q --no-index --no-build-isolation --find-links "$WHEELHOUSE" "$WHEELHOUSE"/* &&
+    "$BIN/python" -m pip install -q --no-index --find-links "$WHEELHOUSE" "$WHEELHOUSE"/*.whl &&
     "$BIN/python" -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT" &&
     touch "$ROOT/.venv/.installed"
 }
