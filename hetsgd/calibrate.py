@@ -37,8 +37,7 @@ def _measure(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedSt
                 began = time.perf_counter()
                 worker.step(0, start, batch_size)
                 took = time.perf_counter() - began
-                if spec.slowdown > 1.0:
-                    time.sleep((spec.slowdown - 1.0) * took)
+                spec.emulate(took)
                 start = (start + batch_size) % (n - batch_size + 1)
                 steps += 1
                 if steps > WARMUP_STEPS:

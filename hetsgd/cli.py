@@ -19,7 +19,7 @@ from rich.table import Table
 
 from hetsgd import data as datasets
 from hetsgd import devices as device_info
-from hetsgd.config import CONF_DIR, ConfigError, RunConfig, register_configs, to_run_config
+from hetsgd.config import CONF_DIR, ConfigError, RunConfig, compose_run, register_configs, to_run_config
 from hetsgd.distributed import follower
 from hetsgd.errors import UserError
 from hetsgd.launch import follow
@@ -113,7 +113,7 @@ def run(ctx: typer.Context) -> None:
     register_configs()
     if follower():  # a torchrun rank other than 0 trains its rank; rank 0 writes the run directory
         try:
-            code = follow(CONF_DIR, ctx.args)
+            code = follow(ctx.args)
         except (UserError, ConfigError) as exc:
             _fail(str(exc))
         raise typer.Exit(code)
@@ -212,12 +212,8 @@ def data_fetch(name: str) -> None:
 def _compose(overrides: list[str]) -> RunConfig:
     """A run's config from overrides, as `hetsgd run` would compose it (for commands that are not
     runs themselves); bad overrides end in one error line."""
-    from hydra import compose, initialize_config_dir
-
-    register_configs()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return to_run_config(compose(config_name="config", overrides=overrides))
+        return to_run_config(compose_run(overrides))
     except Exception as exc:  # composition and validation errors: bad overrides
         cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
         _fail(f"{exc}{cause}")

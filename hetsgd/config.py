@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -414,6 +415,16 @@ def register_configs() -> None:
     cs.store(group="schema", name="devices", node=DevicesConfig)
     for algo_name, schema in ALGO_SCHEMAS.items():
         cs.store(group="schema/algo", name=algo_name, node=schema)
+
+
+def compose_run(overrides: Sequence[str]) -> DictConfig:
+    """The config that `hetsgd run OVERRIDES` composes, for code that is not itself a Hydra job
+    (calibration, torchrun followers, tests, benchmarks)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
 
 
 def _unknown_keys(node: DictConfig, path: str = "") -> list[str]:

@@ -7,6 +7,7 @@ context (only workers create one).
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,11 @@ class WorkerSpec:
     def emulated(self) -> bool:
         """A CPU worker standing in for an accelerator, or one slowed down on purpose."""
         return self.slowdown > 1.0 or (self.accel and self.kind == "cpu")
+
+    def emulate(self, compute_s: float) -> None:
+        """An emulated slow device: sleep (slowdown - 1) x the compute time just spent."""
+        if self.slowdown > 1.0:
+            time.sleep((self.slowdown - 1.0) * compute_s)
 
     @property
     def label(self) -> str:

@@ -13,7 +13,6 @@ import torch
 from hetsgd.config import RunConfig
 from hetsgd.flat import FlatModel
 from hetsgd.losses import correct, per_sample_loss
-from hetsgd.models import build_model
 from hetsgd.shared import Problem, SharedData
 
 
@@ -30,8 +29,7 @@ class Evaluator:
     def __init__(self, cfg: RunConfig, problem: Problem, train: SharedData, test: SharedData) -> None:
         self.task = problem.task
         self.batch_size = cfg.eval.batch_size
-        module = build_model(cfg.model, problem.num_features, problem.num_outputs,
-                             problem.image_shape, cfg.seed)
+        module = problem.build_model(cfg.model, cfg.seed)
         self.module = module.eval()
         self.flat = FlatModel(module)
         n = train.num_examples

@@ -17,12 +17,10 @@ import queue
 import sys
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from hetsgd.config import RunConfig, register_configs, to_run_config
+from hetsgd.config import RunConfig, compose_run, to_run_config
 from hetsgd.data import load_dataset
 from hetsgd.devices import WorkerSpec, expand
 from hetsgd.distributed import free_port, torchrun
@@ -90,14 +88,12 @@ def world_specs(cfg: RunConfig) -> list[WorkerSpec]:
     return algorithms.get(cfg.algo.name).plan(cfg, expand(cfg.devices))
 
 
-def follow(conf_dir: Path, overrides: list[str]) -> int:
+def follow(overrides: list[str]) -> int:
     """A torchrun rank other than 0: train this rank with the same config; write nothing.
     Returns the process exit code (1 when the rank failed, the error on stderr)."""
     launch = torchrun()
     assert launch is not None, "follow() runs under torchrun only"
-    register_configs()
-    with initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3"):
-        cfg = to_run_config(compose(config_name="config", overrides=overrides))
+    cfg = to_run_config(compose_run(overrides))
     specs = world_specs(cfg)
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
     problem = Problem.of(dataset)

@@ -31,8 +31,7 @@ from hetsgd.devices import WorkerSpec
 from hetsgd.distributed import Group
 from hetsgd.flat import FlatModel
 from hetsgd.losses import loss_fn, per_sample_loss
-from hetsgd.models import build_model
-from hetsgd.shared import COUNTERS, Problem, SharedState, WorkerCounters
+from hetsgd.shared import COUNTERS, CounterRow, Problem, SharedState, WorkerCounters
 from hetsgd.workers import SGD, Batches, Link, default_link, reporting
 
 B = TypeVar("B", bound=Batches)
@@ -43,7 +42,7 @@ WARMUP_STEPS = 2
 MIN_TIMED_STEPS, MAX_TIMED_STEPS, MIN_TIMED_S = 5, 200, 0.3
 
 
-class Ledger:
+class Ledger(CounterRow):
     """This rank's counters (a row of ``shared.COUNTERS``), and every rank's as last exchanged.
 
     Rank 0 writes the world's table into the coordinator's shared counters, so the epoch count,
@@ -52,23 +51,9 @@ class Ledger:
     """
 
     def __init__(self, rank: int, batch_size: int, shared: WorkerCounters) -> None:
+        super().__init__(torch.zeros(len(COUNTERS), dtype=torch.float64), batch_size)
         self.rank = rank
-        self.col = {name: i for i, name in enumerate(COUNTERS)}
-        self.row = torch.zeros(len(COUNTERS), dtype=torch.float64)
-        self.row[self.col["batch_size"]] = self.row[self.col["first_batch"]] = batch_size
         self.shared = shared if rank == 0 else None
-
-    def step(self, examples: int, busy_s: float, loss: float | None) -> None:
-        row, col = self.row, self.col
-        row[col["updates"]] += 1
-        row[col["examples"]] += examples
-        row[col["busy_s"]] += busy_s
-        if loss is not None:
-            first = row[col["updates"]] == 1
-            row[col["loss"]] = loss if first else 0.9 * float(row[col["loss"]]) + 0.1 * loss
-
-    def add(self, column: str, seconds: float) -> None:
-        self.row[self.col[column]] += seconds
 
     def publish(self, table: torch.Tensor) -> None:
         """Rank 0: the world's counters ([ranks, columns]) into the coordinator's table."""
@@ -154,8 +139,7 @@ class Rank:
 
     def _model(self) -> torch.nn.Module:
         cfg, problem = self.cfg, self.problem
-        return build_model(cfg.model, problem.num_features, problem.num_outputs,
-                           problem.image_shape, cfg.seed).to(self.device).train()
+        return problem.build_model(cfg.model, cfg.seed).to(self.device).train()
 
     @property
     def num_examples(self) -> int:
@@ -175,11 +159,6 @@ class Rank:
         loss = losses.mean() if losses is not None else self.loss(out, y)
         loss.backward()
         return loss.item(), (losses.detach() if losses is not None else None)
-
-    def emulate(self, compute_s: float) -> None:
-        """An emulated slow device: sleep (slowdown - 1) x the compute time just spent."""
-        if self.spec.slowdown > 1.0:
-            time.sleep((self.spec.slowdown - 1.0) * compute_s)
 
     def exchange(self, first: torch.Tensor, second: torch.Tensor, weight: float,
                  loss: float | None) -> Verdict:
@@ -212,7 +191,7 @@ class Rank:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             times.append(time.perf_counter() - started)
-            self.emulate(times[-1])
+            self.spec.emulate(times[-1])
         return self.group.gather(statistics.median(times[WARMUP_STEPS:]) * self.spec.slowdown)
 
     def write_master(self) -> None:

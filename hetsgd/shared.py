@@ -97,6 +97,10 @@ class Problem:
     def of(cls, dataset: Dataset) -> Problem:
         return cls(dataset.task, dataset.num_features, dataset.num_outputs, dataset.image_shape)
 
+    def build_model(self, model: ModelConfig, seed: int) -> torch.nn.Module:
+        """The run's seeded initial model for this data: the same in every process."""
+        return build_model(model, self.num_features, self.num_outputs, self.image_shape, seed)
+
 
 @dataclass
 class SharedData:
@@ -148,6 +152,33 @@ COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "
             "loss")
 
 
+class CounterRow:
+    """One worker's counters (a row of ``COUNTERS``): the row of the shared table that a worker
+    owns, or a rank's private row that rank 0 later copies into the table."""
+
+    COLUMN = {name: i for i, name in enumerate(COUNTERS)}
+
+    def __init__(self, row: torch.Tensor, batch_size: int) -> None:
+        self.row = row
+        self.row[self.COLUMN["batch_size"]] = self.row[self.COLUMN["first_batch"]] = batch_size
+
+    def __getitem__(self, column: str) -> float:
+        return float(self.row[self.COLUMN[column]])
+
+    def add(self, column: str, amount: float) -> None:
+        self.row[self.COLUMN[column]] += amount
+
+    def step(self, examples: int, busy_s: float, loss: float | None) -> None:
+        """One update; `loss` feeds the running average the progress display shows."""
+        self.add("updates", 1)
+        self.add("examples", examples)
+        self.add("busy_s", busy_s)
+        if loss is not None:
+            column = self.COLUMN["loss"]
+            first = self["updates"] == 1
+            self.row[column] = loss if first else 0.9 * float(self.row[column]) + 0.1 * loss
+
+
 class WorkerCounters:
     def __init__(self, num_workers: int) -> None:
         self.table = torch.zeros(num_workers, len(COUNTERS), dtype=torch.float64).share_memory_()
@@ -169,8 +200,7 @@ class SharedMaster:
     @classmethod
     def initial(cls, model: ModelConfig, problem: Problem, seed: int) -> SharedMaster:
         """A run's seeded initial model, flattened into shared memory."""
-        flat = FlatModel(build_model(model, problem.num_features, problem.num_outputs,
-                                     problem.image_shape, seed))
+        flat = FlatModel(problem.build_model(model, seed))
         return cls.from_flat(flat.params, flat.buffers)
 
     @classmethod

@@ -28,8 +28,7 @@ from hetsgd.config import OptimConfig, RunConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.flat import FlatModel
 from hetsgd.losses import loss_fn
-from hetsgd.models import build_model
-from hetsgd.shared import COUNTERS, Problem, SharedData, SharedState
+from hetsgd.shared import CounterRow, Problem, SharedData, SharedState
 
 
 class Diverged(Exception):
@@ -218,8 +217,7 @@ class Worker:
                  link_factory: LinkFactory | None = None) -> None:
         self.spec, self.cfg, self.state = spec, cfg, state
         self.device = torch.device(spec.device)
-        module = build_model(cfg.model, problem.num_features, problem.num_outputs,
-                             problem.image_shape, cfg.seed).to(self.device)
+        module = problem.build_model(cfg.model, cfg.seed).to(self.device)
         self.module = module.train()
         self.link = (link_factory or default_link)(spec, module, state)
         self.sgd = SGD(cfg.optim, self.link.flat)
@@ -241,35 +239,27 @@ class Worker:
         return loss_value, comm + self.link.after_step()
 
     def run(self, observe: Callable[[StepRecord], None] | None = None) -> None:
-        state, rank = self.state, self.spec.rank
-        counters = state.counters.table[rank]
-        col = {name: i for i, name in enumerate(COUNTERS)}
-        counters[col["batch_size"]] = counters[col["first_batch"]] = self.spec.batch_size
+        state = self.state
+        counters = CounterRow(state.counters.table[self.spec.rank], self.spec.batch_size)
         n = state.data.num_examples
         while not state.signals.stop.is_set():
             waited = time.perf_counter()
-            claim = state.cursor.claim(int(counters[col["batch_size"]]))
+            claim = state.cursor.claim(int(counters["batch_size"]))
             started = time.perf_counter()
             if claim is None:
                 break
             epoch, start, size = claim
             loss_value, comm = self.step(epoch, start, size)
             finished = time.perf_counter()
-            counters[col["updates"]] += 1
-            counters[col["examples"]] += size
-            counters[col["wait_s"]] += started - waited
-            counters[col["busy_s"]] += finished - started - comm
-            counters[col["comm_s"]] += comm
-            first = counters[col["updates"]] == 1
-            counters[col["loss"]] = loss_value if first else (
-                0.9 * float(counters[col["loss"]]) + 0.1 * loss_value)
+            counters.step(size, finished - started - comm, loss_value)
+            counters.add("wait_s", started - waited)
+            counters.add("comm_s", comm)
             if observe is not None:
                 observe(StepRecord(epoch, start, size, loss_value))
             if not math.isfinite(loss_value):
                 raise Diverged(f"training loss became {loss_value} at epoch {epoch + start / n:.3f}")
-            if self.spec.slowdown > 1.0:
-                time.sleep((self.spec.slowdown - 1.0) * (finished - started))
-        counters[col["comm_s"]] += self.link.finish()
+            self.spec.emulate(finished - started)
+        counters.add("comm_s", self.link.finish())
 
 
 def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,

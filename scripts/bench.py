@@ -35,13 +35,12 @@ from typing import Any
 import pandas as pd
 import psutil
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
 from hetsgd import runner
-from hetsgd.config import CONF_DIR, RunConfig, register_configs, to_run_config
+from hetsgd.config import RunConfig, compose_run, to_run_config
 from hetsgd.data import load_dataset, source_info
 from hetsgd.devices import expand
 from hetsgd.losses import loss_fn
@@ -155,9 +154,7 @@ class OtherLoad:
 
 
 def compose_config(*overrides: str) -> DictConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=["progress=false", *overrides])
+    return compose_run(["progress=false", *overrides])
 
 
 @dataclass

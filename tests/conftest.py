@@ -6,22 +6,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from hetsgd.config import RunConfig, register_configs, to_run_config
+from hetsgd.config import RunConfig, compose_run, to_run_config
 
 # One intra-op thread: on small machines, tests of small models run several times faster.
 torch.set_num_threads(1)
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 W8A = Path(__file__).resolve().parents[2] / "shared" / "data" / "w8a.xz"
 
 
 def compose_config(*overrides: str) -> DictConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=["progress=false", *overrides])
+    return compose_run(["progress=false", *overrides])
 
 
 def run_config(*overrides: str) -> RunConfig:

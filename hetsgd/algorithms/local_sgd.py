@@ -261,7 +261,7 @@ class RankLoop:
                     rank.sgd.step(epoch, batch)
                 busy = time.perf_counter() - started
                 rank.ledger.step(batch, busy, loss)
-                rank.emulate(busy)
+                rank.spec.emulate(busy)
                 if not math.isfinite(loss):
                     break
             weight = plan.weights[me]

@@ -110,7 +110,7 @@ class RankLoop:
             else:
                 rank.flat.zero_grad()
             computed = time.perf_counter()
-            rank.emulate(computed - started)
+            rank.spec.emulate(computed - started)
             verdict = rank.exchange(rank.flat.grads, rank.flat.buffers, sizes[me] / size, loss)
             stepped = time.perf_counter()
             with torch.no_grad():
