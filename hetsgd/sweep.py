@@ -27,9 +27,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from hetsgd.errors import UserError
-from hetsgd.plots import check_formats, plot_all
+from hetsgd.plots import check_formats, plot_comparison
 from hetsgd.report import write_report
-from hetsgd.results_index import OVERRIDES, SUMMARY, index_dirs
+from hetsgd.results_index import OVERRIDES, SUMMARY, find_runs, index_dirs
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,9 @@ def _lost_jobs(summary: pd.DataFrame) -> str:
 
 def finalize_sweep(sweep_dir: Path, baseline: str | None = None,
                    formats: Sequence[str] = ("png",)) -> str:
-    """Write the sweep's summary.csv, report.md, report.csv and figures (each run's and the
-    comparison's); return the report's markdown. A failed job is listed, never fatal."""
+    """Write the sweep's summary.csv, report.md, report.csv and comparison figures (each run
+    drew its own when it ended); return the report's markdown. A failed job is listed, never
+    fatal."""
     sweep_dir = Path(sweep_dir)
     summary = sweep_summary(sweep_dir)
     summary.to_csv(sweep_dir / "summary.csv", index=False)
@@ -98,8 +99,10 @@ def finalize_sweep(sweep_dir: Path, baseline: str | None = None,
     if lost:
         markdown = f"{markdown}\n{lost}\n"
     (sweep_dir / "report.md").write_text(markdown)
+    runs = find_runs(sweep_dir)
     try:
-        plot_all(sweep_dir, formats)
+        if runs:
+            plot_comparison(runs, sweep_dir / "figures", formats)
     except UserError as err:
         log.warning("no figures for the sweep in %s: %s", sweep_dir, err)
     return markdown
