@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-all lint plots bench clean
+.PHONY: setup run test test-quick lint plots bench clean
 
 setup: $(STAMP)
 
@@ -22,9 +22,13 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/hetsgd run -m algo=sync,hogwild,hogbatch,adaptive devices=auto dataset=digits budget.epochs=30
 
-## the test suite (GPU tests skip without CUDA)
+## the whole test suite, every tier (GPU tests skip, with the reason, without CUDA)
 test: setup
 	$(BIN)/python -m pytest -q
+
+## the fast tier: unit tests only, no process-spawning (integration) or slow tests
+test-quick: setup
+	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
 lint: setup
 	$(BIN)/ruff check hetsgd tests scripts

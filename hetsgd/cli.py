@@ -18,12 +18,11 @@ from rich.console import Console
 from rich.table import Table
 
 from hetsgd import data as datasets
-from hetsgd import devices as device_info
 from hetsgd.config import CONF_DIR, ConfigError, RunConfig, compose_run, register_configs, to_run_config
-from hetsgd.distributed import follower
+from hetsgd.engines.distributed.torchrun import follower, torchrun
 from hetsgd.errors import UserError
-from hetsgd.launch import follow
-from hetsgd.results import RunDirectory
+from hetsgd.machine import machine_facts
+from hetsgd.outputs.run_directory import RunDirectory
 
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
@@ -74,7 +73,7 @@ def _summary_table(summary: dict[str, Any]) -> Table:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _hydra_run(cfg: DictConfig) -> None:
-    from hetsgd import runner  # the training stack loads only when a run starts
+    from hetsgd.runs import runner  # the training stack loads only when a run starts
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -84,14 +83,30 @@ def _hydra_run(cfg: DictConfig) -> None:
                    "dataset": cfg.dataset.name, "model": cfg.model.name,
                    "devices": cfg.devices.name, "seed": cfg.seed}
         RunDirectory(run_dir).write_summary(summary)
+        if torchrun() is not None:  # global rank 0: the other ranks wait for its plan
+            from hetsgd.engines.distributed.handoff import hand_off
+            from hetsgd.runs.setup import Handoff
+
+            hand_off(Handoff(error=str(exc)))
     else:
         summary = runner.run(run_cfg, run_dir, cfg)
+        _draw_figures(run_dir)
     if summary["status"] == "failed":
         err.print(f"[red]hetsgd: error:[/red] {_one_line(summary['error'])} "
                   f"(details in {run_dir})", highlight=False, soft_wrap=True)
         failures.append(str(run_dir))
         return
     console.print(_summary_table(summary))
+
+
+def _draw_figures(run_dir: Path) -> None:
+    """Figures are a view of the files just written; failing to draw never fails the run."""
+    from hetsgd.outputs.run_figures import plot_run  # matplotlib loads only here
+
+    try:
+        plot_run(run_dir)
+    except Exception as exc:  # noqa: BLE001 - the results are on disk; say why figures are missing
+        logging.getLogger("hetsgd").warning("could not draw the figures of %s: %s", run_dir, exc)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -112,8 +127,10 @@ def run(ctx: typer.Context) -> None:
     """
     register_configs()
     if follower():  # a torchrun rank other than 0 trains its rank; rank 0 writes the run directory
+        from hetsgd.runs.follow import follow
+
         try:
-            code = follow(ctx.args)
+            code = follow()
         except (UserError, ConfigError) as exc:
             _fail(str(exc))
         raise typer.Exit(code)
@@ -146,7 +163,7 @@ def report(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or
                                                    "default: the sync run of each comparison.")) -> None:
     """Tables per comparison: time and epochs to normalized loss 0.9/0.95/0.99, final losses and
     accuracy, update shares, utilization, speedup. Writes report.md and report.csv beside the runs."""
-    from hetsgd.report import write_report
+    from hetsgd.outputs.report import write_report
 
     if not path.exists():
         _fail(f"no such run, sweep or results folder: {path}")
@@ -160,7 +177,8 @@ def report(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or
 def plot(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or all of results/."),
          format: str = typer.Option("png", "--format", help="Comma-separated: png, svg, pdf.")) -> None:
     """Redraw the figures of every run and comparison under PATH from their CSV files."""
-    from hetsgd.plots import check_formats, plot_all
+    from hetsgd.outputs.figure_style import check_formats
+    from hetsgd.outputs.plots import plot_all
 
     if not path.exists():
         _fail(f"no such run, sweep or results folder: {path}")
@@ -221,7 +239,7 @@ def _compose(overrides: list[str]) -> RunConfig:
 
 
 def _print_calibration(overrides: list[str], seconds: float) -> None:
-    from hetsgd.calibrate import calibrate, save
+    from hetsgd.runs.calibrate import calibrate, save
 
     cfg = _compose(overrides)
     try:
@@ -250,7 +268,7 @@ def devices(ctx: typer.Context,
     if calibrate:
         _print_calibration(ctx.args, seconds)
         return
-    info = device_info.describe()
+    info = machine_facts()
     if as_json:
         console.print_json(json.dumps(info))
         return

@@ -1,7 +1,7 @@
-"""Device mixes: what is on this machine, and the worker list a mix expands into.
+"""Device mixes: the worker list a mix expands into, one :class:`WorkerSpec` per process.
 
-Detection goes through NVML, never through CUDA, so the coordinator process stays free of a CUDA
-context (only workers create one).
+GPUs are counted through NVML (:mod:`hetsgd.machine`), never through CUDA, so the coordinator
+process stays free of a CUDA context (only workers create one).
 """
 
 from __future__ import annotations
@@ -10,11 +10,9 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-import torch
-
 from hetsgd.config import DevicesConfig
 from hetsgd.errors import UserError
-from hetsgd.host import cpu_model, cuda_devices, usable_cores
+from hetsgd.machine import cuda_devices
 
 
 @dataclass(frozen=True)
@@ -64,12 +62,6 @@ def expand(mix: DevicesConfig) -> list[WorkerSpec]:
             specs.append(WorkerSpec(len(specs), group_name, group.kind, device, group.threads,
                                     group.batch_size, group.slowdown, group.accel))
     return specs
-
-
-def describe() -> dict:
-    """What `hetsgd devices` lists: the CPU, its cores, and the GPUs torch can use here."""
-    return {"cpu_model": cpu_model(), "cores": usable_cores(), "torch": torch.__version__,
-            "torch_cuda": torch.version.cuda, "gpus": cuda_devices()}
 
 
 def renumber(specs: list[WorkerSpec]) -> list[WorkerSpec]:

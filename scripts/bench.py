@@ -39,22 +39,20 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from hetsgd import runner
 from hetsgd.config import RunConfig, compose_run, to_run_config
 from hetsgd.data import load_dataset, source_info
 from hetsgd.devices import expand
-from hetsgd.losses import loss_fn
-from hetsgd.metrics import crossing, normalized_loss
-from hetsgd.models import build_model
-from hetsgd.results import environment
-from hetsgd.shared import (
-    EpochCursor,
-    Problem,
-    SharedData,
-    SharedMaster,
-    SharedState,
-)
-from hetsgd.workers import Worker
+from hetsgd.engines.shared_memory.batches import EPOCH_SEED_STRIDE
+from hetsgd.engines.shared_memory.cursor import EpochCursor
+from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared_memory.worker import Worker
+from hetsgd.model.architectures import build_model
+from hetsgd.model.losses import loss_fn
+from hetsgd.model.problem import Problem
+from hetsgd.outputs.metrics import crossing, normalized_loss
+from hetsgd.outputs.run_directory import environment
+from hetsgd.runs import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_W8A = ROOT.parent / "shared" / "data" / "w8a.xz"
@@ -166,7 +164,7 @@ class Job:
 
 
 class Jobs:
-    """Runs jobs through ``hetsgd.runner.run`` into a temporary folder; a failed run raises."""
+    """Runs jobs through ``hetsgd.runs.runner.run`` into a temporary folder; a failed run raises."""
 
     def __init__(self, folder: Path, data: tuple[str, ...]) -> None:
         self.folder, self.data, self.count = folder, data, 0
@@ -229,7 +227,7 @@ def _bare_steps(cfg: RunConfig, problem: Problem, data: SharedData) -> tuple[flo
     while (claim := cursor.claim(cfg.devices.groups["cpu"].batch_size)) is not None:
         epoch, begin, size = claim
         if epoch not in orders:  # the worker's seeded permutation of each epoch
-            generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+            generator = torch.Generator().manual_seed(cfg.seed * EPOCH_SEED_STRIDE + epoch)
             orders[epoch] = torch.randperm(data.num_examples, generator=generator)
         batches.append(orders[epoch][begin:begin + size])
     x, y = data.x.dense, data.y
@@ -373,7 +371,7 @@ class MemorySampler:
 
 def runtime_floor() -> int:
     """USS of a fresh interpreter that imported what a worker imports: the per-process floor."""
-    code = ("import psutil, torch, hetsgd.workers; "
+    code = ("import psutil, torch, hetsgd.engines.shared_memory.worker; "
             "print(psutil.Process().memory_full_info().uss)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])

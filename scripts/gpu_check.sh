@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared check for a machine with a CUDA GPU (DESIGN.md section 8), in about 8 minutes:
+# The one prepared check for a machine with a CUDA GPU, in about 8 minutes:
 # the devices, the GPU tests, a real CPU+GPU comparison of the four algorithms, its report, and
 # the benchmark. Every step is time-bounded and logged under DIR; a failed step is recorded and
 # the next one runs; the exit status is non-zero when any step failed.
@@ -7,8 +7,9 @@
 #   scripts/gpu_check.sh [DIR]        (default DIR: results/gpu_check/<time>)
 #
 # Uses .venv/bin (as the Makefile does), or makes it: offline from WHEELHOUSE when that is set,
-# else with `make setup TORCH=torch` (PyPI's CUDA build). Without a GPU it still runs end to end:
-# the GPU tests skip and devices=auto trains the emulated mix. Environment:
+# else with `make setup TORCH=torch` (PyPI's CUDA build). Where nvidia-smi lists no GPU, or the
+# venv's torch cannot use one, it says so in one line and exits 2 before doing anything else.
+# Environment:
 #   WHEELHOUSE            a folder of wheels (.whl only) for an offline machine whose python3
 #                         already has a CUDA torch: a --system-site-packages venv takes what
 #                         python3 lacks from it (e.g. hydra-core, omegaconf<2.4, a built wheel of
@@ -19,6 +20,11 @@
 #   GPU_CHECK_TOTAL_S     the whole check's time; the benchmark is skipped when it would not fit
 #                         (default 480)
 set -euo pipefail
+
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  echo "gpu_check: no CUDA GPU here (nvidia-smi lists none); this check runs only where one is" >&2
+  exit 2
+fi
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DIR=$(realpath -m "${1:-$ROOT/results/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)}")
@@ -74,15 +80,11 @@ if [[ ! -x $BIN/hetsgd ]]; then
   exit 1
 fi
 PY=$BIN/python
-if command -v nvidia-smi >/dev/null; then
-  step nvidia-smi 30 nvidia-smi
-  if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
-    note "a GPU is here but this torch cannot use it (a CPU build?): rm -rf .venv and rerun"
-    FAILED+=(torch-cuda)
-  fi
-else
-  note "no nvidia-smi: no GPU here; the GPU tests skip and devices=auto uses the emulated mix"
+if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  echo "gpu_check: a GPU is here but the .venv's torch cannot use it (a CPU build?): rm -rf .venv and rerun" >&2
+  exit 2
 fi
+step nvidia-smi 30 nvidia-smi
 step devices 60 "$BIN/hetsgd" devices
 "$BIN/hetsgd" devices --json >"$DIR/devices.json" 2>/dev/null || true
 

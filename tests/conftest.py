@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig
 
 from hetsgd.config import RunConfig, compose_run, to_run_config
+from hetsgd.machine import cuda_devices
 
 # One intra-op thread: on small machines, tests of small models run several times faster.
 torch.set_num_threads(1)
@@ -22,6 +23,18 @@ def compose_config(*overrides: str) -> DictConfig:
 
 def run_config(*overrides: str) -> RunConfig:
     return to_run_config(compose_config(*overrides))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests (``@pytest.mark.gpu`` or ``gpu(n)`` for n GPUs) skip, with the reason, where
+    torch cannot use that many CUDA GPUs; `make test` runs every tier."""
+    available = len(cuda_devices())
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        needed = marker.args[0] if marker is not None and marker.args else 1
+        if marker is not None and available < needed:
+            item.add_marker(pytest.mark.skip(
+                reason=f"needs {needed} CUDA GPU(s); torch can use {available} here"))
 
 
 @pytest.fixture

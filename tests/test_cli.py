@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hetsgd.host import cuda_devices
+from hetsgd.machine import cuda_devices
 
+pytestmark = pytest.mark.integration  # every test here runs the `hetsgd` command
 
 def hetsgd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hetsgd", *args], capture_output=True, text=True,

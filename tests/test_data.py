@@ -22,6 +22,7 @@ import pytest
 import scipy.sparse as sp
 
 from hetsgd.config import DatasetConfig
+from hetsgd.config.schema import SyntheticConfig
 from hetsgd.data import data_home, fetch, images, libsvm, list_sources, load_dataset, source_info
 from hetsgd.data.download import RemoteFile, download
 from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD, read_idx
@@ -69,7 +70,8 @@ def closed_port() -> int:
 
 
 def cfg(name: str, **kwargs: object) -> DatasetConfig:
-    return DatasetConfig(name=name, **kwargs)  # type: ignore[arg-type]
+    schema = SyntheticConfig if name == "synthetic" else DatasetConfig
+    return schema(name=name, **kwargs)  # type: ignore[arg-type]
 
 
 def libsvm_text(labels: list[str], seed: int = 0, width: int = 6) -> str:

@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 from conftest import compose_config, run_config
 
-from hetsgd import runner
 from hetsgd.algorithms import local_sgd
+from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
 from hetsgd.algorithms.local_sgd import RoundPlan, fast_group, group_taus, needs_step_times
-from hetsgd.biased import LossTable, generator, top_k_of_pool
 from hetsgd.config import GroupConfig, to_run_config
 from hetsgd.devices import expand
 from hetsgd.errors import UserError
+from hetsgd.runs import runner
 
 # Two groups on the CPU: `accel` (batch 32) and `cpu` (batch 8, 10x slower by emulation).
 MIX = ("dataset=digits", "model=mlp", "devices=emulated", "devices.groups.accel.batch_size=32",
@@ -173,6 +173,7 @@ def test_loss_table_starts_at_infinity_records_losses_and_min_merges() -> None:
     assert table.values.tolist() == [0.5, math.inf, 1.5, math.inf]
 
 
+@pytest.mark.integration
 def test_biased_local_sgd_with_the_authors_accounting_runs_its_rounds(tmp_path: Path) -> None:
     # digits: 1437 examples, sum of batch sizes 40, tau_fast 4: R = 1437 // 160 = 8 rounds/epoch.
     overrides = ("algo=local_sgd", *MIX, "algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true",
@@ -205,6 +206,7 @@ def _fake_fashion(folder: Path, n_train: int, n_test: int) -> Path:
     return folder
 
 
+@pytest.mark.integration
 def test_resnet20_trains_with_local_sgd_and_averaged_batchnorm_statistics(tmp_path: Path) -> None:
     data = _fake_fashion(tmp_path / "fashion", 256, 64)
     overrides = ("algo=local_sgd", "dataset=fashion_mnist", f"dataset.path={data}", "model=resnet20",

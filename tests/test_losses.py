@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hetsgd.losses import correct, loss_fn, num_outputs, per_sample_loss
+from hetsgd.model.losses import correct, loss_fn, num_outputs, per_sample_loss
 
 LN2 = math.log(2)
 

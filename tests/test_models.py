@@ -5,17 +5,19 @@ import warnings
 
 import pytest
 import torch
+from conftest import compose_config
 from torch import nn
 
-from hetsgd.config import ModelConfig
+from hetsgd.config import ConfigError, to_run_config
+from hetsgd.config.schema import MODEL_SCHEMAS
 from hetsgd.errors import UserError
-from hetsgd.models import SPARSE_INPUT_MODELS, BasicBlock, build_model
+from hetsgd.model.architectures import SPARSE_INPUT_MODELS, BasicBlock, build_model
 
 
 def _build(name: str, features: int = 20, outputs: int = 3,
            image_shape: tuple[int, int, int] | None = None, seed: int = 0,
            **fields: object) -> nn.Module:
-    return build_model(ModelConfig(name=name, **fields), features, outputs, image_shape, seed)
+    return build_model(MODEL_SCHEMAS[name](**fields), features, outputs, image_shape, seed)
 
 
 def _linears(model: nn.Module) -> list[nn.Linear]:
@@ -51,7 +53,7 @@ def test_same_seed_same_weights_and_global_rng_untouched():
 
 def test_paper_mlp_shape_no_bias_and_authors_init():
     # covtype: 54 features, t = floor(sqrt(54 + 512)) + 1 = 24
-    model = _build("mlp_paper", 54, 7, hidden=[3], activation="relu", bias=True)  # ignored
+    model = _build("mlp_paper", 54, 7)
     linears = _linears(model)
     assert [(m.in_features, m.out_features) for m in linears] == \
         [(54, 512)] + [(512, 512)] * 7 + [(512, 7)]
@@ -123,11 +125,20 @@ def test_cnn_cannot_pool_the_image_away():
         _build("cnn", 16, 2, (1, 4, 4), channels=[2, 2, 2])
 
 
-def test_unknown_model_lists_the_choices():
-    cfg = ModelConfig(name="mlp")
-    cfg.name = "transformer"
-    with pytest.raises(UserError, match="mlp_paper, mlp, logreg, cnn, resnet20"):
-        build_model(cfg, 4, 2, None, 0)
+@pytest.mark.parametrize("model,key", [("mlp_paper", "model.hidden=[4]"),
+                                       ("mlp_paper", "model.activation=tanh"),
+                                       ("logreg", "model.channels=[4]"),
+                                       ("cnn", "model.hidden=[4]")])
+def test_a_key_the_chosen_model_would_ignore_is_an_error(model: str, key: str):
+    with pytest.raises(Exception, match=key.split("=")[0].split(".")[1]):
+        to_run_config(compose_config(f"model={model}", key))
+
+
+def test_each_model_schema_holds_its_defaults():
+    cfg = to_run_config(compose_config("model=mlp"))
+    assert (cfg.model.hidden, cfg.model.activation, cfg.model.bias) == ([128, 128], "relu", True)
+    with pytest.raises(ConfigError, match="model.activation"):
+        to_run_config(compose_config("model=mlp", "model.activation=gelu"))
 
 
 def _sparse_batch(rows: int, features: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,13 +151,13 @@ def _sparse_batch(rows: int, features: int) -> tuple[torch.Tensor, torch.Tensor]
         return dense, dense.to_sparse_csr()
 
 
-@pytest.mark.parametrize("name, bias", [("mlp_paper", False), ("mlp", True), ("logreg", True),
-                                        ("logreg", False)])
-def test_sparse_and_dense_inputs_agree(name: str, bias: bool):
+@pytest.mark.parametrize("name, fields", [("mlp_paper", {}), ("mlp", {"hidden": [16]}),
+                                          ("logreg", {"bias": True}), ("logreg", {"bias": False})])
+def test_sparse_and_dense_inputs_agree(name: str, fields: dict):
     assert name in SPARSE_INPUT_MODELS
     dense, sparse = _sparse_batch(6, 300)
     assert sparse.layout == torch.sparse_csr
-    model = _build(name, 300, 3, hidden=[16], bias=bias)
+    model = _build(name, 300, 3, **fields)
     outputs, grads = [], []
     for x in (dense, sparse):
         model.zero_grad(set_to_none=True)

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from hetsgd import monitor
-from hetsgd.monitor import UtilizationMonitor, describe_gpus, summarize
+from hetsgd import machine
+from hetsgd.machine import describe_gpus
+from hetsgd.observe.monitor import UtilizationMonitor, summarize
 
 SPIN = "import time\nend = time.perf_counter() + 0.8\nwhile time.perf_counter() < end: pass\n"
 # a parent that idles while its child spins: only the child's CPU shows the work
@@ -37,6 +38,7 @@ def _sample_while_running(proc: subprocess.Popen, mon: UtilizationMonitor) -> li
     return mon.stop()
 
 
+@pytest.mark.integration
 def test_workers_cpu_includes_the_children_of_worker_processes(run_python):
     parent = run_python(PARENT)
     rows = _sample_while_running(parent, UtilizationMonitor(0.1, lambda: [parent.pid]))
@@ -44,12 +46,14 @@ def test_workers_cpu_includes_the_children_of_worker_processes(run_python):
     assert max(r["workers_cpu_percent"] for r in rows) > 0
 
 
+@pytest.mark.integration
 def test_without_pids_the_coordinators_children_are_the_workers(run_python):
     child = run_python(SPIN)
     rows = _sample_while_running(child, UtilizationMonitor(0.1))
     assert max(r["workers_cpu_percent"] for r in rows) > 0
 
 
+@pytest.mark.integration
 def test_vanished_and_unknown_processes_are_skipped(run_python):
     gone = run_python("pass")
     gone.wait()
@@ -99,15 +103,15 @@ def test_summarize_hand_made_rows():
 
 def test_no_nvml_means_no_gpus(monkeypatch):
     def fail() -> None:
-        raise monitor.pynvml.NVMLError_LibraryNotFound()
+        raise machine.pynvml.NVMLError_LibraryNotFound()
 
-    monkeypatch.setattr(monitor.pynvml, "nvmlInit", fail)
+    monkeypatch.setattr(machine.pynvml, "nvmlInit", fail)
     assert describe_gpus() == []
     with UtilizationMonitor(0.05, list) as mon:
         time.sleep(0.2)
     assert mon.gpu_count == 0
     assert not any(k.startswith("gpu") for r in mon.stop() for k in r)
-    monkeypatch.setattr(monitor, "pynvml", None)
+    monkeypatch.setattr(machine, "pynvml", None)
     assert describe_gpus() == []
 
 
@@ -125,7 +129,7 @@ def test_gpu_columns_from_a_fake_nvml(monkeypatch):
                                                              total=8 * 2**30),
     }
     for name, fn in fake.items():
-        monkeypatch.setattr(monitor.pynvml, name, fn)
+        monkeypatch.setattr(machine.pynvml, name, fn)
     assert describe_gpus() == [{"name": f"Fake GPU {i}", "memory_mb": 8192.0, "driver": "999.1"}
                                for i in range(2)]
     with UtilizationMonitor(0.05, list) as mon:
@@ -140,10 +144,9 @@ def test_gpu_columns_from_a_fake_nvml(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_columns_on_a_real_gpu():
+    import torch
+
     gpus = describe_gpus()
-    if not gpus:
-        pytest.skip("NVML sees no GPU here")
-    torch = pytest.importorskip("torch")
     with UtilizationMonitor(0.05, list) as mon:
         time.sleep(0.3)
     rows = mon.stop()

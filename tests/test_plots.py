@@ -10,8 +10,9 @@ import pytest
 from test_report import write_failed, write_run, write_sweep
 
 from hetsgd.errors import UserError
-from hetsgd.plots import plot_all, plot_run, run_title
-from hetsgd.results_index import read_summary
+from hetsgd.outputs.index import read_summary
+from hetsgd.outputs.plots import plot_all
+from hetsgd.outputs.run_figures import plot_run, run_title
 
 RUN_FIGURES = {"loss_vs_time", "loss_vs_epoch", "accuracy_vs_time", "utilization",
                "update_shares"}
@@ -23,6 +24,7 @@ def _hashes(paths: list[Path]) -> dict[Path, str]:
     return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
 
 
+@pytest.mark.slow
 def test_plot_all_draws_every_figure_and_redraws_the_same_bytes(tmp_path: Path) -> None:
     results = tmp_path / "results"
     sweep = write_sweep(results / "sweeps" / "s1")

@@ -16,9 +16,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from hetsgd.errors import UserError
-from hetsgd.report import comparisons, crossing, write_report
-from hetsgd.results_index import index_runs, load_csv
-from hetsgd.sweep import SweepReport
+from hetsgd.outputs.index import index_runs, load_csv
+from hetsgd.outputs.report import comparisons, crossing, write_report
+from hetsgd.outputs.sweep import SweepReport
 
 ALGOS = {"sync": 1.0, "adaptive": 2.0}  # algo -> speed of its loss decay (1/s)
 MIXES = {"cpu+gpu": False, "auto": True}  # device mix -> emulated

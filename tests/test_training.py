@@ -13,19 +13,16 @@ from conftest import run_config
 
 from hetsgd.data import load_dataset
 from hetsgd.devices import expand
-from hetsgd.engine import Snapshot, Snapshots
-from hetsgd.flat import FlatModel
-from hetsgd.losses import loss_fn
-from hetsgd.models import build_model
-from hetsgd.shared import (
-    EpochCursor,
-    Problem,
-    SharedData,
-    SharedMaster,
-    SharedRows,
-    SharedState,
-)
-from hetsgd.workers import SGD, StepRecord, Worker
+from hetsgd.engines.shared_memory.cursor import EpochCursor
+from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster, SharedRows
+from hetsgd.engines.shared_memory.snapshots import Snapshot, Snapshots
+from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared_memory.worker import StepRecord, Worker
+from hetsgd.model.architectures import build_model
+from hetsgd.model.flat import FlatModel
+from hetsgd.model.losses import loss_fn
+from hetsgd.model.problem import Problem
+from hetsgd.model.sgd import SGD
 
 
 def _tiny_model() -> torch.nn.Module:

@@ -1,23 +1,20 @@
-"""The algorithms, by config name.
+"""The algorithms, by config name. Each module provides the :class:`~.base.Algorithm`
+interface: ``plan`` (workers and derived values) and ``hooks`` (what an engine runs them with).
 
-Each algorithm module provides ``plan(cfg, specs) -> specs``, which picks the workers it trains
-on and rejects layouts it cannot run with a one-line ``UserError``, and
-``coordinator(cfg, specs, problem, data, master, on_tick)``, which returns the
-:class:`hetsgd.engine.Coordinator` that runs its workers.
+This is the one place an algorithm is found by name: from the run's config, by the runner.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from hetsgd.algorithms import adaptive, hogbatch, hogwild, local_sgd, sync
+from hetsgd.algorithms.base import Algorithm
 from hetsgd.errors import UserError
 
-ALGORITHMS: dict[str, ModuleType] = {"sync": sync, "hogwild": hogwild, "hogbatch": hogbatch,
-                                     "adaptive": adaptive, "local_sgd": local_sgd}
+ALGORITHMS: dict[str, Algorithm] = {m.NAME: m for m in (sync, hogwild, hogbatch, adaptive,
+                                                        local_sgd)}
 
 
-def get(name: str) -> ModuleType:
+def get(name: str) -> Algorithm:
     if name not in ALGORITHMS:
         raise UserError(f"unknown algorithm '{name}': choose one of {', '.join(ALGORITHMS)}")
     return ALGORITHMS[name]

@@ -19,18 +19,41 @@ Every change is logged (``batches.csv``); the summary says whether a bound stopp
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 from hetsgd.algorithms import hogbatch
+from hetsgd.algorithms.base import Hooks, Plan, SharedMemoryHooks
 from hetsgd.config import AdaptiveConfig, RunConfig
 from hetsgd.devices import WorkerSpec
-from hetsgd.engine import Coordinator, OnTick
-from hetsgd.shared import Problem, SharedData, SharedMaster, WorkerCounters
+from hetsgd.engines.shared_memory.counters import WorkerCounters
 
-DEAD_BAND = 1.1
-MAX_FACTOR = 4.0
+NAME = "adaptive"
+DEAD_BAND = 1.1  # no resize while the wanted/measured update ratio is within this factor of 1
+MAX_FACTOR = 4.0  # one resize changes a batch size by at most this factor
+MIN_WINDOW_FILL = 0.5  # rates need a window at least this full (share of window_s) to count
+# Before the accelerators' first update in a window, their count is taken as this (shrink).
+NO_UPDATE_FLOOR = 0.5
 
-plan = hogbatch.plan
+
+def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
+    """Hogbatch's layout; ``max_gpu_batch`` defaults to the accelerator group's batch size."""
+    hogbatch.check_workers(cfg, specs)
+    algo = cfg.algo
+    assert isinstance(algo, AdaptiveConfig)
+    accel_batch = next(s.batch_size for s in specs if s.accel)
+    max_gpu_batch = algo.max_gpu_batch or accel_batch
+    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(algo, max_gpu_batch=max_gpu_batch))
+    return Plan(cfg, specs, {"max_gpu_batch": max_gpu_batch, "min_gpu_batch": algo.min_gpu_batch,
+                             "max_cpu_batch": algo.max_cpu_batch})
+
+
+def hooks(plan: Plan) -> Hooks:
+    algo = plan.cfg.algo
+    assert isinstance(algo, AdaptiveConfig)
+    link = hogbatch.hooks(plan)
+    assert isinstance(link, SharedMemoryHooks)
+    return SharedMemoryHooks(link.link, BatchController(algo, plan.workers))
 
 
 def _clamp(value: float, low: float, high: float) -> float:
@@ -46,7 +69,8 @@ class BatchController:
         self.accel = [s.rank for s in specs if s.accel]
         self.host = [s.rank for s in specs if not s.accel]
         self.gpu_batch = float(specs[self.accel[0]].batch_size)
-        self.max_gpu_batch = float(cfg.max_gpu_batch or self.gpu_batch)
+        assert cfg.max_gpu_batch is not None, "settled by plan()"
+        self.max_gpu_batch = float(cfg.max_gpu_batch)
         self.initial_host = {r: specs[r].batch_size for r in self.host}
         self.host_factor = 1.0
         self.max_host_factor = max(1.0, cfg.max_cpu_batch / max(self.initial_host.values(), default=1))
@@ -72,11 +96,11 @@ class BatchController:
             return
         self.next_control = elapsed + self.cfg.period_s
         (t0, a0, h0), (t1, a1, h1) = self.window[0], self.window[-1]
-        if t1 - t0 < 0.5 * self.cfg.window_s or h1 == h0:
+        if t1 - t0 < MIN_WINDOW_FILL * self.cfg.window_s or h1 == h0:
             return  # not enough evidence yet
         self.last_share = (a1 - a0) / (a1 - a0 + h1 - h0)
         share = self.cfg.target_share
-        ratio = share / (1 - share) * (h1 - h0) / max(a1 - a0, 0.5)  # no accel update yet: shrink
+        ratio = share / (1 - share) * (h1 - h0) / max(a1 - a0, NO_UPDATE_FLOOR)
         self.last_ratio = ratio
         if 1 / DEAD_BAND < ratio < DEAD_BAND:
             return
@@ -114,9 +138,3 @@ class BatchController:
                              "last_window_share": self.last_share,
                              "last_ratio": self.last_ratio, "final_batch_sizes": self._sizes()}}
 
-
-def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,
-                master: SharedMaster, on_tick: OnTick) -> Coordinator:
-    assert isinstance(cfg.algo, AdaptiveConfig)
-    return hogbatch.coordinator(cfg, specs, problem, data, master, on_tick,
-                                controller=BatchController(cfg.algo, specs))

@@ -9,30 +9,37 @@ from functools import partial
 
 import torch
 
-from hetsgd.config import RunConfig
+from hetsgd.algorithms.base import Hooks, Plan, SharedMemoryHooks
+from hetsgd.config import HogbatchConfig, RunConfig
 from hetsgd.devices import WorkerSpec
-from hetsgd.engine import Coordinator, OnTick
+from hetsgd.engines.shared_memory.links import InPlace, Link, Replica
+from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import UserError
-from hetsgd.shared import Problem, SharedData, SharedMaster, SharedState
-from hetsgd.workers import InPlace, Link, Replica, worker_process
+
+NAME = "hogbatch"
 
 
 def hogbatch_link(spec: WorkerSpec, module: torch.nn.Module, state: SharedState, merge: str) -> Link:
+    """Accelerators train a replica merged back after each batch; host workers step in place."""
     return Replica(module, state, merge) if spec.accel else InPlace(module, state)
 
 
-def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> list[WorkerSpec]:
+def check_workers(cfg: RunConfig, specs: list[WorkerSpec]) -> None:
+    """The Hogbatch layout: at least one accelerator, and no cuda worker in the host role."""
     if any(s.kind == "cuda" and not s.accel for s in specs):
         raise UserError("a cuda worker cannot update the shared master in place: give cuda groups "
                         "role accel (or auto)")
     if not any(s.accel for s in specs):
         raise UserError(f"algo={cfg.algo.name} needs an accelerator group (role accel), and "
                         f"devices={cfg.devices.name} has none (try devices=auto or devices=emulated)")
-    return specs
 
 
-def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,
-                master: SharedMaster, on_tick: OnTick, controller=None) -> Coordinator:
-    target = partial(worker_process, link_factory=partial(hogbatch_link, merge=cfg.algo.merge))
-    return Coordinator(cfg, specs, problem, data, master, on_tick, target=target,
-                       controller=controller)
+def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
+    check_workers(cfg, specs)
+    return Plan(cfg, specs)
+
+
+def hooks(plan: Plan) -> Hooks:
+    algo = plan.cfg.algo
+    assert isinstance(algo, HogbatchConfig)
+    return SharedMemoryHooks(partial(hogbatch_link, merge=algo.merge))

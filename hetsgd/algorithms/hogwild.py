@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import logging
 
+from hetsgd.algorithms.base import Hooks, Plan, SharedMemoryHooks
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec, renumber
-from hetsgd.engine import Coordinator, OnTick
+from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.errors import UserError
-from hetsgd.shared import Problem, SharedData, SharedMaster
 
+NAME = "hogwild"
 log = logging.getLogger("hetsgd")
 
 
-def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> list[WorkerSpec]:
+def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
     host = [s for s in specs if not s.accel and s.kind == "cpu"]
     if not host:
         raise UserError(f"algo=hogwild needs CPU host workers, and devices={cfg.devices.name} has none "
@@ -23,9 +24,8 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> list[WorkerSpec]:
     if len(host) < len(specs):
         log.info("hogwild trains on the host group(s) only; %d accelerator worker(s) stay idle",
                  len(specs) - len(host))
-    return renumber(host)
+    return Plan(cfg, renumber(host))
 
 
-def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,
-                master: SharedMaster, on_tick: OnTick) -> Coordinator:
-    return Coordinator(cfg, specs, problem, data, master, on_tick)
+def hooks(plan: Plan) -> Hooks:
+    return SharedMemoryHooks(default_link)

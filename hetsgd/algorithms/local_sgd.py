@@ -24,7 +24,8 @@ Where the paper is silent, these are the project's choices (the authors' code wh
   examples (data share proportional to tau, as the authors' code), walked in order.
 - ``biased.sampling``: at each reshuffle the loss tables are min-merged and the ``side``'s ranks
   (``slow``, as the authors' code; ``fast``, as the paper's summary) train on the top-k of a pool
-  instead (see ``hetsgd.biased``); the other side keeps its uniform shards, which may overlap.
+  instead (see :mod:`hetsgd.algorithms.biased_sampling`); the other side keeps its uniform
+  shards, which may overlap.
 - Epochs: ``epoch_accounting: examples`` counts N examples consumed by all ranks as one epoch
   (the budget then stops at the first round that reaches it); ``authors`` counts the authors'
   R = floor(N / (sum of batch sizes * tau_fast)) rounds as one epoch (the round count balanced
@@ -43,17 +44,19 @@ from dataclasses import dataclass
 
 import torch
 
-from hetsgd import distributed, launch
-from hetsgd.biased import LossTable, generator, top_k_of_pool
+from hetsgd.algorithms.base import DistributedHooks, Hooks, Plan
+from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
 from hetsgd.config import LocalSGDConfig, RunConfig
 from hetsgd.devices import WorkerSpec
-from hetsgd.engine import Coordinator, OnTick
-from hetsgd.errors import UserError
-from hetsgd.ranks import Rank
-from hetsgd.shared import Problem, SharedData, SharedMaster, SharedState
-from hetsgd.workers import Batches, Diverged
+from hetsgd.engines.distributed.coordinator import per_group
+from hetsgd.engines.distributed.group import Group, check_world, choose_backend
+from hetsgd.engines.distributed.rank import Rank
+from hetsgd.engines.shared_memory.batches import Batches
+from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.errors import Diverged, UserError
+from hetsgd.model.problem import Problem
 
-ALIASES = frozenset({"fast", "slow"})
+NAME = "local_sgd"
 
 
 def _groups(world: list[WorkerSpec]) -> list[str]:
@@ -67,19 +70,19 @@ def _uses_fast_group(algo: LocalSGDConfig) -> bool:
 def group_taus(algo: LocalSGDConfig, groups: list[str],
                step_times: dict[str, float] | None) -> dict[str, int]:
     """Local steps per round of each group; `step_times` (seconds per step, by group) are
-    needed for `auto` and for the fast/slow form."""
+    needed where ``algo.tau.measured``."""
     tau = algo.tau
-    if isinstance(tau, int):
-        return {group: tau for group in groups}
-    if isinstance(tau, dict) and set(tau) != ALIASES:
-        return {group: int(tau[group]) for group in groups}
+    if tau.mode == "all":
+        return {group: tau.steps["*"] for group in groups}
+    if tau.mode == "groups":
+        return {group: tau.steps[group] for group in groups}
     if step_times is None:
-        raise ValueError(f"algo.tau={tau!r} needs measured step times")
+        raise ValueError(f"algo.tau={tau} needs measured step times")
     slowest = max(step_times.values())
-    if tau == "auto":
+    if tau.mode == "auto":
         return {g: max(1, round(algo.tau_min * slowest / step_times[g])) for g in groups}
     fast = min(groups, key=step_times.__getitem__)
-    return {g: int(tau["fast"] if g == fast else tau["slow"]) for g in groups}
+    return {g: tau.steps["fast"] if g == fast else tau.steps["slow"] for g in groups}
 
 
 def fast_group(taus: dict[str, int], step_times: dict[str, float] | None) -> str:
@@ -94,7 +97,7 @@ def fast_group(taus: dict[str, int], step_times: dict[str, float] | None) -> str
 
 
 def needs_step_times(algo: LocalSGDConfig, groups: list[str]) -> bool:
-    if algo.tau == "auto" or (isinstance(algo.tau, dict) and set(algo.tau) == ALIASES):
+    if algo.tau.measured:
         return True
     if not _uses_fast_group(algo):
         return False
@@ -102,35 +105,35 @@ def needs_step_times(algo: LocalSGDConfig, groups: list[str]) -> bool:
     return sum(t == max(taus.values()) for t in taus.values()) > 1
 
 
-def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> list[WorkerSpec]:
-    distributed.check_world(specs, cfg.devices.name)
-    distributed.choose_backend(cfg.dist.backend, specs)
+def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
+    """Checks the layout; fixed taus are settled here, measured ones on the ranks at setup."""
+    check_world(specs, cfg.devices.name)
+    choose_backend(cfg.dist.backend, specs)
     algo, groups, mix = cfg.algo, _groups(specs), cfg.devices.name
-    if isinstance(algo.tau, dict):
-        if set(algo.tau) == ALIASES and len(groups) != 2:
-            raise UserError(f"algo.tau={{fast, slow}} needs a two-group mix; devices={mix} has "
-                            f"{', '.join(groups)}: name the groups instead")
-        if set(algo.tau) != ALIASES and set(algo.tau) != set(groups):
-            raise UserError(f"algo.tau names {', '.join(algo.tau)}, but the groups of devices={mix} "
-                            f"are {', '.join(groups)}: give one tau per group (or fast/slow)")
+    assert isinstance(algo, LocalSGDConfig)
+    if algo.tau.mode == "fast_slow" and len(groups) != 2:
+        raise UserError(f"algo.tau={{fast, slow}} needs a two-group mix; devices={mix} has "
+                        f"{', '.join(groups)}: name the groups instead")
+    if algo.tau.mode == "groups" and set(algo.tau.steps) != set(groups):
+        raise UserError(f"algo.tau names {', '.join(algo.tau.steps)}, but the groups of "
+                        f"devices={mix} are {', '.join(groups)}: give one tau per group "
+                        "(or fast/slow)")
     if _uses_fast_group(algo) and len(groups) < 2:
         raise UserError(f"biased sampling and fast_weighted aggregation need a fast and a slow "
                         f"group; devices={mix} has one ({groups[0]})")
-    return specs
+    tau = "measured at setup" if algo.tau.measured else group_taus(algo, groups, None)
+    return Plan(cfg, specs, {"tau": tau})
 
 
-def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,
-                master: SharedMaster, on_tick: OnTick) -> Coordinator:
-    return launch.RanksCoordinator(cfg, specs, problem, data, master, on_tick, publishing=False,
-                                   describe=describe)
+def hooks(plan: Plan) -> Hooks:
+    return DistributedHooks(RankLoop, setup_summary, publishing=False)
 
 
-def describe(world: list[WorkerSpec], notes: list[list[float]]) -> dict:
+def setup_summary(world: list[WorkerSpec], columns: dict[str, list[float]]) -> dict:
     """summary.json's `local_sgd` entry: tau, aggregation weight and measured step time by group."""
-    tau, weight, step_s = zip(*notes)
-    return {"local_sgd": {"tau": {g: int(t) for g, t in launch.per_group(world, tau).items()},
-                          "aggregation_weight": launch.per_group(world, weight),
-                          "step_s": launch.per_group(world, step_s)}}
+    return {"local_sgd": {"tau": {g: int(t) for g, t in per_group(world, columns["tau"]).items()},
+                          "aggregation_weight": per_group(world, columns["weight"]),
+                          "step_s": per_group(world, columns["step_s"])}}
 
 
 @dataclass(frozen=True)
@@ -222,8 +225,10 @@ class ShardBatches(Batches):
 class RankLoop:
     """One rank of local SGD: rounds of tau local steps, then one aggregating all-reduce."""
 
+    SETUP_COLUMNS = ("tau", "weight", "step_s")
+
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
-                 problem: Problem, state: SharedState, group: distributed.Group) -> None:
+                 problem: Problem, state: SharedState, group: Group) -> None:
         self.rank = Rank(spec, world, cfg, problem, state, group, linked=False)
         self.batches = self.rank.batches(ShardBatches)
         algo = cfg.algo
@@ -233,9 +238,9 @@ class RankLoop:
         self.plan = RoundPlan.build(cfg, world, self.rank.num_examples, self.step_times)
         self.table = LossTable(self.rank.num_examples) if algo.biased.sampling else None
 
-    def notes(self) -> list[list[float]]:
-        times = self.step_times or [math.nan] * len(self.plan.taus)
-        return [[float(t), w, s] for t, w, s in zip(self.plan.taus, self.plan.weights, times)]
+    def setup(self) -> dict[str, list[float]]:
+        return {"tau": [float(t) for t in self.plan.taus], "weight": self.plan.weights,
+                "step_s": self.step_times or [math.nan] * len(self.plan.taus)}
 
     def run(self) -> None:
         rank, plan, table = self.rank, self.plan, self.table

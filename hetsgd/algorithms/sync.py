@@ -3,60 +3,69 @@
 On one worker it is the single-device baseline: plain SGD on the master model, in place on a CPU,
 or resident on a GPU and published for snapshots (the shared-memory engine's own worker).
 
-On several workers it runs on torch.distributed (see ``hetsgd.ranks``): every step takes the next
-global batch of the epoch's order (``algo.global_batch``, by default the sum of the workers'
-batch sizes; an epoch's last batch may be shorter, as with one worker) and cuts it into one
-contiguous shard per rank, ``split: equal`` (as DistributedDataParallel) or ``proportional`` to
+On several workers it runs on torch.distributed (see :mod:`hetsgd.engines.distributed`): every step
+takes the next global batch of the epoch's order (``algo.global_batch``, by default the sum of the
+workers' batch sizes; an epoch's last batch may be shorter, as with one worker) and cuts it into
+one contiguous shard per rank, ``split: equal`` (as DistributedDataParallel) or ``proportional`` to
 each rank's examples/s measured in a short warm-up. Each rank computes the mean-loss gradient of
-its shard; the gradients are all-reduced weighted by shard size (so the result is the gradient
-of the global batch's mean loss) and every replica takes the same step, with its own identical
+its shard; the gradients are all-reduced weighted by shard size (so the result is the gradient of
+the global batch's mean loss) and every replica takes the same step, with its own identical
 momentum. Floating BatchNorm statistics are averaged the same way at every step (DDP instead
-broadcasts rank 0's), which for the running mean equals what one worker on the global batch
-would keep. The learning rate is that of the global batch size (``optim.lr_scaling``).
+broadcasts rank 0's), which for the running mean equals what one worker on the global batch would
+keep. The learning rate is that of the global batch size (``optim.lr_scaling``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
 
 import torch
 
-from hetsgd import distributed, launch
-from hetsgd.config import RunConfig
+from hetsgd.algorithms.base import DistributedHooks, Hooks, Plan, SharedMemoryHooks
+from hetsgd.config import RunConfig, SyncConfig
 from hetsgd.devices import WorkerSpec
-from hetsgd.engine import Coordinator, OnTick
-from hetsgd.errors import UserError
-from hetsgd.ranks import Rank
-from hetsgd.shared import EpochCursor, Problem, SharedData, SharedMaster, SharedState
-from hetsgd.workers import Diverged
+from hetsgd.engines.distributed.coordinator import per_group
+from hetsgd.engines.distributed.group import Group, check_world, choose_backend
+from hetsgd.engines.distributed.rank import Rank
+from hetsgd.engines.shared_memory.cursor import EpochCursor
+from hetsgd.engines.shared_memory.links import default_link
+from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.errors import Diverged, UserError
+from hetsgd.model.problem import Problem
+
+NAME = "sync"
 
 
-def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> list[WorkerSpec]:
-    if len(specs) > 1:
-        distributed.check_world(specs, cfg.devices.name)
-        distributed.choose_backend(cfg.dist.backend, specs)
-        batch = cfg.algo.global_batch
-        if batch is not None and batch < len(specs):
-            raise UserError(f"algo.global_batch={batch} is smaller than the {len(specs)} workers "
-                            f"of devices={cfg.devices.name}: every worker needs a share")
-    return specs
-
-
-def coordinator(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem, data: SharedData,
-                master: SharedMaster, on_tick: OnTick) -> Coordinator:
+def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
+    """One worker: nothing to settle. Several: the global batch (by default the sum of the
+    workers' batch sizes)."""
     if len(specs) == 1:
-        return Coordinator(cfg, specs, problem, data, master, on_tick)
-    return launch.RanksCoordinator(cfg, specs, problem, data, master, on_tick,
-                                   publishing=specs[0].device != "cpu", describe=describe)
+        return Plan(cfg, specs)
+    check_world(specs, cfg.devices.name)
+    choose_backend(cfg.dist.backend, specs)
+    algo = cfg.algo
+    assert isinstance(algo, SyncConfig)
+    batch = algo.global_batch or sum(s.batch_size for s in specs)
+    if batch < len(specs):
+        raise UserError(f"algo.global_batch={batch} is smaller than the {len(specs)} workers "
+                        f"of devices={cfg.devices.name}: every worker needs a share")
+    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(algo, global_batch=batch))
+    return Plan(cfg, specs, {"global_batch": batch})
 
 
-def describe(world: list[WorkerSpec], notes: list[list[float]]) -> dict:
+def hooks(plan: Plan) -> Hooks:
+    if len(plan.workers) == 1:
+        return SharedMemoryHooks(default_link)
+    return DistributedHooks(RankLoop, setup_summary, publishing=plan.workers[0].device != "cpu")
+
+
+def setup_summary(world: list[WorkerSpec], columns: dict[str, list[float]]) -> dict:
     """summary.json's `sync` entry: each group's share of a global batch, measured step time."""
-    share, _, step_s = zip(*notes)
-    return {"sync": {"batch_share": launch.per_group(world, share, total=True),
-                     "step_s": launch.per_group(world, step_s)}}
+    return {"sync": {"batch_share": per_group(world, columns["batch_share"], total=True),
+                     "step_s": per_group(world, columns["step_s"])}}
 
 
 def split(size: int, shares: list[float]) -> list[int]:
@@ -79,11 +88,14 @@ def split(size: int, shares: list[float]) -> list[int]:
 class RankLoop:
     """One rank of synchronous data-parallel SGD."""
 
+    SETUP_COLUMNS = ("batch_share", "step_s")
+
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
-                 problem: Problem, state: SharedState, group: distributed.Group) -> None:
+                 problem: Problem, state: SharedState, group: Group) -> None:
         self.rank = Rank(spec, world, cfg, problem, state, group, linked=True)
         self.batches = self.rank.batches()
-        self.global_batch = cfg.algo.global_batch or sum(s.batch_size for s in world)
+        assert isinstance(cfg.algo, SyncConfig) and cfg.algo.global_batch is not None, "see plan()"
+        self.global_batch = cfg.algo.global_batch
         self.shares = [1.0] * len(world)
         self.step_times = [math.nan] * len(world)
         if cfg.algo.split == "proportional":  # examples per second at each rank's batch size
@@ -92,9 +104,9 @@ class RankLoop:
         # Every rank walks the same cursor, so all agree on every step and on the last one.
         self.cursor = EpochCursor(self.rank.num_examples, cfg.budget.epochs, threading.Lock())
 
-    def notes(self) -> list[list[float]]:
-        return [[share / sum(self.shares), math.nan, step_s]
-                for share, step_s in zip(self.shares, self.step_times)]
+    def setup(self) -> dict[str, list[float]]:
+        return {"batch_share": [share / sum(self.shares) for share in self.shares],
+                "step_s": self.step_times}
 
     def run(self) -> None:
         rank = self.rank

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hetsgd.data.dataset import Parsed
-from hetsgd.data.progress import console
+from hetsgd.data.download_progress import console
 from hetsgd.errors import UserError
 
 COMPRESSIONS = (".xz", ".bz2", ".gz")

@@ -29,7 +29,7 @@ from hetsgd.data.cache import (
     find_local,
     strip_compression,
 )
-from hetsgd.data.progress import DownloadBar, console
+from hetsgd.data.download_progress import DownloadBar, console
 from hetsgd.errors import UserError
 
 TIMEOUT_S = 5.0  # per connect and per read: an unreachable host fails fast instead of hanging

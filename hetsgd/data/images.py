@@ -20,7 +20,7 @@ from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_decompressed
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download import RemoteFile, verify
-from hetsgd.data.progress import status
+from hetsgd.data.download_progress import status
 from hetsgd.data.source import SingleFile, Source, SourceInfo
 from hetsgd.errors import UserError
 

@@ -22,8 +22,8 @@ from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_decompressed
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download import RemoteFile, local, verify
+from hetsgd.data.download_progress import status
 from hetsgd.data.labels import encode, multi_hot
-from hetsgd.data.progress import status
 from hetsgd.data.source import Source
 from hetsgd.errors import UserError
 

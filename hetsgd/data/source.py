@@ -10,7 +10,7 @@ from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import data_home, existing_file, load_or_parse
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download import RemoteFile, ensure, local, verify
-from hetsgd.data.progress import status
+from hetsgd.data.download_progress import status
 from hetsgd.errors import UserError
 
 

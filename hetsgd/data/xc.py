@@ -19,9 +19,9 @@ from sklearn.datasets import load_svmlight_file
 from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import data_home, existing_file, find_local, load_or_parse, open_decompressed
 from hetsgd.data.dataset import Parsed
+from hetsgd.data.download_progress import status
 from hetsgd.data.labels import multi_hot
 from hetsgd.data.libsvm import DENSE_MAX_FEATURES, corrupt_error
-from hetsgd.data.progress import status
 from hetsgd.data.source import Source, SourceInfo
 from hetsgd.errors import UserError
 

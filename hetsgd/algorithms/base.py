@@ -1,0 +1,85 @@
+"""The interface every algorithm provides: a plan, then the hooks an engine runs it with.
+
+An algorithm never starts processes or moves data itself. It settles a :class:`Plan` before any
+work starts (the workers it trains on, every derived value filled into the config), then hands
+an engine its hooks:
+
+- :class:`SharedMemoryHooks` for workers that claim chunks of the epoch and step on the shared
+  master (one-worker sync, Hogwild, Hogbatch, Adaptive). What a step computes is the engine's
+  worker; how its result lands in the master is the algorithm's :data:`LinkFactory`; a
+  :class:`Controller` may steer batch sizes from the coordinator while workers train.
+- :class:`DistributedHooks` for torch.distributed ranks (sync on several workers, local SGD):
+  the algorithm's :class:`RankLoop`, and how what rank 0 settled at setup reads in summary.json.
+
+Engines consume hooks, never algorithm names, so a further engine (e.g. simulated hardware) can
+schedule the same steps and landings without a second copy of any algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+from hetsgd.config import RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.distributed.coordinator import DistributedCoordinator, SetupSummary
+from hetsgd.engines.distributed.rank import RankLoop
+from hetsgd.engines.shared_memory.coordinator import Controller, Coordinator, OnTick
+from hetsgd.engines.shared_memory.links import LinkFactory
+from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.shared_memory.worker import worker_process
+from hetsgd.model.problem import Problem
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an algorithm settled before training: the config with every derived value filled in
+    (so no later code derives it again), the workers it trains on, and those values by name
+    for summary.json's ``plan`` entry."""
+
+    cfg: RunConfig
+    workers: list[WorkerSpec]
+    settled: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SharedMemoryHooks:
+    link: LinkFactory  # how each worker's step lands in the master; picklable
+    controller: Controller | None = None
+
+
+@dataclass(frozen=True)
+class DistributedHooks:
+    loop: type[RankLoop]
+    setup_summary: SetupSummary
+    publishing: bool  # rank 0 keeps a GPU replica and publishes it into the master on request
+
+
+Hooks = SharedMemoryHooks | DistributedHooks
+
+
+class Algorithm(Protocol):
+    """What each module of :mod:`hetsgd.algorithms` provides."""
+
+    NAME: str
+
+    def plan(self, cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
+        """Pick the workers and settle derived values; a layout the algorithm cannot run is a
+        one-line ``UserError``."""
+        ...
+
+    def hooks(self, plan: Plan) -> Hooks:
+        """What the engine runs the planned workers with."""
+        ...
+
+
+def coordinator(plan: Plan, hooks: Hooks, problem: Problem, data: SharedData,
+                master: SharedMaster, on_tick: OnTick | None) -> Coordinator:
+    """The engine that runs ``plan``'s workers with ``hooks``."""
+    if isinstance(hooks, DistributedHooks):
+        return DistributedCoordinator(plan.cfg, plan.workers, problem, data, master, on_tick,
+                                      hooks.loop, hooks.publishing, hooks.setup_summary)
+    return Coordinator(plan.cfg, plan.workers, problem, data, master, on_tick,
+                       target=partial(worker_process, link_factory=hooks.link),
+                       controller=hooks.controller)

@@ -1,0 +1,31 @@
+"""Typed configuration: the schemas that hold every default, and composition through Hydra.
+
+The schemas are in :mod:`~hetsgd.config.schema` (one run) and :mod:`~hetsgd.config.algorithms`
+(one per algorithm); :mod:`~hetsgd.config.compose` turns command-line overrides into them.
+"""
+
+from hetsgd.config.algorithms import (
+    AdaptiveConfig,
+    AlgoConfig,
+    HogbatchConfig,
+    LocalSGDConfig,
+    SyncConfig,
+    Tau,
+)
+from hetsgd.config.checks import ConfigError
+from hetsgd.config.compose import CONF_DIR, compose_run, register_configs, to_run_config
+from hetsgd.config.schema import (
+    TASKS,
+    DatasetConfig,
+    DevicesConfig,
+    DistConfig,
+    GroupConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+)
+
+__all__ = ["CONF_DIR", "TASKS", "AdaptiveConfig", "AlgoConfig", "ConfigError", "DatasetConfig",
+           "DevicesConfig", "DistConfig", "GroupConfig", "HogbatchConfig", "LocalSGDConfig",
+           "ModelConfig", "OptimConfig", "RunConfig", "SyncConfig", "Tau", "compose_run",
+           "register_configs", "to_run_config"]

@@ -1,0 +1,163 @@
+"""The algorithms' config schemas, one per choice of the ``algo`` config group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from hetsgd.config.checks import one_of, require
+
+
+@dataclass
+class AlgoConfig:
+    name: str = MISSING
+
+
+@dataclass
+class SyncConfig(AlgoConfig):
+    """Synchronous data-parallel SGD; with one worker, the single-device baseline."""
+
+    name: str = "sync"
+    split: str = "equal"  # equal (as DDP) | proportional (to calibrated speed)
+    global_batch: int | None = None  # null: the sum of the workers' batch sizes
+
+    def __post_init__(self) -> None:
+        one_of("algo.split", self.split, ("equal", "proportional"))
+        require(self.global_batch is None or self.global_batch > 0, "algo.global_batch",
+                 "a positive batch size, or null", self.global_batch)
+
+
+@dataclass
+class HogwildConfig(AlgoConfig):
+    """CPU-only asynchronous SGD: lock-free in-place updates of the shared master."""
+
+    name: str = "hogwild"
+
+
+MERGES = ("delta", "overwrite")
+
+
+@dataclass
+class HogbatchConfig(AlgoConfig):
+    """CPU+GPU Hogbatch. `merge`: how an accelerator's replica goes back into the master:
+    `delta` adds the replica's own change and keeps concurrent CPU updates (the project's
+    default); `overwrite` copies the replica over the master (the authors' released code)."""
+
+    name: str = "hogbatch"
+    merge: str = "delta"
+
+    def __post_init__(self) -> None:
+        one_of("algo.merge", self.merge, MERGES)
+
+
+@dataclass
+class AdaptiveConfig(HogbatchConfig):
+    """Adaptive Hogbatch. The paper does not give its rule; this is the project's
+    reconstruction (see hetsgd/algorithms/adaptive.py and the README)."""
+
+    name: str = "adaptive"
+    target_share: float = 0.5  # wanted share of model updates made by the accel class
+    period_s: float = 0.5  # control period
+    window_s: float = 1.0  # update rates are measured over this sliding window
+    gamma: float = 0.5  # damping exponent of each resize
+    min_gpu_batch: int = 32  # the paper's threshold: accel batches never go below it
+    max_gpu_batch: int | None = None  # null: the accel group's configured batch size
+    max_cpu_batch: int = 64  # host batches never grow beyond it
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(0 < self.target_share < 1, "algo.target_share", "0 < x < 1", self.target_share)
+        require(self.period_s > 0, "algo.period_s", "a positive number of seconds", self.period_s)
+        require(self.window_s >= self.period_s, "algo.window_s", "at least algo.period_s",
+                 self.window_s)
+        require(0 < self.gamma <= 1, "algo.gamma", "0 < x <= 1", self.gamma)
+        require(self.min_gpu_batch > 0, "algo.min_gpu_batch", "a positive batch size",
+                 self.min_gpu_batch)
+        require(self.max_gpu_batch is None or self.max_gpu_batch >= self.min_gpu_batch,
+                 "algo.max_gpu_batch", "null or at least algo.min_gpu_batch", self.max_gpu_batch)
+        require(self.max_cpu_batch > 0, "algo.max_cpu_batch", "a positive batch size",
+                 self.max_cpu_batch)
+
+
+@dataclass
+class BiasedSamplingConfig:
+    """Loss-based top-k sampling of the biased local SGD paper."""
+
+    sampling: bool = False
+    side: str = "slow"  # slow (the authors' code) | fast (the paper's summary)
+    pool_ratio: float = 4.0
+
+    def __post_init__(self) -> None:
+        one_of("algo.biased.side", self.side, ("slow", "fast"))
+        require(self.pool_ratio >= 1, "algo.biased.pool_ratio", "x >= 1", self.pool_ratio)
+
+
+TAU_ALIASES = frozenset({"fast", "slow"})
+
+
+@dataclass(frozen=True)
+class Tau:
+    """``algo.tau`` parsed once into what it says, so that no other code reads the raw value.
+
+    ``mode``: ``auto`` (proportional to measured step speed), ``all`` (one number for every group,
+    balanced local SGD: ``steps == {"*": n}``), ``groups`` (``{group: steps}``) or ``fast_slow``
+    (``{"fast": n, "slow": m}`` on a two-group mix, fast = the faster group as measured).
+    """
+
+    mode: str
+    steps: dict[str, int]
+
+    @classmethod
+    def parse(cls, value: Any) -> Tau:
+        if isinstance(value, Tau):
+            return value
+        if value == "auto":
+            return cls("auto", {})
+        steps = dict(value) if isinstance(value, dict) else {"*": value}
+        require(len(steps) > 0 and all(isinstance(t, int) and not isinstance(t, bool) and t > 0
+                                       for t in steps.values()), "algo.tau",
+                "auto, a positive step count, or {group: steps} with positive step counts", value)
+        if not isinstance(value, dict):
+            return cls("all", steps)
+        return cls("fast_slow" if set(steps) == TAU_ALIASES else "groups", steps)
+
+    @property
+    def measured(self) -> bool:
+        """Whether the steps follow from measured step times (auto, or which group is fast)."""
+        return self.mode in ("auto", "fast_slow")
+
+    def __str__(self) -> str:
+        return "auto" if self.mode == "auto" else str(self.steps.get("*", self.steps))
+
+
+@dataclass
+class LocalSGDConfig(AlgoConfig):
+    """Local SGD: each worker takes tau_i local steps per round, then replicas are aggregated.
+
+    `tau`: a dict {group: steps} (e.g. {accel: 32, cpu: 1}), or {fast: N, slow: M} on a two-group
+    mix (fast = the group with the higher measured step speed), or one number for every group
+    (balanced), or "auto": proportional to measured step speed, so that all groups finish a round
+    together, the slowest group taking `tau_min` steps. Parsed into a :class:`Tau` on validation.
+    See hetsgd/algorithms/local_sgd.py."""
+
+    name: str = "local_sgd"
+    tau: Any = "auto"
+    tau_min: int = 1  # tau: auto gives the slowest group this many local steps per round
+    aggregation: str = "uniform"  # uniform (authors' code) | samples | fast_weighted
+    alpha: float = 2.0  # extra weight of fast-group models under fast_weighted
+    biased: BiasedSamplingConfig = field(default_factory=BiasedSamplingConfig)
+    epoch_accounting: str = "examples"  # examples (N consumed) | authors (their round count)
+
+    def __post_init__(self) -> None:
+        one_of("algo.aggregation", self.aggregation, ("uniform", "samples", "fast_weighted"))
+        one_of("algo.epoch_accounting", self.epoch_accounting, ("examples", "authors"))
+        require(self.alpha > 0, "algo.alpha", "a positive weight", self.alpha)
+        require(self.tau_min > 0, "algo.tau_min", "a positive step count", self.tau_min)
+        self.tau = Tau.parse(self.tau)
+
+
+ALGO_SCHEMAS: dict[str, type[AlgoConfig]] = {
+    "sync": SyncConfig, "hogwild": HogwildConfig, "hogbatch": HogbatchConfig,
+    "adaptive": AdaptiveConfig, "local_sgd": LocalSGDConfig}

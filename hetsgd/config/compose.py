@@ -1,0 +1,88 @@
+"""Composing a run's config: the schemas and resolvers registered with Hydra, the YAML tree
+shipped inside the package, and the step from a composed config to checked typed objects."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hetsgd.config.algorithms import ALGO_SCHEMAS
+from hetsgd.config.checks import ConfigError
+from hetsgd.config.schema import (
+    MODEL_SCHEMAS,
+    DatasetConfig,
+    DevicesConfig,
+    RunConfig,
+    SyntheticConfig,
+)
+from hetsgd.machine import cuda_devices, usable_cores
+
+# The config tree ships inside the package; HETSGD_CONF points elsewhere (e.g. a copy with your
+# own mixes and experiments).
+CONF_DIR = Path(os.environ.get("HETSGD_CONF", Path(__file__).resolve().parents[1] / "conf"))
+
+
+def register_configs() -> None:
+    """Register the schemas so that YAML files can name them in their defaults lists, and the
+    resolvers device mixes use: `${hetsgd.cores:}` (one worker per core), `${hetsgd.cores_but:1}`
+    (all cores but one, left to a GPU worker's host thread), `${hetsgd.gpus:}`, and
+    `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes)."""
+    resolvers = {"hetsgd.cores": usable_cores,
+                 "hetsgd.cuda_or": lambda with_cuda, without: with_cuda if cuda_devices() else without,
+                 "hetsgd.cores_but": lambda n: max(1, usable_cores() - int(n)),
+                 "hetsgd.gpus": lambda: max(1, len(cuda_devices()))}
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
+    cs = ConfigStore.instance()
+    # Schemas live under schema/ so that they do not show up as choices of the config groups.
+    cs.store(group="schema", name="run", node=RunConfig)
+    cs.store(group="schema", name="dataset", node=DatasetConfig)
+    cs.store(group="schema/dataset", name="synthetic", node=SyntheticConfig)
+    for model_name, model_schema in MODEL_SCHEMAS.items():
+        cs.store(group="schema/model", name=model_name, node=model_schema)
+    cs.store(group="schema", name="devices", node=DevicesConfig)
+    for algo_name, schema in ALGO_SCHEMAS.items():
+        cs.store(group="schema/algo", name=algo_name, node=schema)
+
+
+def compose_run(overrides: Sequence[str]) -> DictConfig:
+    """The config that `hetsgd run OVERRIDES` composes, for code that is not itself a Hydra job
+    (calibration, torchrun followers, tests, benchmarks)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def _unknown_keys(node: DictConfig, path: str = "") -> list[str]:
+    """Keys that no schema declares (added with `+key=value`): OmegaConf would drop them."""
+    schema = OmegaConf.get_type(node)
+    declared = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) \
+        else None
+    unknown = [f"{path}{key}" for key in node.keys() if declared is not None and key not in declared]
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            unknown += _unknown_keys(child, f"{path}{key}.")
+    return unknown
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """Turn a composed config into typed objects, running every range check."""
+    unknown = _unknown_keys(cfg)
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: no schema has them")
+    try:
+        run = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:  # e.g. a key added with `+` that no schema has
+        raise ConfigError(" ".join(str(exc).split())) from exc
+    assert isinstance(run, RunConfig)
+    return run

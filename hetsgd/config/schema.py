@@ -1,0 +1,300 @@
+"""Typed configuration of one run: the dataclass schemas that hold every default.
+
+Hydra composes the YAML files of ``hetsgd/conf`` on top of these schemas (registered in its
+ConfigStore by :mod:`hetsgd.config.compose`); a YAML file states only what its choice changes.
+An unknown key or a value of the wrong type is rejected during composition; range checks live in
+``__post_init__`` and run when the composed config becomes objects, before any work starts.
+The algorithms' schemas are in :mod:`hetsgd.config.algorithms`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from hetsgd.config.algorithms import AlgoConfig
+from hetsgd.config.checks import one_of, require
+
+TASKS = ("binary", "multiclass", "multilabel")
+
+# --------------------------------------------------------------------------------------------
+# dataset, model, optimizer, budget, evaluation, monitoring
+# --------------------------------------------------------------------------------------------
+
+SCALINGS = ("standard", "maxabs", "none")
+
+
+@dataclass
+class DatasetConfig:
+    """Which data to train on; see ``hetsgd data list`` for the sources."""
+
+    name: str = MISSING
+    path: str | None = None  # a local file (required for `libsvm`, optional override otherwise)
+    task: str = "auto"  # auto: inferred from the labels
+    test_fraction: float = 0.2  # used only where the source has no published test split
+    scale: str = "standard"  # fit on the training part only
+    limit: int | None = None  # keep a seeded, stratified subset of this many training examples
+
+    def __post_init__(self) -> None:
+        one_of("dataset.task", self.task, ("auto", *TASKS))
+        one_of("dataset.scale", self.scale, SCALINGS)
+        require(0.0 < self.test_fraction < 1.0, "dataset.test_fraction", "0 < x < 1",
+                self.test_fraction)
+        require(self.limit is None or self.limit > 0, "dataset.limit", "a positive count",
+                self.limit)
+
+
+@dataclass
+class SyntheticConfig(DatasetConfig):
+    """Generated data of a configurable shape (the `synthetic` source)."""
+
+    name: str = "synthetic"
+    n_samples: int = 10000
+    n_features: int = 100
+    n_classes: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.n_samples > 1, "dataset.n_samples", "at least 2", self.n_samples)
+        require(self.n_features > 0, "dataset.n_features", "at least 1", self.n_features)
+        require(self.n_classes > 1, "dataset.n_classes", "at least 2", self.n_classes)
+
+
+ACTIVATIONS = ("sigmoid", "relu", "tanh")
+
+
+@dataclass
+class ModelConfig:
+    """A model choice; each has its own schema, so a key the chosen model would ignore is an
+    error rather than a silent no-op."""
+
+    name: str = MISSING
+
+
+@dataclass
+class MlpPaperConfig(ModelConfig):
+    """Ma & Rusu's fixed network (8 x 512 sigmoid, no bias, their init): nothing to set."""
+
+    name: str = "mlp_paper"
+
+
+@dataclass
+class MlpConfig(ModelConfig):
+    name: str = "mlp"
+    hidden: list[int] = field(default_factory=lambda: [128, 128])
+    activation: str = "relu"
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        one_of("model.activation", self.activation, ACTIVATIONS)
+        require(all(w > 0 for w in self.hidden), "model.hidden", "positive widths", self.hidden)
+
+
+@dataclass
+class LogregConfig(ModelConfig):
+    name: str = "logreg"
+    bias: bool = True
+
+
+@dataclass
+class CnnConfig(ModelConfig):
+    name: str = "cnn"
+    channels: list[int] = field(default_factory=lambda: [16, 32])  # conv widths
+
+    def __post_init__(self) -> None:
+        require(len(self.channels) > 0 and all(c > 0 for c in self.channels), "model.channels",
+                "a non-empty list of positive widths", self.channels)
+
+
+@dataclass
+class ResNet20Config(ModelConfig):
+    name: str = "resnet20"
+
+
+MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {
+    "mlp_paper": MlpPaperConfig, "mlp": MlpConfig, "logreg": LogregConfig, "cnn": CnnConfig,
+    "resnet20": ResNet20Config}
+
+
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+@dataclass
+class OptimConfig:
+    """Plain SGD. The papers' asynchronous code uses one constant lr for every worker with
+    mean-reduced losses; ``lr_scaling`` rescales it by batch size relative to ``base_batch``."""
+
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_scaling: str = "none"
+    base_batch: int = 1
+    milestones: list[float] = field(default_factory=list)  # epochs at which lr *= lr_decay
+    lr_decay: float = 0.1
+
+    def __post_init__(self) -> None:
+        require(self.lr > 0, "optim.lr", "a positive number", self.lr)
+        require(0 <= self.momentum < 1, "optim.momentum", "0 <= x < 1", self.momentum)
+        require(self.weight_decay >= 0, "optim.weight_decay", "x >= 0", self.weight_decay)
+        one_of("optim.lr_scaling", self.lr_scaling, LR_SCALINGS)
+        require(self.base_batch > 0, "optim.base_batch", "a positive batch size", self.base_batch)
+        require(0 < self.lr_decay <= 1, "optim.lr_decay", "0 < x <= 1", self.lr_decay)
+
+
+@dataclass
+class BudgetConfig:
+    """When training stops: after `epochs` passes over the data, after `seconds` of training, or
+    at whichever comes first when both are set."""
+
+    epochs: float | None = 10.0
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        require(self.epochs is None or self.epochs > 0, "budget.epochs", "a positive number",
+                 self.epochs)
+        require(self.seconds is None or self.seconds > 0, "budget.seconds", "a positive number",
+                 self.seconds)
+        require(self.epochs is not None or self.seconds is not None, "budget",
+                 "set budget.epochs, budget.seconds or both", None)
+
+
+@dataclass
+class EvalConfig:
+    """Snapshots are copied every `every_s` seconds and every `every_epochs` epochs during
+    training (whichever comes first), and evaluated afterwards."""
+
+    every_s: float = 0.5
+    every_epochs: float | None = 0.25
+    train_subset: int = 10000  # training loss is measured on at most this many examples
+    batch_size: int = 4096
+    # Beyond either cap every other snapshot is dropped and the spacing doubles: evaluation
+    # time and memory stay bounded however long the run.
+    max_snapshots: int = 80
+    max_snapshot_mb: float = 1024.0
+
+    def __post_init__(self) -> None:
+        require(self.every_s > 0, "eval.every_s", "a positive number of seconds", self.every_s)
+        require(self.every_epochs is None or self.every_epochs > 0, "eval.every_epochs",
+                 "a positive number of epochs, or null", self.every_epochs)
+        require(self.train_subset > 0, "eval.train_subset", "a positive count", self.train_subset)
+        require(self.batch_size > 0, "eval.batch_size", "a positive count", self.batch_size)
+        require(self.max_snapshots >= 4, "eval.max_snapshots", "at least 4", self.max_snapshots)
+        require(self.max_snapshot_mb > 0, "eval.max_snapshot_mb", "a positive size",
+                 self.max_snapshot_mb)
+
+
+@dataclass
+class MonitorConfig:
+    interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(self.interval_s > 0, "monitor.interval_s", "a positive number of seconds",
+                 self.interval_s)
+
+
+@dataclass
+class DataConfig:
+    """How workers walk the data: a seeded permutation per epoch, or file order (the authors')."""
+
+    shuffle: bool = True
+    on_device: str = "auto"  # GPU workers: copy the whole training set to the device when it fits
+
+    def __post_init__(self) -> None:
+        one_of("data.on_device", self.on_device, ("auto", "always", "never"))
+
+
+# --------------------------------------------------------------------------------------------
+# device mixes
+# --------------------------------------------------------------------------------------------
+
+KINDS = ("cpu", "cuda")
+ROLES = ("auto", "host", "accel")
+
+
+@dataclass
+class GroupConfig:
+    """A group of identical workers. `role` says which code path they take in the asynchronous
+    family: `host` updates the shared master in place (Hogwild), `accel` trains a replica and
+    merges it back (the GPU's path); `auto` is `accel` for cuda and `host` for cpu."""
+
+    kind: str = "cpu"
+    count: int = 1
+    threads: int = 1
+    index: int = 0  # first CUDA device of the group
+    batch_size: int = 32
+    slowdown: float = 1.0  # emulated: sleep (slowdown - 1) x compute time after each step
+    role: str = "auto"
+
+    def __post_init__(self) -> None:
+        one_of("devices.groups.*.kind", self.kind, KINDS)
+        one_of("devices.groups.*.role", self.role, ROLES)
+        require(self.count > 0, "devices.groups.*.count", "at least 1", self.count)
+        require(self.threads > 0, "devices.groups.*.threads", "at least 1", self.threads)
+        require(self.index >= 0, "devices.groups.*.index", "a CUDA device index", self.index)
+        require(self.batch_size > 0, "devices.groups.*.batch_size", "at least 1",
+                 self.batch_size)
+        require(self.slowdown >= 1.0, "devices.groups.*.slowdown", "x >= 1", self.slowdown)
+
+    @property
+    def accel(self) -> bool:
+        return self.role == "accel" or (self.role == "auto" and self.kind == "cuda")
+
+
+@dataclass
+class DevicesConfig:
+    name: str = MISSING
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require(len(self.groups) > 0, "devices.groups", "at least one worker group",
+                 self.groups)
+
+
+
+# --------------------------------------------------------------------------------------------
+# the whole run
+# --------------------------------------------------------------------------------------------
+
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass
+class DistConfig:
+    """torch.distributed, for sync on several workers and for local_sgd. `backend: auto` is NCCL
+    when every rank is a GPU, else gloo (GPU ranks then stage through pinned host buffers). The
+    rendezvous and every collective give up after `timeout_s`, so a dead rank ends the run with an
+    error instead of a hang. On one machine the ranks meet at `master_addr`:`master_port` (null: a
+    free port); under torchrun, torchrun's rendezvous is used instead."""
+
+    backend: str = "auto"
+    timeout_s: float = 60.0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        one_of("dist.backend", self.backend, BACKENDS)
+        require(self.timeout_s > 0, "dist.timeout_s", "a positive number of seconds",
+                 self.timeout_s)
+        require(self.master_port is None or 0 < self.master_port < 65536, "dist.master_port",
+                 "a TCP port, or null for a free one", self.master_port)
+
+
+@dataclass
+class RunConfig:
+    algo: AlgoConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    model: ModelConfig = MISSING
+    devices: DevicesConfig = MISSING
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    seed: int = 0
+    results_dir: str = "results"
+    progress: bool = True
+
+

@@ -1,0 +1,81 @@
+"""The coordinator of a torch.distributed run, on one machine or under torchrun.
+
+On one machine it starts every rank itself (spawned processes meeting at a free port on
+``dist.master_addr``). Across machines, ``torchrun ... -m hetsgd run ...`` starts one
+``hetsgd run`` per rank on every node: global rank 0 runs the whole run as usual (data, this
+coordinator, snapshots, evaluation, the one run directory) but its coordinator starts only
+rank 0; every other rank follows (:mod:`hetsgd.runs.follow`): it trains its rank in-process and
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from hetsgd.config import RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.distributed.group import free_port, torchrun
+from hetsgd.engines.distributed.rank import RankLoop, rank_process
+from hetsgd.engines.shared_memory.coordinator import Coordinator, OnTick, Training
+from hetsgd.engines.shared_memory.counters import WorkerCounters
+from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.model.problem import Problem
+
+# summary.json entries from what rank 0 settled at setup: (world, {column: value per rank}).
+SetupSummary = Callable[[list[WorkerSpec], dict[str, list[float]]], dict]
+
+
+def per_group(world: list[WorkerSpec], values: list[float], total: bool = False
+              ) -> dict[str, float | None]:
+    """Per-rank values by group: their mean (or their sum); None where they are NaN."""
+    out: dict[str, float | None] = {}
+    for group in dict.fromkeys(spec.group for spec in world):
+        mine = [v for spec, v in zip(world, values) if spec.group == group]
+        value = sum(mine) if total else sum(mine) / len(mine)
+        out[group] = None if math.isnan(value) else value
+    return out
+
+
+class DistributedCoordinator(Coordinator):
+    """The coordinator of a distributed run.
+
+    On one machine it starts every rank; under torchrun only global rank 0 (torchrun starts the
+    others on their nodes). Either way it keeps a counters row for every rank, which rank 0
+    fills from the exchanges, and adds what rank 0 settled at setup (``setup_summary(world,
+    columns)``, e.g. the tau that ``tau: auto`` chose) to summary.json. ``publishing``: rank 0 keeps its
+    replica on a GPU and copies it into the master when asked; otherwise it writes the master
+    itself and the coordinator never waits for it.
+    """
+
+    def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
+                 data: SharedData, master: SharedMaster, on_tick: OnTick | None,
+                 loop_type: type[RankLoop], publishing: bool,
+                 setup_summary: SetupSummary) -> None:
+        started_here, launch = specs, torchrun()
+        if launch is not None:
+            started_here = [specs[launch.rank]]  # global rank 0: the other ranks follow()
+        elif cfg.dist.master_port is None:
+            port = free_port(cfg.dist.master_addr)
+            cfg = dataclasses.replace(cfg, dist=dataclasses.replace(cfg.dist, master_port=port))
+        self.columns = loop_type.SETUP_COLUMNS
+        self.setup = torch.full((len(specs), len(self.columns)), math.nan,
+                                dtype=torch.float64).share_memory_()
+        super().__init__(cfg, started_here, problem, data, master, on_tick,
+                         target=partial(rank_process, world=specs, loop_type=loop_type,
+                                        setup=self.setup))
+        self.world, self.setup_summary = specs, setup_summary
+        self.state.counters = WorkerCounters(len(specs))
+        self.publishing = publishing
+
+    def run(self, monitor_factory) -> Training:
+        training = super().run(monitor_factory)
+        training.counters = [self.state.counters.row(spec.rank) for spec in self.world]
+        if not self.setup.isnan().all():
+            columns = dict(zip(self.columns, self.setup.T.tolist()))
+            training.extra = {**training.extra, **self.setup_summary(self.world, columns)}
+        return training

@@ -1,0 +1,83 @@
+"""The one all-reduce of a distributed step or round, and the counters it carries.
+
+Besides the model state it carries the ranks' agreement on when to stop and every rank's
+counters, so rank 0 can fill the coordinator's table without a collective of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hetsgd.engines.distributed.group import Group
+from hetsgd.engines.shared_memory.counters import COUNTERS, CounterRow, WorkerCounters
+
+
+class Ledger(CounterRow):
+    """This rank's counters (a row of ``shared.COUNTERS``), and every rank's as last exchanged.
+
+    Rank 0 writes the world's table into the coordinator's shared counters, so the epoch count,
+    the progress display and workers.csv cover every rank, on one machine or across several.
+    Time spent in collectives (``comm_s``) includes waiting there for slower ranks.
+    """
+
+    def __init__(self, rank: int, batch_size: int, shared: WorkerCounters) -> None:
+        super().__init__(torch.zeros(len(COUNTERS), dtype=torch.float64), batch_size)
+        self.rank = rank
+        self.shared = shared if rank == 0 else None
+
+    def publish(self, table: torch.Tensor) -> None:
+        """Rank 0: the world's counters ([ranks, columns]) into the coordinator's table."""
+        if self.shared is not None:
+            table = table.to("cpu", torch.float64)
+            table[self.rank] = self.row  # its own row is always current
+            self.shared.table.copy_(table)
+
+
+@dataclass
+class Verdict:
+    """What the ranks agreed on at an exchange."""
+
+    stop: bool
+    diverged: bool
+    seconds: float
+
+
+class Exchange:
+    """The one all-reduce of a step (sync) or a round (local SGD).
+
+    The payload is a weighted flat state, two vectors (gradients and floating buffers, or
+    parameters and floating buffers), summed over the ranks; the tail holds a stop flag, a
+    divergence flag and every rank's counters (each rank fills its own row; the sum is the table).
+    """
+
+    def __init__(self, group: Group, ledger: Ledger, sizes: tuple[int, int]) -> None:
+        self.group, self.ledger = group, ledger
+        self.sizes = sizes
+        tail = 2 + group.world_size * len(COUNTERS)
+        self.buffer = group.buffer(sum(sizes) + tail)
+        self.tail = torch.zeros(tail, dtype=torch.float32)
+
+    def __call__(self, first: torch.Tensor, second: torch.Tensor, weight: float, stop: bool,
+                 diverged: bool) -> Verdict:
+        """Sum `weight * (first, second)` over the ranks, in place, and agree on the flags."""
+        started = time.perf_counter()
+        payload = self.buffer[:sum(self.sizes)]
+        parts = payload.split(self.sizes)
+        for part, values in zip(parts, (first, second)):
+            part.copy_(values)
+        payload.mul_(weight)
+        self.tail.zero_()
+        self.tail[0], self.tail[1] = float(stop), float(diverged)
+        columns = len(COUNTERS)
+        start = 2 + self.ledger.rank * columns
+        self.tail[start:start + columns] = self.ledger.row
+        self.buffer[sum(self.sizes):].copy_(self.tail)
+        self.group.all_reduce_(self.buffer)
+        for part, values in zip(parts, (first, second)):
+            values.copy_(part)
+        tail = self.buffer[sum(self.sizes):].to("cpu")
+        self.ledger.publish(tail[2:].view(self.group.world_size, columns))
+        return Verdict(bool(tail[0] > 0), bool(tail[1] > 0), time.perf_counter() - started)

@@ -1,0 +1,111 @@
+"""torch.distributed for the synchronous family: launch mode, rendezvous, backend, timeouts.
+
+Ranks meet in one of two ways. On one machine the coordinator picks a free port on
+``dist.master_addr`` (loopback by default) and starts every rank itself; rank 0 hosts the
+rendezvous (``tcp://``). Across machines ``torchrun`` starts one ``hetsgd run`` per rank on every
+node; its environment says so, and the ranks meet through torchrun's store (``env://``).
+
+Either way the rendezvous and every collective give up after ``dist.timeout_s``, and a collective
+that fails (a peer died, or timed out) raises :class:`RankLost` with one clear line, so a dead
+rank ends the run with an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from hetsgd.config import DistConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.distributed.torchrun import torchrun
+from hetsgd.errors import UserError
+
+
+class RankLost(RuntimeError):
+    """A collective failed: another rank died, or did not answer within dist.timeout_s."""
+
+
+def free_port(addr: str) -> int:
+    """A TCP port that is free on `addr` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        return int(sock.getsockname()[1])
+
+
+def choose_backend(requested: str, specs: list[WorkerSpec]) -> str:
+    """NCCL when every rank is a GPU (or when asked), else gloo; impossible choices are errors."""
+    all_gpus = all(spec.kind == "cuda" for spec in specs)
+    if requested == "nccl" and not all_gpus:
+        raise UserError("dist.backend=nccl needs every rank on a GPU; this mix has CPU ranks "
+                        "(use dist.backend=auto or gloo)")
+    backend = "nccl" if requested == "nccl" or (requested == "auto" and all_gpus) else "gloo"
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise UserError("this torch build has no NCCL: use dist.backend=gloo")
+    return backend
+
+
+def check_world(specs: list[WorkerSpec], devices_name: str) -> None:
+    """Under torchrun, the mix must name exactly one worker per torchrun rank."""
+    launch = torchrun()
+    if launch is not None and launch.world_size != len(specs):
+        raise UserError(f"torchrun started {launch.world_size} rank(s), but devices={devices_name} "
+                        f"has {len(specs)} worker(s): they must match (rank r takes worker r)")
+
+
+class Group:
+    """This rank's membership in the world. Collectives run on the backend's device: the GPU for
+    NCCL, host memory for gloo (a GPU rank's tensors are copied through it)."""
+
+    def __init__(self, cfg: DistConfig, rank: int, specs: list[WorkerSpec]) -> None:
+        self.rank, self.world_size = rank, len(specs)
+        self.timeout_s = cfg.timeout_s
+        self.backend = choose_backend(cfg.backend, specs)
+        device = torch.device(specs[rank].device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self.device = device if self.backend == "nccl" else torch.device("cpu")
+        self.pinned = self.backend == "gloo" and device.type == "cuda"
+        timeout = timedelta(seconds=cfg.timeout_s)
+        if torchrun() is not None:
+            dist.init_process_group(self.backend, init_method="env://", timeout=timeout)
+        else:
+            dist.init_process_group(
+                self.backend, init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
+                rank=rank, world_size=self.world_size, timeout=timeout)
+
+    def buffer(self, size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A buffer on the collective device (pinned host memory for a GPU rank on gloo)."""
+        return torch.zeros(size, dtype=dtype, device=self.device, pin_memory=self.pinned)
+
+    def all_reduce_(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM
+                    ) -> torch.Tensor:
+        """In place, for a tensor on any device (copied through the collective device if needed)."""
+        staged = tensor if tensor.device == self.device else tensor.to(self.device)
+        try:
+            dist.all_reduce(staged, op=op)
+        except RuntimeError as exc:  # gloo and NCCL errors, timeouts included
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RankLost(f"rank {self.rank}: a collective failed (another rank died or did not "
+                           f"answer within dist.timeout_s={self.timeout_s:g} s): {first}") from exc
+        if staged is not tensor:
+            tensor.copy_(staged)
+        return tensor
+
+    def broadcast_from_0(self, tensor: torch.Tensor) -> None:
+        """Every rank gets rank 0's values (a sum in which the other ranks add zeros)."""
+        if self.rank != 0:
+            tensor.zero_()
+        self.all_reduce_(tensor)
+
+    def gather(self, value: float) -> list[float]:
+        """Every rank's `value`, in rank order."""
+        table = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
+        table[self.rank] = value
+        return self.all_reduce_(table).tolist()
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

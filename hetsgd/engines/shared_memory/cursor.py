@@ -1,0 +1,34 @@
+"""The epoch cursor: free workers claim the next chunk of the current epoch from it."""
+
+from __future__ import annotations
+
+import math
+from multiprocessing.synchronize import Lock
+
+import torch
+
+
+class EpochCursor:
+    """Hands out the next chunk of the current epoch to whichever worker asks first.
+
+    One epoch is N examples consumed by all workers together; a chunk never crosses an epoch
+    boundary, so the last chunk of an epoch may be shorter than the asking worker's batch. The
+    budget in examples (``epochs * N``) ends the hand-out.
+    """
+
+    def __init__(self, num_examples: int, epochs: float | None, lock: Lock) -> None:
+        self.num_examples = num_examples
+        self.total = math.inf if epochs is None else round(epochs * num_examples)
+        self._state = torch.zeros(1, dtype=torch.int64).share_memory_()  # examples handed out
+        self._lock = lock
+
+    def claim(self, batch_size: int) -> tuple[int, int, int] | None:
+        """Returns (epoch, start within the epoch's order, size), or None when the budget is spent."""
+        with self._lock:
+            handed = int(self._state[0])
+            if handed >= self.total:
+                return None
+            epoch, start = divmod(handed, self.num_examples)
+            size = int(min(batch_size, self.num_examples - start, self.total - handed))
+            self._state[0] = handed + size
+        return epoch, start, size

@@ -1,0 +1,120 @@
+"""How a worker's step reaches the master model (its "link").
+
+- ``InPlace``: the model's parameters *are* the master in shared memory; each step updates it
+  lock-free (Hogwild). Host workers of the asynchronous family, and the single-device CPU baseline.
+- ``Replica``: the accelerator's path in Hogbatch: copy the master in before each batch, merge the
+  result back after it (``delta`` or ``overwrite``). Runs on a CPU too (the emulated ``accel``).
+- ``Resident``: the model lives on the worker's device and is copied into the master only when the
+  coordinator asks for a snapshot, and at the end. The single-device GPU baseline.
+
+What a step computes (the worker) is kept apart from how its result lands (the link), so an
+algorithm chooses only the link of each worker (a :data:`LinkFactory`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.model.flat import FlatModel
+
+
+class InPlace:
+    """Parameters are views of the shared master: every step lands in it directly."""
+
+    def __init__(self, module: torch.nn.Module, state: SharedState) -> None:
+        self.flat = FlatModel(module, state.master.params, state.master.buffers)
+
+    def before_step(self) -> float:
+        return 0.0
+
+    def after_step(self) -> float:
+        return 0.0
+
+    def finish(self) -> float:
+        return 0.0
+
+
+class Resident:
+    """A private copy on the worker's device, published into the master on request."""
+
+    def __init__(self, module: torch.nn.Module, state: SharedState) -> None:
+        self.flat = FlatModel(module)
+        self.flat.load_(state.master.params.to(self.flat.params.device),
+                        state.master.buffers.to(self.flat.params.device))
+        self.state = state
+
+    def before_step(self) -> float:
+        return 0.0
+
+    def publish(self) -> float:
+        start = time.perf_counter()
+        self.state.master.params.copy_(self.flat.params)
+        self.state.master.buffers.copy_(self.flat.buffers)
+        return time.perf_counter() - start
+
+    def after_step(self) -> float:
+        signals = self.state.signals
+        requested = int(signals.publish_request[0])
+        if requested == int(signals.publish_done[0]):
+            return 0.0
+        seconds = self.publish()
+        signals.publish_done[0] = requested
+        return seconds
+
+    def finish(self) -> float:
+        return self.publish()
+
+
+class Replica:
+    """A device copy refreshed from the master before each batch and merged back after it.
+
+    ``delta`` adds the replica's own change (w_after - w_before) to the master, so CPU updates
+    that landed during the batch survive; ``overwrite`` copies the replica over the master, as the
+    authors' released code does, losing them. Buffers (BatchNorm statistics) are overwritten.
+    """
+
+    def __init__(self, module: torch.nn.Module, state: SharedState, merge: str) -> None:
+        self.flat = FlatModel(module)
+        self.master = state.master
+        self.merge = merge
+        device = self.flat.params.device
+        self.start_params = torch.empty_like(self.flat.params)
+        pin = device.type == "cuda"
+        self.host_delta = torch.empty(self.flat.params.shape, pin_memory=pin)
+        self.host_buffers = torch.empty(self.flat.buffers.shape, pin_memory=pin)
+
+    def before_step(self) -> float:
+        start = time.perf_counter()
+        self.flat.load_(self.master.params, self.master.buffers)
+        if self.merge == "delta":
+            self.start_params.copy_(self.flat.params)
+        return time.perf_counter() - start
+
+    def after_step(self) -> float:
+        start = time.perf_counter()
+        if self.merge == "delta":
+            self.host_delta.copy_(self.flat.params.sub_(self.start_params))
+            self.master.params.add_(self.host_delta)  # lock-free, like every Hogwild update
+        else:
+            self.master.params.copy_(self.flat.params)
+        self.host_buffers.copy_(self.flat.buffers)
+        self.master.buffers.copy_(self.host_buffers)
+        return time.perf_counter() - start
+
+    def finish(self) -> float:
+        return 0.0
+
+
+Link = InPlace | Replica | Resident
+# Chooses each worker's link; algorithms with a replica path pass their own. Must be picklable.
+LinkFactory = Callable[[WorkerSpec, torch.nn.Module, SharedState], Link]
+
+
+def default_link(spec: WorkerSpec, module: torch.nn.Module, state: SharedState) -> Link:
+    """A lone worker: in place on a CPU, resident on a GPU."""
+    return InPlace(module, state) if spec.device == "cpu" else Resident(module, state)

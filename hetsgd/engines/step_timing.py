@@ -1,0 +1,38 @@
+"""How long a training step takes: one measuring loop for calibration and for the ranks that
+set their share of the work from measured speed."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hetsgd.devices import WorkerSpec
+
+
+@dataclass(frozen=True)
+class StepTimer:
+    """Untimed warm-up steps first, then timed ones until there are at least ``min_steps`` of
+    them and they took ``min_seconds`` together, or until ``max_steps``."""
+
+    warmup: int
+    min_steps: int
+    min_seconds: float
+    max_steps: float = math.inf
+
+    def times(self, step: Callable[[int], None], spec: WorkerSpec) -> list[float]:
+        """Wall seconds of each timed call of ``step(i)`` (``i`` counts every call), the emulated
+        slowdown's sleep included: an emulated worker sleeps after each step as in training,
+        since a step that follows a sleep runs slower than one in a tight loop."""
+        timed: list[float] = []
+        calls = 0
+        while len(timed) < self.max_steps and (
+                len(timed) < self.min_steps or sum(timed) < self.min_seconds):
+            started = time.perf_counter()
+            step(calls)
+            spec.emulate(time.perf_counter() - started)
+            if calls >= self.warmup:
+                timed.append(time.perf_counter() - started)
+            calls += 1
+        return timed

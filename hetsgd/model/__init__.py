@@ -1,0 +1,1 @@
+"""Models, losses and the flat-vector SGD step: the training math every engine shares."""

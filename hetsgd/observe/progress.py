@@ -1,0 +1,56 @@
+"""A live progress display for the coordinator: epochs, recent loss and examples/s per group."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from hetsgd.config import RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.shared_memory.counters import WorkerCounters
+
+
+class TrainingProgress:
+    """Shown on stderr by the parent process only; silent when ``progress: false``."""
+
+    REFRESH_S = 0.25
+
+    def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], num_examples: int) -> None:
+        self.specs = specs
+        self.num_examples = num_examples
+        self.epochs = cfg.budget.epochs
+        self.seconds = cfg.budget.seconds
+        self.enabled = cfg.progress
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(), console=Console(stderr=True), disable=not self.enabled)
+        self.task = self.progress.add_task("training", total=100.0, stats="starting workers")
+        self.last_refresh = -1.0
+
+    def __enter__(self) -> TrainingProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.progress.stop()
+
+    def update(self, elapsed_s: float, counters: WorkerCounters) -> None:
+        if not self.enabled or elapsed_s - self.last_refresh < self.REFRESH_S:
+            return
+        self.last_refresh = elapsed_s
+        examples = counters.column("examples").tolist()
+        losses = counters.column("loss").tolist()
+        epoch = sum(examples) / self.num_examples
+        done = [epoch / self.epochs if self.epochs else 0.0,
+                elapsed_s / self.seconds if self.seconds else 0.0]
+        parts = [f"epoch {epoch:.2f}"]
+        for group in dict.fromkeys(s.group for s in self.specs):
+            ranks = [s.rank for s in self.specs if s.group == group]
+            rate = sum(examples[r] for r in ranks) / max(elapsed_s, 1e-9)
+            loss = sum(losses[r] for r in ranks) / len(ranks)
+            parts.append(f"{group}: loss {loss:.4f} {rate:,.0f} ex/s")
+        self.progress.update(self.task, completed=100.0 * min(1.0, max(done)),
+                             stats=" | ".join(parts))

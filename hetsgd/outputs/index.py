@@ -1,0 +1,149 @@
+"""Find run directories under a path and load what they hold (the layout in docs/architecture.md).
+
+Reports and figures are built from these files alone, so nothing is ever rerun. A run directory
+is any folder holding ``summary.json``; a sweep directory is any folder holding ``multirun.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from hetsgd.errors import UserError
+from hetsgd.outputs.run_directory import SUMMARY
+
+MULTIRUN = "multirun.yaml"
+OVERRIDES = Path(".hydra") / "overrides.yaml"
+
+#: Overrides that do not make a run a variant of its setting: those saying which row, comparison
+#: or seed it belongs to, and those that change only where or how it reports.
+NOT_A_SETTING = frozenset({"algo", "dataset", "model", "devices", "seed", "progress",
+                           "results_dir"})
+
+#: Columns each CSV must have for the report and the plots to use it.
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "convergence": ("time_s", "epoch", "train_loss"),
+    "utilization": ("time_s", "cpu_percent"),
+    "workers": ("worker", "group"),
+    "batches": ("time_s", "worker", "batch_size"),
+}
+
+
+def _directory(path: Path) -> Path:
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory")
+    return path
+
+
+def _natural(path: Path) -> list[tuple[int, int | str]]:
+    """Sort key that puts job ``2_...`` before job ``10_...``."""
+    return [(0, int(chunk)) if chunk.isdigit() else (1, chunk)
+            for chunk in re.split(r"(\d+)", str(path)) if chunk]
+
+
+def find_runs(path: Path) -> list[Path]:
+    """Every run directory at or below ``path``, in natural path order."""
+    return sorted((file.parent for file in _directory(path).rglob(SUMMARY)), key=_natural)
+
+
+def find_sweeps(path: Path) -> list[Path]:
+    """Every sweep directory at or below ``path``, in natural path order."""
+    return sorted((file.parent for file in _directory(path).rglob(MULTIRUN)), key=_natural)
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """The run's summary. An unreadable file reads as a failed run that says why, so that one
+    broken run is listed instead of hiding every other run of a report."""
+    file = Path(run_dir) / SUMMARY
+    if not file.exists():
+        return {"status": "failed", "error": f"no {SUMMARY}: the run stopped before writing it"}
+    try:
+        summary = json.loads(file.read_text())
+        if not isinstance(summary, dict):
+            raise TypeError("not a JSON object")
+    except (OSError, ValueError, TypeError) as err:
+        return {"status": "failed", "error": f"unreadable {SUMMARY}: {err}"}
+    return summary
+
+
+def read_overrides(run_dir: Path) -> list[str]:
+    """The Hydra overrides the run was started with (``[]`` when it has no ``.hydra/``)."""
+    file = Path(run_dir) / OVERRIDES
+    if not file.exists():
+        return []
+    try:
+        overrides = yaml.safe_load(file.read_text()) or []
+    except (OSError, yaml.YAMLError) as err:
+        raise UserError(f"cannot read {file}: {err}".splitlines()[0]) from err
+    if not isinstance(overrides, list):
+        raise UserError(f"cannot read {file}: expected a list of overrides")
+    return [str(o) for o in overrides]
+
+
+def override_key(override: str) -> str:
+    """``+optim.lr=0.1`` -> ``optim.lr``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def settings(overrides: Iterable[str]) -> frozenset[str]:
+    """The overrides that change what a run does beyond its row, comparison and seed (say
+    ``optim.lr=0.05``)."""
+    return frozenset(o for o in overrides if override_key(o) not in NOT_A_SETTING)
+
+
+def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
+    """One row per run: ``summary.json`` flattened with dots (``final.train_loss``,
+    ``update_share.cpu``, ``time_to_target.0.9``), plus ``run_dir`` (where the run is now)
+    and ``overrides`` (a tuple)."""
+    rows = []
+    for run_dir in run_dirs:
+        row: dict[str, Any] = {key: None for key in ("algo", "dataset", "model", "devices", "seed")}
+        row.update(status="unknown", error=None, emulated=False)
+        row.update(_flatten(read_summary(run_dir)))
+        row.update(run_dir=str(run_dir), overrides=tuple(read_overrides(run_dir)))
+        row["emulated"] = bool(row["emulated"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def index_runs(path: Path) -> pd.DataFrame:
+    """:func:`index_dirs` over every run directory under ``path``."""
+    run_dirs = find_runs(path)
+    if not run_dirs:
+        raise UserError(f"no runs under {path} (a run directory holds {SUMMARY})")
+    return index_dirs(run_dirs)
+
+
+def load_csv(run_dir: Path, name: str) -> pd.DataFrame | None:
+    """``<run_dir>/<name>.csv`` (convergence, utilization, workers or batches), or None when the
+    run did not write it (a failed run, a run without GPUs' batches...)."""
+    file = Path(run_dir) / f"{name}.csv"
+    if not file.exists():
+        return None
+    try:
+        frame = pd.read_csv(file)
+    except pd.errors.EmptyDataError:  # written with no rows: nothing to draw or count
+        return None
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read {file}: {err}".splitlines()[0]) from err
+    missing = [c for c in REQUIRED_COLUMNS.get(name, ()) if c not in frame.columns]
+    if missing:
+        raise UserError(f"{file} lacks the column(s) {', '.join(missing)}")
+    return frame

@@ -1,0 +1,169 @@
+"""Figures in the papers' style, drawn from the files of run directories alone (no rerun).
+
+Per run, see :mod:`hetsgd.outputs.run_figures`. Per comparison (same dataset and model, see
+:mod:`hetsgd.outputs.report`): the same curves with one line per algorithm and device mix, the
+mean over seeds with a min-max band, on the comparison's normalized scale.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from hetsgd.outputs.figure_style import (
+    ALGO_COLORS,
+    BAND,
+    GRID_POINTS,
+    LINESTYLES,
+    LOSS_AXES,
+    SIZE,
+    SPARE_COLORS,
+    check_formats,
+    legend,
+    new_figure,
+    normalized_axes,
+    save,
+    share_bars,
+    styled,
+)
+from hetsgd.outputs.index import SUMMARY, find_sweeps, index_dirs, index_runs
+from hetsgd.outputs.report import Comparison, aggregate, comparisons, devices_label, row_label
+from hetsgd.outputs.run_figures import plot_run
+
+
+def _band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
+    """Mean, min and max over curves on a common grid; a curve counts up to where it ends."""
+    end = max(x[-1] for x, _ in curves)
+    grid = np.linspace(0.0, end, GRID_POINTS)
+    ys = np.vstack([np.where(grid <= x[-1], np.interp(grid, x, y), np.nan) for x, y in curves])
+    return grid, np.nanmean(ys, axis=0), np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
+
+
+def _styles(comp: Comparison, table: pd.DataFrame) -> list[dict[str, Any]]:
+    """Colour by algorithm, line style by device mix (and variant), the same in every figure."""
+    spare = iter(SPARE_COLORS * 4)
+    colors = {a: ALGO_COLORS.get(a) or next(spare) for a in sorted(set(table["algo"]))}
+    mixes = sorted(set(zip(table["devices"], table["variant"], strict=True)))
+    return [{"color": colors[row["algo"]], "linestyle":
+             LINESTYLES[mixes.index((row["devices"], row["variant"])) % len(LINESTYLES)]}
+            for _, row in table.iterrows()]
+
+
+def _row_curves(comp: Comparison, row: pd.Series, axis: str,
+                column: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The row's completed runs' (axis, column) curves, NaN snapshots left out."""
+    runs = comp.runs
+    mine = runs[(runs["algo"] == row["algo"]) & (runs["devices"] == row["devices"])
+                & (runs["variant"] == row["variant"])]
+    curves = []
+    for run_dir in mine["run_dir"]:
+        curve = comp.curves.get(run_dir)
+        if curve is not None and column in curve:
+            part = curve[[axis, column]].dropna()
+            if len(part):
+                curves.append((part[axis].to_numpy(float), part[column].to_numpy(float)))
+    return curves
+
+
+def _comparison_curves(comp: Comparison, table: pd.DataFrame, axis: str, column: str,
+                       ax: Axes) -> bool:
+    drawn = False
+    for (_, row), style in zip(table.iterrows(), _styles(comp, table), strict=True):
+        curves = _row_curves(comp, row, axis, column)
+        if not curves:
+            continue
+        grid, mean, low, high = _band(curves)
+        ax.plot(grid, mean, linewidth=1.6, label=f"{row_label(row)}  (n={len(curves)})",
+                **style)
+        if len(curves) > 1:
+            ax.fill_between(grid, low, high, color=style["color"], alpha=0.15, linewidth=0)
+        drawn = True
+    return drawn
+
+
+def _tick_label(row: pd.Series) -> str:
+    """Algorithm, device mix and each override of the variant on lines of their own."""
+    return "\n".join([row["algo"], devices_label(row["devices"], row["emulated"]),
+                      *row["variant"].split()])
+
+
+def _comparison_title(comp: Comparison, table: pd.DataFrame, what: str) -> str:
+    mixes = sorted({devices_label(r["devices"], r["emulated"]) for _, r in table.iterrows()})
+    return f"{comp.title}: {what}\ndevices: {', '.join(mixes)}; {BAND}"
+
+
+def _comparison_figures(comp: Comparison) -> list[tuple[str, Figure]]:
+    table = aggregate(comp)
+    table = table[table["n"] > 0].reset_index(drop=True)
+    if table.empty:
+        return []
+    figures = []
+    best = "—" if comp.l_best is None else f"{comp.l_best:.4g}"
+    for axis, xlabel, name in LOSS_AXES:
+        fig, ax = new_figure()
+        if _comparison_curves(comp, table, axis, "normalized", ax):
+            normalized_axes(ax, xlabel, _comparison_title(
+                comp, table, f"normalized loss vs {xlabel.split(' [')[0]} (L_best = {best})"))
+            figures.append((name, fig))
+    fig, ax = new_figure()
+    if _comparison_curves(comp, table, "time_s", "test_acc", ax):
+        ax.set_xlim(left=0)
+        ax.set(xlabel="wall time [s]", ylabel="test accuracy",
+               title=_comparison_title(comp, table, "test accuracy vs wall time"))
+        legend(ax)
+        figures.append(("accuracy_vs_time", fig))
+    if comp.groups:
+        fig, ax = new_figure(max(SIZE[0], 1.5 * len(table) + 1.0))
+        shares = [[f"share_{g}_mean", f"share_{g}_std"] for g in comp.groups]
+        share_bars(ax, [_tick_label(row) for _, row in table.iterrows()],
+                    comp.groups, table[[m for m, _ in shares]].to_numpy(float),
+                    table[[s for _, s in shares]].to_numpy(float))
+        ax.set_title(_comparison_title(comp, table, "update share per worker group")
+                     .replace("band = min-max", "error bar = std"))
+        figures.append(("update_shares", fig))
+    return figures
+
+
+def _suffixes(comps: list[Comparison]) -> list[str]:
+    """File-name suffix per comparison: the dataset, plus the model when the dataset has more
+    than one."""
+    datasets = [c.dataset for c in comps]
+    names = [c.dataset if datasets.count(c.dataset) == 1 else f"{c.dataset}_{c.model}"
+             for c in comps]
+    return [re.sub(r"[^\w.+-]", "_", name) for name in names]
+
+
+@styled
+def plot_comparison(runs: pd.DataFrame | Iterable[Path], out_dir: Path,
+                    formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Comparison figures (``loss_vs_time_<dataset>`` ...) for the runs given as an index
+    (:func:`hetsgd.outputs.index.index_runs`) or as run directories, into ``out_dir``."""
+    formats = check_formats(formats)
+    index = runs if isinstance(runs, pd.DataFrame) else index_dirs(runs)
+    comps = comparisons(index)
+    return [path for comp, suffix in zip(comps, _suffixes(comps), strict=True)
+            for name, fig in _comparison_figures(comp)
+            for path in save(fig, Path(out_dir), f"{name}_{suffix}", formats)]
+
+
+def plot_all(path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Redraw everything under ``path``: each run's figures, then comparison figures into
+    ``figures/`` of each sweep and of ``path`` itself (unless it is a single run)."""
+    path, formats = Path(path), check_formats(formats)
+    index = index_runs(path)
+    written = [p for run_dir in index["run_dir"] for p in plot_run(Path(run_dir), formats)]
+    if (path / SUMMARY).exists():
+        return written
+    for where in sorted(set(find_sweeps(path)) | {path}):
+        inside = index.loc[np.array([Path(d).is_relative_to(where) for d in index["run_dir"]],
+                                    dtype=bool)]
+        if not inside.empty:
+            written += plot_comparison(inside, where / "figures", formats)
+    return written

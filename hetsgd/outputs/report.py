@@ -1,0 +1,335 @@
+"""Comparison tables from run directories, built from their files alone.
+
+A *comparison* is the set of runs with the same dataset and model: their losses are on one scale.
+Within it, every run's normalized loss is recomputed as (L0 - L) / (L0 - L_best), L0 the run's own
+initial training loss and L_best the lowest training loss reached by any completed run of the
+comparison, so that "0.9" means the same loss for every algorithm and device mix (a run's own
+``normalized_loss`` column uses its own best instead). Time and epochs to a target are
+interpolated linearly between the two snapshots around the first crossing.
+
+A row of a table is one algorithm on one device mix and one variant: the overrides, other than
+algo, devices, dataset, model and seed, that not every run of the comparison shares (such as
+``optim.lr=0.05``). Its numbers are mean ± standard deviation over its completed runs (seeds).
+Runs that did not complete are counted in the status column and listed with their errors, not
+averaged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hetsgd.errors import UserError
+from hetsgd.outputs.index import index_runs, load_csv, settings
+from hetsgd.outputs.metrics import TARGETS, crossing, normalized_loss
+
+ROW_KEYS = ("algo", "devices", "variant")
+IDENTITY = ("algo", "devices", "dataset", "model", "seed")
+#: Table order of the papers' algorithms; others follow alphabetically.
+ALGO_ORDER = ("sync", "hogwild", "hogbatch", "adaptive", "local_sgd")
+DASH = "—"
+
+#: (column, table header, number format) of the per-run metrics, in table order.
+METRICS: tuple[tuple[str, str, str], ...] = (
+    *((f"time_to_{t}", f"t@{t} [s]", ".2f") for t in TARGETS),
+    *((f"epochs_to_{t}", f"ep@{t}", ".2f") for t in TARGETS),
+    ("train_loss", "train loss", ".4f"),
+    ("test_loss", "test loss", ".4f"),
+    ("test_acc", "test acc", ".3f"),
+)
+#: Utilization metrics, shown after the update shares.
+UTILIZATION: tuple[tuple[str, str, str], ...] = (
+    ("cpu_util", "CPU util [%]", ".0f"),
+    ("gpu_util", "GPU util [%]", ".0f"),
+)
+SHARE_PREFIX = "update_share."
+
+
+@dataclass
+class Comparison:
+    """The runs of one dataset and model, with their curves on one normalized scale."""
+
+    dataset: str
+    model: str
+    runs: pd.DataFrame  # rows of the index, any status
+    curves: dict[str, pd.DataFrame]  # run_dir -> convergence.csv plus a `normalized` column
+    l_best: float | None
+
+    @property
+    def title(self) -> str:
+        return f"{self.dataset} · {self.model}"
+
+    @property
+    def groups(self) -> list[str]:
+        """Worker groups that some run of the comparison reports an update share for."""
+        cols = [c for c in self.runs.columns if c.startswith(SHARE_PREFIX)]
+        return [c[len(SHARE_PREFIX):] for c in cols if self.runs[c].notna().any()]
+
+
+def _plain(value: object) -> str:
+    """A summary value as text: '' for missing, ``1`` for a seed that pandas made ``1.0``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def devices_label(devices: object, emulated: object) -> str:
+    marked = emulated and "emulated" not in str(devices)
+    return f"{devices}{' (emulated)' if marked else ''}"
+
+
+def row_label(row: pd.Series) -> str:
+    """``hogbatch · cpu+gpu (emulated)``, plus the variant's overrides if any."""
+    label = f"{row['algo']} · {devices_label(row['devices'], row['emulated'])}"
+    return f"{label} [{row['variant']}]" if row["variant"] else label
+
+
+def _row_order(frame: pd.DataFrame) -> pd.DataFrame:
+    rank = {algo: i for i, algo in enumerate(ALGO_ORDER)}
+    order = frame["algo"].map(lambda a: rank.get(a, len(rank)))
+    return (frame.assign(_rank=order).sort_values(["_rank", "algo", "devices", "variant"])
+            .drop(columns="_rank").reset_index(drop=True))
+
+
+def variants(overrides: pd.Series) -> pd.Series:
+    """Per run (a tuple of overrides each), the settings that not every run shares, sorted and
+    space-joined ('' for none), so a sweep-wide ``budget.epochs=3`` does not split rows."""
+    own = overrides.map(settings)
+    common = frozenset.intersection(*own) if len(own) else frozenset()
+    return own.map(lambda mine: " ".join(sorted(mine - common)))
+
+
+def comparisons(index: pd.DataFrame) -> list[Comparison]:
+    """Group the index by dataset and model, name each run's variant and put every completed
+    run's curve on the comparison's normalized scale. Runs that do not name their dataset and
+    model are left out."""
+    known = index[index["dataset"].notna() & index["model"].notna()].copy()
+    known["algo"] = known["algo"].fillna("?")
+    known["devices"] = known["devices"].fillna("?")
+    result = []
+    for (dataset, model), group in known.groupby(["dataset", "model"], sort=True):
+        runs = group.assign(variant=variants(group["overrides"]))
+        raw = {}
+        for run_dir in runs.loc[runs["status"] == "completed", "run_dir"]:
+            frame = load_csv(Path(run_dir), "convergence")
+            if frame is not None and frame["train_loss"].notna().any():
+                raw[run_dir] = frame
+        losses = [f["train_loss"][np.isfinite(f["train_loss"])] for f in raw.values()]
+        l_best = min((float(s.min()) for s in losses if len(s)), default=None)
+        curves = {run_dir: frame.assign(normalized=normalized_loss(
+            frame["train_loss"], float(frame["train_loss"].iloc[0]), l_best))
+            for run_dir, frame in raw.items()}
+        result.append(Comparison(str(dataset), str(model), _row_order(runs), curves, l_best))
+    return result
+
+
+def run_metrics(comp: Comparison) -> pd.DataFrame:
+    """One row per run of the comparison; the metrics are NaN except for completed runs."""
+    rows = []
+    for _, run in comp.runs.iterrows():
+        row = {key: run[key] for key in (*ROW_KEYS, "emulated", "status")}
+        if run["status"] == "completed":
+            curve = comp.curves.get(run["run_dir"])
+            for target in TARGETS:
+                for axis, name in (("time_s", "time_to"), ("epoch", "epochs_to")):
+                    hit = None if curve is None else crossing(
+                        curve[axis], curve["normalized"], target)
+                    row[f"{name}_{target}"] = math.nan if hit is None else hit
+            for key in ("train_loss", "test_loss", "test_acc"):
+                row[key] = run.get(f"final.{key}")
+            row["cpu_util"] = run.get("utilization.cpu_mean")
+            row["gpu_util"] = run.get("utilization.gpu_mean")
+            for group in comp.groups:
+                row[f"share_{group}"] = run.get(f"{SHARE_PREFIX}{group}")
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    for col in _metric_columns(comp):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce") if col in frame else math.nan
+    return frame
+
+
+def _metric_columns(comp: Comparison) -> list[str]:
+    return [col for col, _, _ in METRICS + UTILIZATION] + [f"share_{g}" for g in comp.groups]
+
+
+def _status_text(statuses: pd.Series) -> str:
+    counts = Counter(statuses)
+    done = counts.pop("completed", 0)
+    text = f"{done}/{len(statuses)} completed"
+    return ", ".join([text, *(f"{n} {status}" for status, n in sorted(counts.items()))])
+
+
+def aggregate(comp: Comparison) -> pd.DataFrame:
+    """One row per (algo, devices, variant): ``n`` completed runs, ``runs`` in all, a status
+    text, and ``<metric>_mean``, ``<metric>_std`` (NaN for one run) and ``<metric>_n`` (how many
+    runs have the metric: fewer than ``n`` when some seeds never reached a target)."""
+    metrics = run_metrics(comp)
+    rows = []
+    for keys, runs in metrics.groupby(list(ROW_KEYS), sort=False):
+        row = dict(zip(ROW_KEYS, keys, strict=True))
+        row.update(emulated=bool(runs["emulated"].any()), n=int((runs["status"] == "completed")
+                   .sum()), runs=len(runs), status=_status_text(runs["status"]))
+        for col in _metric_columns(comp):
+            values = runs[col].dropna()
+            row.update({f"{col}_mean": values.mean() if len(values) else math.nan,
+                        f"{col}_std": values.std() if len(values) > 1 else math.nan,
+                        f"{col}_n": len(values)})
+        rows.append(row)
+    return _row_order(pd.DataFrame(rows))
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """``"algo=sync devices=gpu"`` -> ``{"algo": "sync", "devices": "gpu"}``."""
+    pairs = [token.split("=", 1) for token in text.split()]
+    if not pairs or any(len(pair) != 2 or not pair[0] for pair in pairs):
+        raise UserError(f"a baseline is key=value pairs such as 'algo=sync devices=gpu', "
+                        f"not {text!r}")
+    return dict(pairs)  # type: ignore[arg-type]
+
+
+def _baseline_row(comp: Comparison, table: pd.DataFrame, selector: str | None) -> int | None:
+    """Index into ``table`` of the baseline row. Default: the comparison's sync row (preferring
+    plain over variants and the mix named gpu over others, as in the papers)."""
+    usable = table[table["n"] > 0]
+    if selector is None:
+        sync = usable[usable["algo"] == "sync"]
+        if sync.empty:
+            return None
+        prefer = sorted(sync.index, key=lambda i: (sync.at[i, "variant"] != "",
+                                                   sync.at[i, "devices"] != "gpu", i))
+        return int(prefer[0])
+    wanted = parse_selector(selector)
+    unknown = [key for key in wanted if key not in comp.runs.columns]
+    if unknown:
+        raise UserError(f"baseline key {unknown[0]!r} is not a summary.json key "
+                        "(use e.g. algo, devices, seed)")
+    match = comp.runs[comp.runs["status"] == "completed"]
+    for key, value in wanted.items():
+        match = match[match[key].map(_plain) == value]
+    matched = set(match[list(ROW_KEYS)].itertuples(index=False, name=None))
+    hits = [i for i, row in usable.iterrows() if tuple(row[list(ROW_KEYS)]) in matched]
+    return int(hits[0]) if hits else None
+
+
+def add_speedup(comp: Comparison, table: pd.DataFrame, selector: str | None) -> str:
+    """Add ``speedup`` (baseline t@0.9 / row t@0.9) and ``baseline`` columns to ``table`` and
+    return the sentence that names the baseline."""
+    first = f"time_to_{TARGETS[0]}_mean"
+    table["baseline"] = False
+    table["speedup"] = math.nan
+    base = _baseline_row(comp, table, selector)
+    how = f"matching '{selector}'" if selector else "default: the comparison's sync run"
+    if base is None:
+        return f"No baseline ({how}) in this comparison: no speedups."
+    table.loc[base, "baseline"] = True
+    name = row_label(table.loc[base])
+    base_time = table.at[base, first]
+    if not np.isfinite(base_time):
+        return f"Baseline {name} ({how}) never reached {TARGETS[0]}: no speedups."
+    table["speedup"] = base_time / table[first]
+    return f"Speedup = baseline t@{TARGETS[0]} / row t@{TARGETS[0]}; baseline: {name} ({how})."
+
+
+def _number(value: float, fmt: str) -> str:
+    return format(value, fmt) if np.isfinite(value) else DASH
+
+
+def _cell(row: pd.Series, col: str, fmt: str) -> str:
+    """``mean ± std`` over the runs that have the metric; ``(k/n)`` when only some have it."""
+    mean, std, count = row[f"{col}_mean"], row[f"{col}_std"], row[f"{col}_n"]
+    if not np.isfinite(mean):
+        return DASH
+    text = _number(mean, fmt) + (f" ± {_number(std, fmt)}" if np.isfinite(std) else "")
+    return text + (f" ({count}/{row['n']})" if count < row["n"] else "")
+
+
+def _shares(row: pd.Series, groups: list[str]) -> str:
+    parts = []
+    for group in groups:
+        mean, std = row[f"share_{group}_mean"], row[f"share_{group}_std"]
+        if np.isfinite(mean):
+            spread = f"±{std:.2f}" if np.isfinite(std) else ""
+            parts.append(f"{group} {mean:.2f}{spread}")
+    return " / ".join(parts) or DASH
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    return "\n".join([line(headers), line(["---"] * len(headers)), *map(line, rows)])
+
+
+def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: str) -> str:
+    with_variant = bool((table["variant"] != "").any())
+    headers = ["algo", "devices", *(["setting"] if with_variant else []), "n", "status",
+               *(header for _, header, _ in METRICS), "update share",
+               *(header for _, header, _ in UTILIZATION), "speedup"]
+    rows = []
+    for _, row in table.iterrows():
+        rows.append([row["algo"], devices_label(row["devices"], row["emulated"]),
+                     *([row["variant"] or DASH] if with_variant else []), str(row["n"]),
+                     row["status"], *(_cell(row, col, fmt) for col, _, fmt in METRICS),
+                     _shares(row, comp.groups),
+                     *(_cell(row, col, fmt) for col, _, fmt in UTILIZATION),
+                     _number(row["speedup"], ".2f")])
+    best = DASH if comp.l_best is None else f"{comp.l_best:.4g}"
+    return "\n\n".join([
+        f"## {comp.title}",
+        (f"Normalized loss = (L0 - L) / (L0 - L_best), L0 each run's initial training loss and "
+         f"L_best = {best}, the lowest training loss reached by any completed run of this "
+         f"comparison (same dataset and model). Times are training wall time, interpolated "
+         f"between snapshots; mean ± std over the n completed runs (seeds). {baseline_text}"),
+        markdown_table(headers, rows)])
+
+
+def _failed_markdown(index: pd.DataFrame, root: Path) -> str:
+    failed = index[index["status"] != "completed"]
+    if failed.empty:
+        return ""
+    lines = ["## Failed runs", ""]
+    for _, run in failed.iterrows():
+        where = Path(run["run_dir"]).resolve()
+        rel = where.relative_to(root) if where.is_relative_to(root) else where
+        what = ", ".join(f"{key} {_plain(run[key])}" for key in IDENTITY if _plain(run[key]))
+        error = " ".join((_plain(run["error"]) or "no error recorded").split())
+        lines.append(f"- `{rel}` ({what}): **{run['status']}**: {error}")
+    return "\n".join(lines)
+
+
+def build_report(index: pd.DataFrame, root: Path,
+                 baseline: str | None = None) -> tuple[str, pd.DataFrame]:
+    """The markdown report and its numbers (one row per comparison row) for the runs of
+    ``index``; ``root`` is where failed runs' paths are shown relative to."""
+    root = Path(root).resolve()
+    sections = [f"# hetsgd report: {root.name or root}"]
+    tables = []
+    for comp in comparisons(index):
+        table = aggregate(comp)
+        text = add_speedup(comp, table, baseline)
+        sections.append(comparison_markdown(comp, table, text))
+        tables.append(table.assign(dataset=comp.dataset, model=comp.model, l_best=comp.l_best))
+    sections.append(_failed_markdown(index, root))
+    numbers = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    if not numbers.empty:
+        first = ["dataset", "model", "l_best", "algo", "devices", "emulated", "variant", "n",
+                 "runs", "status", "baseline", "speedup"]
+        numbers = numbers[first + [c for c in numbers.columns if c not in first]]
+    return "\n\n".join(s for s in sections if s) + "\n", numbers
+
+
+def write_report(path: Path, baseline: str | None = None) -> str:
+    """Report on every run under ``path`` (a run, a sweep or all of ``results/``): write
+    ``report.md`` and ``report.csv`` into ``path`` and return the markdown."""
+    path = Path(path)
+    markdown, numbers = build_report(index_runs(path), path, baseline)
+    (path / "report.md").write_text(markdown)
+    numbers.to_csv(path / "report.csv", index=False)
+    return markdown

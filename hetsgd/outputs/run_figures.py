@@ -1,0 +1,160 @@
+"""One run's figures (``<run>/figures/``), from its files alone: normalized loss against wall
+time and against epochs, CPU and GPU utilization over time with the epoch boundaries, update
+shares per worker group, the adaptive batch sizes and test accuracy."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from hetsgd.outputs.figure_style import (
+    GPU_COLORS,
+    GROUP_COLORS,
+    LOSS_AXES,
+    check_formats,
+    legend,
+    new_figure,
+    normalized_axes,
+    save,
+    styled,
+)
+from hetsgd.outputs.index import load_csv, read_summary
+from hetsgd.outputs.metrics import normalized_loss
+from hetsgd.outputs.report import devices_label
+
+
+def run_title(summary: dict[str, Any]) -> str:
+    """``digits · mlp: hogbatch on cpu+gpu (emulated), seed 0``, plus the status when the run
+    did not complete."""
+    mix = devices_label(summary.get("devices", "?"), summary.get("emulated"))
+    status = summary.get("status")
+    return (f"{summary.get('dataset', '?')} · {summary.get('model', '?')}: "
+            f"{summary.get('algo', '?')} on {mix}, seed {summary.get('seed', '?')}"
+            + ("" if status == "completed" else f" [{status}]"))
+
+
+def _epoch_times(conv: pd.DataFrame | None) -> np.ndarray:
+    """Wall times at which each whole epoch ended, interpolated from the snapshots."""
+    if conv is None or conv.empty:
+        return np.array([])
+    last = conv["epoch"].max()
+    ends = np.arange(1, math.floor(last) + 1) if np.isfinite(last) else np.array([])
+    return np.interp(ends, conv["epoch"], conv["time_s"])
+
+
+def _run_loss(conv: pd.DataFrame, axis: str, xlabel: str, title: str) -> Figure:
+    fig, ax = new_figure()
+    loss = conv["train_loss"]
+    norm = normalized_loss(loss, float(loss.iloc[0]), float(loss.min()))
+    ax.plot(conv[axis], norm, marker="o", markersize=2.5, linewidth=1.4, color="tab:blue")
+    normalized_axes(ax, xlabel, f"{title}\nnormalized loss vs {xlabel.split(' [')[0]} "
+                                 f"(L_best = this run's best)")
+    return fig
+
+
+def _run_accuracy(conv: pd.DataFrame, title: str) -> Figure:
+    fig, ax = new_figure()
+    acc = conv[["time_s", "test_acc"]].dropna()
+    ax.plot(acc["time_s"], acc["test_acc"], marker="o", markersize=2.5, color="tab:green")
+    ax.set_xlim(left=0)
+    ax.set(xlabel="wall time [s]", ylabel="test accuracy",
+           title=f"{title}\ntest accuracy vs wall time")
+    return fig
+
+
+def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str) -> Figure:
+    fig, ax = new_figure()
+    cores = [c for c in util.columns if re.fullmatch(r"cpu\d+_percent", c)]
+    ax.plot(util["time_s"], util["cpu_percent"], label="host CPU", color="tab:blue")
+    if "workers_cpu_percent" in util and cores:
+        ax.plot(util["time_s"], util["workers_cpu_percent"] / len(cores), color="tab:cyan",
+                linestyle="--", label=f"workers' CPU\n(of all {len(cores)} cores)")
+    gpus = sorted((c for c in util.columns if re.fullmatch(r"gpu\d+_util", c)),
+                  key=lambda c: int(c[3:-5]))
+    for i, col in enumerate(gpus):
+        ax.plot(util["time_s"], util[col], label=f"GPU {col[3:-5]}",
+                color=GPU_COLORS[i % len(GPU_COLORS)])
+    for k, t in enumerate(_epoch_times(conv)):
+        ax.axvline(t, color="0.4", linestyle=":", linewidth=0.9,
+                   label="epoch boundary" if k == 0 else None)
+    ax.set_ylim(0, max(105.0, ax.get_ylim()[1]))
+    ax.set_xlim(left=0)
+    gpu_note = "" if gpus else " (no GPU columns)"
+    ax.set(xlabel="wall time [s]", ylabel="utilization [%]",
+           title=f"{title}\nCPU and GPU utilization{gpu_note}")
+    legend(ax)
+    return fig
+
+
+def _run_shares(shares: dict[str, float], counts: dict[str, int], title: str) -> Figure:
+    """A bar per worker group, labelled with its share and its number of updates."""
+    fig, ax = new_figure()
+    groups = list(shares)
+    bars = ax.bar(groups, [shares[g] or 0.0 for g in groups], width=0.6,
+                  color=[GROUP_COLORS[j % len(GROUP_COLORS)] for j in range(len(groups))])
+    ax.bar_label(bars, [f"{shares[g] or 0.0:.2f}" + (f"  ({counts[g]:,} updates)" if g in counts
+                                                      else "") for g in groups],
+                 fontsize=8, padding=2)
+    ax.set_ylim(0, 1.12)
+    ax.grid(axis="x", visible=False)
+    ax.set(xlabel="worker group", ylabel="share of model updates",
+           title=f"{title}\nupdate share per worker group")
+    return fig
+
+
+def _run_batches(batches: pd.DataFrame, end_s: float, title: str) -> Figure:
+    """Each worker's batch size as a step line, its last size held until the run's end."""
+    fig, ax = new_figure()
+    for i, (worker, rows) in enumerate(batches.groupby("worker", sort=True)):
+        rows = rows.sort_values("time_s")
+        group = rows["group"].iloc[0] if "group" in rows else "?"
+        times = [*rows["time_s"], max(end_s, rows["time_s"].iloc[-1])]
+        sizes = [*rows["batch_size"], rows["batch_size"].iloc[-1]]
+        ax.step(times, sizes, where="post", label=f"worker {worker} ({group})",
+                color=GROUP_COLORS[i % len(GROUP_COLORS)])
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.set_xlim(left=0)
+    ax.set(xlabel="wall time [s]", ylabel="batch size [examples]",
+           title=f"{title}\nadaptive batch size")
+    legend(ax)
+    return fig
+
+
+@styled
+def plot_run(run_dir: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Draw one run's figures into ``<run_dir>/figures/``; a run without curves (a failed run)
+    gets only what its files allow, possibly nothing. Returns the files written."""
+    run_dir, formats = Path(run_dir), check_formats(formats)
+    summary = read_summary(run_dir)
+    title = run_title(summary)
+    conv = load_csv(run_dir, "convergence")
+    util = load_csv(run_dir, "utilization")
+    batches = load_csv(run_dir, "batches")
+    figures: list[tuple[str, Figure]] = []
+    if conv is not None and conv["train_loss"].notna().any():
+        figures += [(name, _run_loss(conv, axis, xlabel, title))
+                    for axis, xlabel, name in LOSS_AXES]
+        if "test_acc" in conv and conv["test_acc"].notna().any():
+            figures.append(("accuracy_vs_time", _run_accuracy(conv, title)))
+    if util is not None and not util.empty:
+        figures.append(("utilization", _run_utilization(util, conv, title)))
+    shares = summary.get("update_share")
+    if isinstance(shares, dict) and shares:
+        counts = summary.get("updates_by_group")
+        figures.append(("update_shares", _run_shares(
+            shares, counts if isinstance(counts, dict) else {}, title)))
+    if batches is not None and not batches.empty:
+        end_s = max(float(summary.get("time_s") or 0.0),
+                    float(conv["time_s"].max()) if conv is not None and len(conv) else 0.0)
+        figures.append(("batch_sizes", _run_batches(batches, end_s, title)))
+    return [path for name, fig in figures for path in save(fig, run_dir / "figures", name,
+                                                            formats)]

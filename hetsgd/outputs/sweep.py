@@ -1,0 +1,134 @@
+"""The end of a Hydra multirun: the sweep's ``summary.csv``, report and figures, table printed.
+
+Hydra calls :meth:`SweepReport.on_multirun_end` once the sweeper has run every job. It is
+registered in the primary config::
+
+    hydra:
+      callbacks:
+        report:
+          _target_: hetsgd.outputs.sweep.SweepReport
+
+Hydra skips this callback when a job's task function raises, so jobs must record their failure in
+``summary.json`` and return. A job folder without ``summary.json`` (a job that died before writing
+it) is still listed in ``summary.csv`` as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from hetsgd.errors import UserError
+from hetsgd.outputs.figure_style import check_formats
+from hetsgd.outputs.index import OVERRIDES, SUMMARY, find_runs, index_dirs
+from hetsgd.outputs.plots import plot_comparison
+from hetsgd.outputs.report import write_report
+
+log = logging.getLogger(__name__)
+
+#: summary.csv columns, in order; update shares (``update_share.<group>``) follow.
+SUMMARY_COLUMNS = (
+    "job", "overrides", "status", "error", "algo", "dataset", "model", "devices", "emulated",
+    "seed", "time_s", "epochs", "updates", "examples_per_s", "final.train_loss",
+    "final.test_loss", "final.test_acc", "time_to_target.0.9", "time_to_target.0.95",
+    "time_to_target.0.99", "epochs_to_target.0.9", "utilization.cpu_mean",
+    "utilization.gpu_mean", "run_dir",
+)
+
+
+def _job_number(job_dir: Path) -> int | None:
+    """Hydra names job folders after the job number (``3`` or ``3_algo=sync,...``)."""
+    match = re.match(r"\d+", job_dir.name)
+    return int(match.group()) if match else None
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The sweep's job folders (those holding summary.json or .hydra/), in job order."""
+    found = [d for d in Path(sweep_dir).iterdir()
+             if d.is_dir() and ((d / SUMMARY).exists() or (d / OVERRIDES.parent).is_dir())]
+    return sorted(found, key=lambda d: (_job_number(d) is None, _job_number(d) or 0, d.name))
+
+
+def sweep_summary(sweep_dir: Path) -> pd.DataFrame:
+    """One row per job: number, overrides, status, error and the run's own key metrics (the
+    comparison-wide numbers are in report.csv)."""
+    dirs = job_dirs(sweep_dir)
+    if not dirs:
+        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+    index = index_dirs(dirs)
+    index["job"] = [_job_number(d) for d in dirs]
+    index["overrides"] = index["overrides"].map(" ".join)
+    for col in ("job", "seed", "updates"):  # whole numbers that gaps would turn into floats
+        if col in index.columns:
+            index[col] = pd.to_numeric(index[col], errors="coerce").round().astype("Int64")
+    shares = [c for c in index.columns if c.startswith("update_share.")]
+    return index[[c for c in SUMMARY_COLUMNS if c in index.columns] + shares]
+
+
+def _lost_jobs(summary: pd.DataFrame) -> str:
+    """Markdown for jobs that left no summary.json, which the report (built from summary.json
+    files) cannot see."""
+    lost = summary.loc[np.array([not (Path(d) / SUMMARY).exists() for d in summary["run_dir"]],
+                                dtype=bool)]
+    lines = [f"- job {job} (`{overrides or 'no overrides'}`): **{status}**: {error}"
+             for job, overrides, status, error in
+             lost[["job", "overrides", "status", "error"]].itertuples(index=False)]
+    return "\n".join(["## Jobs without results", "", *lines]) if lines else ""
+
+
+def finalize_sweep(sweep_dir: Path, baseline: str | None = None,
+                   formats: Sequence[str] = ("png",)) -> str:
+    """Write the sweep's summary.csv, report.md, report.csv and comparison figures (each run
+    drew its own when it ended); return the report's markdown. A failed job is listed, never
+    fatal."""
+    sweep_dir = Path(sweep_dir)
+    summary = sweep_summary(sweep_dir)
+    summary.to_csv(sweep_dir / "summary.csv", index=False)
+    try:
+        markdown = write_report(sweep_dir, baseline)
+    except UserError as err:  # no job wrote a summary.json, or a run's file is unreadable
+        markdown = f"# hetsgd report: {sweep_dir.name}\n\n{err}\n"
+    lost = _lost_jobs(summary)
+    if lost:
+        markdown = f"{markdown}\n{lost}\n"
+    (sweep_dir / "report.md").write_text(markdown)
+    runs = find_runs(sweep_dir)
+    try:
+        if runs:
+            plot_comparison(runs, sweep_dir / "figures", formats)
+    except UserError as err:
+        log.warning("no figures for the sweep in %s: %s", sweep_dir, err)
+    return markdown
+
+
+class SweepReport(Callback):
+    """Hydra callback that runs :func:`finalize_sweep` on the sweep folder and prints the
+    table. It logs its own errors instead of raising, so it never turns a finished sweep into a
+    failed command."""
+
+    def __init__(self, baseline: str | None = None,
+                 formats: str | Sequence[str] = ("png",)) -> None:
+        self.baseline = baseline
+        listed = formats.split(",") if isinstance(formats, str) else [str(f) for f in formats]
+        self.formats = check_formats(listed)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not sweep_dir.is_dir():
+            log.warning("no sweep folder %s: no job ran, nothing to report", sweep_dir)
+            return
+        try:
+            markdown = finalize_sweep(sweep_dir, self.baseline, self.formats)
+        except Exception:  # a report error must not hide the finished jobs' results
+            log.exception("could not write the report of the sweep in %s", sweep_dir)
+            return
+        print(markdown)
+        print(f"Sweep summary: {sweep_dir / 'summary.csv'}; report and figures in {sweep_dir}")

@@ -1,0 +1,145 @@
+"""One run, top to bottom: config -> device mix -> plan -> data -> engine + monitor -> evaluation
+-> files.
+
+Whatever happens, the run directory ends with a ``summary.json`` whose ``status`` says how the
+run ended and, if it failed, why.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import track
+
+from hetsgd import algorithms
+from hetsgd.algorithms.base import coordinator
+from hetsgd.config import RunConfig
+from hetsgd.devices import WorkerSpec, expand
+from hetsgd.engines.distributed.handoff import hand_off
+from hetsgd.engines.distributed.torchrun import torchrun
+from hetsgd.engines.shared_memory.coordinator import Training
+from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.errors import UserError
+from hetsgd.observe.evaluate import Evaluator
+from hetsgd.observe.monitor import UtilizationMonitor, summarize
+from hetsgd.observe.progress import TrainingProgress
+from hetsgd.outputs.metrics import normalized_loss, time_to_targets
+from hetsgd.outputs.run_directory import RunDirectory, environment
+from hetsgd.runs.setup import Handoff, load_run_data
+
+log = logging.getLogger("hetsgd")
+
+
+def _identity(cfg: RunConfig) -> dict[str, Any]:
+    return {"status": "running", "error": None, "algo": cfg.algo.name, "dataset": cfg.dataset.name,
+            "model": cfg.model.name, "devices": cfg.devices.name, "seed": cfg.seed}
+
+
+def _convergence(training: Training, metrics: list, specs: list[WorkerSpec],
+                 num_examples: int) -> pd.DataFrame:
+    groups = list(dict.fromkeys(spec.group for spec in specs))
+    rows = []
+    for snap, m in zip(training.snapshots, metrics):
+        row = {"time_s": snap.time_s, "epoch": snap.examples / num_examples,
+               "updates": sum(snap.updates)}
+        for group in groups:
+            row[f"updates_{group}"] = sum(u for u, s in zip(snap.updates, specs) if s.group == group)
+        row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    losses = frame["train_loss"]
+    frame["normalized_loss"] = normalized_loss(losses, losses.iloc[0], losses.min())
+    return frame
+
+
+def _workers_table(training: Training, specs: list[WorkerSpec]) -> list[dict[str, Any]]:
+    return [{"worker": s.rank, "group": s.group, "device": s.device, "kind": s.label,
+             "threads": s.threads, "first_batch": int(c["first_batch"]),
+             "last_batch": int(c["batch_size"]), "updates": int(c["updates"]),
+             "examples": int(c["examples"]), "busy_s": c["busy_s"], "wait_s": c["wait_s"],
+             "comm_s": c["comm_s"]} for s, c in zip(specs, training.counters)]
+
+
+def _results(training: Training, convergence: pd.DataFrame, specs: list[WorkerSpec],
+             num_examples: int) -> dict[str, Any]:
+    by_group: dict[str, int] = {}
+    for spec, counters in zip(specs, training.counters):
+        by_group[spec.group] = by_group.get(spec.group, 0) + int(counters["updates"])
+    updates = sum(by_group.values())
+    examples = int(sum(c["examples"] for c in training.counters))
+    first, last = convergence.iloc[0], convergence.iloc[-1]
+    metrics = ("train_loss", "test_loss", "test_acc")
+    return {
+        "time_s": training.time_s,
+        "epochs": examples / num_examples,
+        "examples": examples,
+        "updates": updates,
+        "updates_by_group": by_group,
+        "update_share": {g: (n / updates if updates else None) for g, n in by_group.items()},
+        "examples_per_s": examples / training.time_s if training.time_s > 0 else None,
+        "initial": {k: float(first[k]) for k in metrics},
+        "final": {k: float(last[k]) for k in metrics},
+        "time_to_target": time_to_targets(convergence["time_s"], convergence["normalized_loss"]),
+        "epochs_to_target": time_to_targets(convergence["epoch"], convergence["normalized_loss"]),
+        "utilization": summarize(training.utilization),
+    }
+
+
+def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
+    """Run one experiment into `run_dir` and return its summary (also on failure)."""
+    out = RunDirectory(run_dir)
+    summary = _identity(cfg)
+    handed_off = False
+    try:
+        out.write_config(resolved_config)
+        summary["environment"] = environment()
+        specs = expand(cfg.devices)
+        summary["emulated"] = any(spec.emulated for spec in specs)
+        algorithm = algorithms.get(cfg.algo.name)
+        plan = algorithm.plan(cfg, specs)
+        if torchrun() is not None:  # global rank 0: the other ranks take this plan
+            hand_off(Handoff(plan=plan))
+            handed_off = True
+        cfg, specs = plan.cfg, plan.workers
+        summary["plan"] = plan.settled
+        data = load_run_data(cfg, progress=cfg.progress)
+        summary["dataset_source"] = data.source
+        summary["synthetic"] = data.synthetic
+        log.info("%s on %s, %d worker(s): %s", cfg.algo.name, data.summary_line(), len(specs),
+                 ", ".join(f"{s.group}:{s.device}{' (emulated)' if s.emulated else ''}"
+                           for s in specs))
+        master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
+        with TrainingProgress(cfg, specs, data.train.num_examples) as progress:
+            engine = coordinator(plan, algorithm.hooks(plan), data.problem, data.train, master,
+                                 progress.update)
+            training = engine.run(lambda pids: UtilizationMonitor(cfg.monitor.interval_s, pids))
+        summary.update(status=training.status, error=training.error)
+        out.write_table("utilization", training.utilization)
+        out.write_table("workers", _workers_table(training, specs))
+        if training.batches:
+            out.write_table("batches", training.batches)
+        if not training.snapshots:
+            raise RuntimeError(training.error or "training ended before the first snapshot")
+        evaluator = Evaluator(cfg, data.problem, data.train, data.test)
+        metrics = [evaluator(s.params, s.buffers) for s in track(
+            training.snapshots, description="evaluating snapshots", disable=not cfg.progress,
+            console=Console(stderr=True), transient=True)]
+        convergence = _convergence(training, metrics, specs, data.train.num_examples)
+        out.write_table("convergence", convergence)
+        summary.update(_results(training, convergence, specs, data.train.num_examples),
+                       **training.extra)
+    except UserError as exc:
+        summary.update(status="failed", error=str(exc))
+    except Exception as exc:  # a failed run must still say why, in its directory
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        (run_dir / "error.log").write_text(traceback.format_exc())
+    finally:
+        out.write_summary(summary)
+        if torchrun() is not None and not handed_off:  # the other ranks would wait for a plan
+            hand_off(Handoff(error=summary["error"]))
+    return summary

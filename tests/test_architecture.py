@@ -1,0 +1,145 @@
+"""The import rules of docs/architecture.md: no import circle anywhere in the package, and no
+layer importing one above it (so no core module reaches the outputs layer or the CLI).
+
+Every import counts, including those inside functions: a lazy import that breaks a circle at
+run time is still a circle in the design.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hetsgd
+
+#: Top-level parts of the package, lowest first; a module may import its own layer and below.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors", "machine"}),
+    frozenset({"config"}),
+    frozenset({"data", "model"}),
+    frozenset({"devices"}),
+    frozenset({"engines"}),
+    frozenset({"algorithms", "observe"}),
+    frozenset({"outputs"}),
+    frozenset({"runs"}),
+    frozenset({"cli", "__main__"}),
+)
+
+
+def module_names(root: Path, package: str) -> dict[str, Path]:
+    """Every module of the package under ``root`` by dotted name (``pkg.a.b``; ``pkg.a`` for
+    ``a/__init__.py``)."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = (package, *path.relative_to(root).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (``from a import b`` counts as ``a.b`` where
+    that is a module, else ``a``)."""
+    modules = module_names(root, package)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
+                           else node.module for alias in node.names]
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of two or more modules (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def layer_of(module: str) -> int:
+    part = module.split(".")[1] if "." in module else module
+    return next(i for i, layer in enumerate(LAYERS) if part in layer)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{a} -> {b}" for a, targets in sorted(graph.items()) for b in sorted(targets)
+            if "." in a and layer_of(b) > layer_of(a)]
+
+
+PACKAGE_ROOT = Path(hetsgd.__file__).parent
+GRAPH = import_graph(PACKAGE_ROOT, "hetsgd")
+
+
+def test_every_top_level_part_has_a_layer() -> None:
+    parts = {name.split(".")[1] for name in GRAPH if "." in name}
+    assert parts <= set().union(*LAYERS), parts - set().union(*LAYERS)
+
+
+def test_no_import_circle_in_the_package() -> None:
+    assert circles(GRAPH) == []
+
+
+def test_no_layer_imports_one_above_it() -> None:
+    assert upward_imports(GRAPH) == []
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_the_checks_catch_a_deliberate_circle_and_an_upward_import(tmp_path: Path,
+                                                                   lazy: bool) -> None:
+    """The same checks on a small package with a circle (at module level, or hidden inside a
+    function) and a model module that imports the outputs layer."""
+    root = tmp_path / "hetsgd"
+    (root / "model").mkdir(parents=True)
+    (root / "outputs").mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "model" / "__init__.py").write_text("")
+    (root / "outputs" / "__init__.py").write_text("")
+    indent = "def f():\n    " if lazy else ""
+    (root / "model" / "a.py").write_text(f"{indent}from hetsgd.model import b\n")
+    (root / "model" / "b.py").write_text("import hetsgd.model.a\nfrom hetsgd.outputs.plots import x\n")
+    (root / "outputs" / "plots.py").write_text("x = 1\n")
+    graph = import_graph(root, "hetsgd")
+    assert circles(graph) == [["hetsgd.model.a", "hetsgd.model.b"]]
+    assert upward_imports(graph) == ["hetsgd.model.b -> hetsgd.outputs.plots"]
+
+
+@pytest.mark.integration
+def test_the_command_line_and_the_config_load_no_torch() -> None:
+    """`hetsgd data list`, `report` and `plot` start without torch; the schemas never need it."""
+    code = ("import sys, hetsgd.cli, hetsgd.config; "
+            "print(sorted(m for m in ('torch', 'torch.distributed', 'psutil') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "torch" not in done.stdout
