@@ -61,9 +61,9 @@ def _summary_table(summary: dict[str, Any]) -> Table:
                            f"{final.get('train_loss', float('nan')):.4f}"),
             ("test loss / acc", f"{final.get('test_loss', float('nan')):.4f} / "
                                 f"{final.get('test_acc', float('nan')):.4f}"),
-            ("time to 0.9 / 0.95 / 0.99", " / ".join(
+            (f"time to train loss {' / '.join(summary.get('time_to_loss') or {})}", " / ".join(
                 "—" if v is None else f"{v:.2f} s"
-                for v in (summary.get("time_to_target") or {}).values())),
+                for v in (summary.get("time_to_loss") or {}).values())),
             ("results", summary.get("run_dir"))]
     for key, value in rows:
         if value is not None:

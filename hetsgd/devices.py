@@ -48,6 +48,8 @@ def expand(mix: DevicesConfig) -> list[WorkerSpec]:
     gpus = cuda_devices()
     specs: list[WorkerSpec] = []
     for group_name, group in mix.groups.items():
+        if mix.only and group_name not in mix.only:
+            continue
         for i in range(group.count):
             if group.kind == "cuda":
                 index = group.index + i

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -66,24 +67,76 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _describe(handle: Any, nvml_index: int, driver: str) -> dict[str, Any]:
+    return {"name": _text(pynvml.nvmlDeviceGetName(handle)),
+            "memory_mb": pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20,
+            "driver": driver,
+            "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
+            "pci_bus_id": _text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+            "nvml_index": nvml_index}
+
+
 def describe_gpus() -> list[dict[str, Any]]:
-    """Name, total memory (MB) and driver version of every GPU NVML sees; empty without NVML."""
+    """Every GPU NVML sees, in NVML's order: name, total memory (MB), driver version, ``uuid``
+    (``GPU-...``), ``pci_bus_id`` and ``nvml_index``; empty without NVML."""
     with nvml() as handles:
         if not handles:
             return []
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        return [{"name": _text(pynvml.nvmlDeviceGetName(h)),
-                 "memory_mb": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**20,
-                 "driver": driver} for h in handles]
+        return [_describe(h, i, driver) for i, h in enumerate(handles)]
+
+
+def _leading_int(entry: str) -> int:
+    """The number an entry starts with, as CUDA's strtoul reads it (``1gpu`` is 1); -1 if none."""
+    match = re.match(r"[+-]?\d+", entry)
+    return int(match.group()) if match else -1
+
+
+def visible_nvml_indices(visible: str | None, uuids: list[str]) -> list[int]:
+    """NVML indices of the GPUs CUDA enumerates under ``CUDA_VISIBLE_DEVICES=visible``, in
+    CUDA's order (torch's ``cuda:i`` is the i-th), given the UUIDs of NVML's GPUs in NVML order.
+
+    Read as CUDA and torch read it: a comma-separated list of indices (``1,3``) or of ``GPU-``
+    UUIDs or unambiguous prefixes of them; the list ends at the first entry that names no GPU
+    (a negative or out-of-range index, an unknown or ambiguous UUID, a ``MIG-`` device, which
+    NVML's GPU list cannot map); a GPU named twice makes the whole list empty. Unset means every
+    GPU; empty or ``-1`` means none. Indices are taken in NVML's (PCI bus) order, which is
+    CUDA's with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and on machines of one GPU model.
+    """
+    if visible is None:
+        return list(range(len(uuids)))
+    picked: list[int] = []
+    for raw in visible.split(","):
+        entry = raw.strip()
+        if entry.startswith("GPU-"):
+            matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
+            index = matches[0] if len(matches) == 1 else -1
+        else:
+            index = _leading_int(entry)
+        if index < 0 or index >= len(uuids):
+            break
+        if index in picked:
+            return []
+        picked.append(index)
+    return picked
 
 
 def cuda_devices() -> list[dict[str, Any]]:
-    """GPUs that this torch build can use (NVML sees them and torch was built with CUDA)."""
+    """The GPUs this torch build can use, in torch's order: entry i is ``cuda:i``.
+
+    Those NVML sees, filtered and ordered by ``CUDA_VISIBLE_DEVICES``
+    (:func:`visible_nvml_indices`), each as :func:`describe_gpus` gives it (``nvml_index`` is
+    its NVML index, not the torch one); none when torch was built without CUDA. CUDA itself is
+    never initialised.
+    """
     import torch  # the config layer asks this through resolvers: keep torch off its import path
 
     if torch.version.cuda is None:
         return []
-    return describe_gpus()
+    gpus = describe_gpus()
+    order = visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                 [gpu["uuid"] for gpu in gpus])
+    return [gpus[i] for i in order]
 
 
 def machine_facts() -> dict[str, Any]:

@@ -11,8 +11,9 @@ import pytest
 import torch
 from conftest import compose_config, run_config
 
-from hetsgd.devices import expand
-from hetsgd.engines.shared_memory.links import Replica
+from hetsgd.devices import WorkerSpec, expand
+from hetsgd.engines.shared_memory.coordinator import TICK_S
+from hetsgd.engines.shared_memory.links import Replica, Resident
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import UserError
@@ -28,12 +29,17 @@ def _state_with_master(module: torch.nn.Module) -> SharedState:
                               mp.get_context("spawn"))
 
 
+# The emulated mix's accelerator: a CPU worker in the accel role.
+ACCEL = WorkerSpec(rank=0, group="accel", kind="cpu", device="cpu", threads=1, batch_size=8,
+                   slowdown=1.0, accel=True)
+
+
 @pytest.mark.parametrize("merge", ["delta", "overwrite"])
 def test_delta_merge_keeps_a_concurrent_cpu_update_that_overwrite_loses(merge: str) -> None:
     torch.manual_seed(0)
     state = _state_with_master(torch.nn.Linear(3, 1, bias=False))
     master = state.master.params
-    replica = Replica(torch.nn.Linear(3, 1, bias=False), state, merge)
+    replica = Replica(ACCEL, torch.nn.Linear(3, 1, bias=False), state, merge)
     start = master.clone()
     replica.before_step()  # the accelerator copies the master in ...
     cpu_update = torch.tensor([0.5, -1.0, 2.0])
@@ -46,6 +52,27 @@ def test_delta_merge_keeps_a_concurrent_cpu_update_that_overwrite_loses(merge: s
         torch.testing.assert_close(master, kept)
     else:
         torch.testing.assert_close(master, start + gpu_update)
+
+
+@pytest.mark.parametrize("link", ["replica", "resident"])
+def test_an_accelerator_link_answers_a_publish_request_with_its_latest_step(link: str) -> None:
+    """Before a snapshot the coordinator waits for every accelerator's answer: a link that never
+    answers stalls each snapshot for PUBLISH_TIMEOUT_S (the first build's CUDA-only stall)."""
+    state = _state_with_master(torch.nn.Linear(3, 1, bias=False))
+    module = torch.nn.Linear(3, 1, bias=False)
+    made = Replica(ACCEL, module, state, "delta") if link == "replica" else Resident(
+        ACCEL, module, state)
+    made.before_step()
+    stepped = state.master.params + 1.0
+    made.flat.params.add_(1.0)  # the accelerator's step
+    state.signals.publish_request += 1  # the coordinator asks ...
+    assert not state.signals.answered([ACCEL.rank])
+    made.after_step()  # ... and the next step's end answers, with the step in the master
+    assert state.signals.answered([ACCEL.rank])
+    torch.testing.assert_close(state.master.params, stepped)
+    state.signals.retire(ACCEL.rank)  # a worker that left its loop is never waited for
+    state.signals.publish_request += 1
+    assert state.signals.answered([ACCEL.rank])
 
 
 def test_auto_resolves_to_the_emulated_mix_without_cuda() -> None:
@@ -86,7 +113,10 @@ def test_hogbatch_shows_the_update_imbalance_on_w8a(w8a_home: Path, tmp_path: Pa
     workers = pd.read_csv(run_dir / "workers.csv")
     assert list(workers["kind"]) == ["emulated", "cpu"]
     assert (workers["updates"] > 0).all() and workers.loc[0, "comm_s"] > 0
-    assert summary["time_to_target"]["0.9"] is not None
+    # w8a is 3 % positive: a model that learned nothing scores test loss 0.13 at best
+    assert summary["final"]["test_loss"] < 0.1
+    half = next(iter(summary["time_to_loss"]))  # 0.5 x the initial training loss
+    assert summary["time_to_loss"][half] is not None
 
 
 @pytest.mark.integration
@@ -121,16 +151,42 @@ def test_adaptive_moves_the_accel_share_toward_its_target_or_names_the_bound(
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.parametrize("algo,devices", [("hogbatch", "emulated"), ("adaptive", "emulated"),
+                                          ("sync", "auto_gpu")])
+def test_accelerator_runs_end_on_their_time_budget_with_every_snapshot(
+        algo: str, devices: str, tmp_path: Path) -> None:
+    """The emulated accelerator takes the GPU's code path, publishing included: a stalled
+    publish would hold each snapshot for PUBLISH_TIMEOUT_S, a missing one would leave the
+    master at its initial model."""
+    summary, run_dir = _run(tmp_path, f"algo={algo}", f"devices={devices}", "dataset=digits",
+                            "budget.epochs=null", "budget.seconds=5", "eval.every_s=0.5",
+                            "eval.every_epochs=null")
+    assert 5.0 <= summary["time_s"] < 5.0 + TICK_S + 0.4  # a tick, and a step still in flight
+    conv = pd.read_csv(run_dir / "convergence.csv")
+    assert len(conv) >= 11  # at 0, 0.5, ..., 4.5 s and at the end
+    assert conv["time_s"].diff().max() < 1.0
+    assert conv["train_loss"].iloc[-1] < 0.5 * conv["train_loss"].iloc[0]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("algo,devices", [("sync", "single_cpu"), ("hogwild", "cpu"),
                                           ("hogbatch", "emulated"), ("adaptive", "emulated")])
-def test_every_algorithm_reaches_normalized_loss_0_9_on_w8a(
+def test_every_algorithm_learns_w8a_beyond_its_majority_class(
         algo: str, devices: str, w8a_home: Path, tmp_path: Path) -> None:
+    # standardised (not w8a's default): these bounds were set on it, and this tests the algorithms
     summary, run_dir = _run(tmp_path, f"algo={algo}", f"devices={devices}", "dataset=w8a",
-                            "model=mlp", "budget.epochs=2")
+                            "dataset.scale=standard", "model=mlp", "budget.epochs=2")
+    # 3 % of w8a is positive: predicting the majority class scores test loss 0.13, accuracy 0.97
+    assert summary["final"]["test_loss"] < 0.08
+    assert summary["final"]["test_acc"] > 0.98
+    assert summary["target_losses"]["reference"] == "0.5 / 0.2 / 0.1 x the initial training loss"
+    times = list(summary["time_to_loss"].values())
+    assert all(t is not None for t in times) and times == sorted(times)  # lower losses later
     convergence = pd.read_csv(run_dir / "convergence.csv")
-    assert convergence["normalized_loss"].max() >= 0.9
-    assert summary["time_to_target"]["0.9"] is not None
-    assert summary["final"]["test_loss"] < summary["initial"]["test_loss"]
+    losses = [float(k) for k in summary["time_to_loss"]]
+    assert losses == pytest.approx([f * convergence["train_loss"].iloc[0] for f in (0.5, 0.2, 0.1)],
+                                   rel=1e-3)
 
 
 @pytest.mark.integration

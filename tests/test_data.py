@@ -22,10 +22,11 @@ import pytest
 import scipy.sparse as sp
 
 from hetsgd.config import DatasetConfig
-from hetsgd.config.schema import SyntheticConfig
+from hetsgd.config.schema import SCALINGS, SyntheticConfig
 from hetsgd.data import data_home, fetch, images, libsvm, list_sources, load_dataset, source_info
 from hetsgd.data.download import RemoteFile, download
 from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD, read_idx
+from hetsgd.data.registry import SOURCES, get_source, resolve_scale
 from hetsgd.errors import UserError
 
 SHARED_W8A = Path(__file__).resolve().parents[2] / "shared" / "data" / "w8a.xz"
@@ -103,6 +104,7 @@ def test_digits_standardised_with_training_statistics() -> None:
     assert (data.num_train + data.num_test, data.num_features, data.num_classes) == (1797, 64, 10)
     assert data.task == "multiclass" and data.num_outputs == 10 and data.image_shape is None
     assert data.x_train.dtype == np.float32 and data.y_train.dtype == np.int64
+    assert data.scaling == "standard" and raw.scaling == "none"  # the default stays standard
     assert np.abs(data.x_train.mean(axis=0)).max() < 1e-4
     mean, std = raw.x_train.mean(axis=0), raw.x_train.std(axis=0)
     std[std == 0] = 1
@@ -221,7 +223,87 @@ def test_sparse_set_stays_sparse_and_test_file_is_widened(home: Path) -> None:
     assert data.x_train.dtype == np.float32
     assert data.num_features == data.x_test.shape[1] == 47236
     assert (data.num_train, data.num_test) == (20, 6)
-    assert abs(data.x_train).max() == 1.0  # sparse "standard" scaling is max-abs
+    assert data.scaling == "none" and data.x_train.max() == 2.0  # loaded as published
+
+
+# Raw values on purpose: a loader that scaled them would change them.
+PUBLISHED = np.array([[0.0, 3.0, 0.0, -2.0, 0.5], [1.0, 0.0, 7.0, 0.0, 0.25],
+                      [0.0, 0.0, 0.0, 4.0, 1.0], [2.0, 5.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+
+
+def published_text(rows: np.ndarray, labels: list[int]) -> str:
+    return "".join(f"{label}" + "".join(f" {j + 1}:{v:g}" for j, v in enumerate(row) if v) + "\n"
+                   for label, row in zip(labels, rows, strict=True))
+
+
+def sorted_rows(x: np.ndarray) -> np.ndarray:
+    return x[np.lexsort(x.T[::-1])]
+
+
+def test_libsvm_file_loads_as_published_by_default(tmp_path: Path) -> None:
+    rows = np.tile(PUBLISHED, (10, 1))
+    path = write(tmp_path / "f.txt", published_text(rows, [0, 1] * 20))
+    data = load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
+    assert DatasetConfig(name="libsvm").scale == "auto" and data.scaling == "none"
+    assert not data.is_sparse and data.x_train.dtype == np.float32
+    both = np.concatenate([data.x_train, data.x_test])
+    np.testing.assert_array_equal(sorted_rows(both), sorted_rows(rows))
+
+
+def test_libsvm_set_loads_as_published_sparse_and_in_file_order(home: Path) -> None:
+    write(home / "rcv1_train.binary", published_text(np.tile(PUBLISHED, (3, 1)), [1, -1] * 6))
+    write(home / "rcv1_test.binary", published_text(PUBLISHED[:2], [1, -1]))
+    data = load_dataset(cfg("rcv1"), seed=0, progress=False)
+    assert data.scaling == "none" and isinstance(data.x_train, sp.csr_matrix)
+    np.testing.assert_array_equal(data.x_train[:, :5].toarray(), np.tile(PUBLISHED, (3, 1)))
+    np.testing.assert_array_equal(data.x_test[:, :5].toarray(), PUBLISHED[:2])
+    assert data.x_train.nnz == 3 * np.count_nonzero(PUBLISHED)
+
+
+def test_standard_still_scales_dense_to_unit_variance_and_sparse_by_max_abs(
+        tmp_path: Path, home: Path) -> None:
+    rng = np.random.default_rng(0)
+    rows = np.round(rng.uniform(-3, 9, (60, 5)) * (rng.random((60, 5)) < 0.6), 2)
+    path = write(tmp_path / "f.txt", published_text(rows, [0, 1] * 30))
+    dense = load_dataset(cfg("libsvm", path=str(path), scale="standard"), seed=0, progress=False)
+    raw = load_dataset(cfg("libsvm", path=str(path), scale="none"), seed=0, progress=False)
+    assert dense.scaling == "standard" and dense.x_train.dtype == np.float32
+    np.testing.assert_allclose(dense.x_train.mean(axis=0), 0, atol=1e-5)
+    np.testing.assert_allclose(dense.x_train.std(axis=0), 1, rtol=1e-4)
+    mean, std = raw.x_train.mean(axis=0), raw.x_train.std(axis=0)  # training statistics only
+    np.testing.assert_allclose(dense.x_test, (raw.x_test - mean) / std, rtol=1e-4, atol=1e-4)
+
+    write(home / "rcv1_train.binary", published_text(rows, [1, -1] * 30))
+    sparse = load_dataset(cfg("rcv1", scale="standard"), seed=0, progress=False)
+    unscaled = load_dataset(cfg("rcv1", scale="none"), seed=0, progress=False)
+    assert sparse.scaling == "maxabs" and isinstance(sparse.x_train, sp.csr_matrix)
+    assert isinstance(sparse.x_test, sp.csr_matrix) and sparse.x_train.dtype == np.float32
+    assert sparse.x_train.nnz == unscaled.x_train.nnz  # never densified, zeros stay zeros
+    col_max = abs(unscaled.x_train).max(axis=0).toarray().ravel()
+    col_max[col_max == 0] = 1
+    np.testing.assert_allclose(sparse.x_train.toarray(), unscaled.x_train.toarray() / col_max,
+                               rtol=1e-6)
+    np.testing.assert_allclose(sparse.x_test.toarray(), unscaled.x_test.toarray() / col_max,
+                               rtol=1e-6)
+
+
+LIBSVM_AS_PUBLISHED = {"libsvm", "w8a", "real_sim", "rcv1", "news20"}
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_auto_scale_resolves_per_source(name: str) -> None:
+    """LIBSVM files are published scaled; covtype_binary's holds raw quantities (as covtype)."""
+    source = get_source(name)
+    expected = "none" if name in LIBSVM_AS_PUBLISHED else "standard"
+    assert resolve_scale("auto", source) == source.default_scale == expected
+    for explicit in (s for s in SCALINGS if s != "auto"):
+        assert resolve_scale(explicit, source) == explicit
+
+
+def test_every_libsvm_format_source_is_covered() -> None:
+    libsvm_format = {s.name for s in SOURCES.values()
+                     if isinstance(s, libsvm.LibsvmFile | libsvm.LibsvmSet)}
+    assert libsvm_format == LIBSVM_AS_PUBLISHED | {"covtype_binary"}
 
 
 @pytest.mark.skipif(not SHARED_W8A.exists(), reason=f"the real w8a file is absent ({SHARED_W8A})")

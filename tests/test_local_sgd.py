@@ -57,7 +57,8 @@ def test_step_times_are_measured_only_when_something_needs_them() -> None:
     assert needs_step_times(_algo("algo.tau=auto"), GROUPS)
     assert needs_step_times(_algo("algo.tau={fast:8,slow:1}"), GROUPS)
     assert not needs_step_times(_algo("algo.tau=4"), GROUPS)
-    assert needs_step_times(_algo("algo.tau=4", "algo.biased.sampling=true"), GROUPS)
+    assert needs_step_times(_algo("algo.tau=4", "algo.aggregation=fast_weighted"), GROUPS)
+    assert not needs_step_times(_algo("algo.tau=4", "algo.biased.sampling=true"), GROUPS)
     assert not needs_step_times(_algo("algo.tau={accel:8,cpu:1}", "algo.biased.sampling=true"),
                                 GROUPS)
 
@@ -67,8 +68,8 @@ ONE_GROUP = ("dataset=digits", "model=mlp", "devices=cpu", "devices.groups.cpu.c
 
 @pytest.mark.parametrize("overrides,message", [
     ((*MIX, "algo.tau={accel:8,gpu:1}"), "give one tau per group"),
-    ((*ONE_GROUP, "algo.biased.sampling=true"), "need a fast and a slow group"),
-    ((*ONE_GROUP, "algo.aggregation=fast_weighted"), "need a fast and a slow group"),
+    ((*ONE_GROUP, "algo.biased.sampling=true"), "picks its side by device role"),
+    ((*ONE_GROUP, "algo.aggregation=fast_weighted"), "needs a fast and a slow group"),
     ((*MIX, "dist.backend=nccl"), "needs every rank on a GPU"),
 ])
 def test_layouts_local_sgd_cannot_run_are_clear_errors(overrides: tuple[str, ...],
@@ -100,11 +101,23 @@ def test_aggregation_weights(aggregation: str, weights: list[float]) -> None:
     assert plan.weights == pytest.approx(weights)
 
 
-def test_biased_sampling_goes_to_the_chosen_side() -> None:
+def test_biased_sampling_goes_to_the_side_named_by_device_role(
+        caplog: pytest.LogCaptureFixture) -> None:
     assert _plan("algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true").side == {1}
     assert _plan("algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true",
                  "algo.biased.side=fast").side == {0}
-    assert _plan("algo.tau=2", "algo.biased.sampling=true", times=[0.5, 0.1]).side == {0}
+    # the CPU group steps faster here, yet side=slow stays the CPU (host) group, with a warning
+    swapped = _plan("algo.tau={accel:1,cpu:4}", "algo.biased.sampling=true")
+    assert swapped.side == {1}
+    world = expand(run_config("algo=local_sgd", *MIX).devices)
+    with caplog.at_level("WARNING", logger="hetsgd"):
+        local_sgd.warn_if_the_side_is_not_as_named(world, swapped, "slow")
+    assert "by device role" in caplog.text and "fast side" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hetsgd"):
+        local_sgd.warn_if_the_side_is_not_as_named(
+            world, _plan("algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true"), "slow")
+    assert caplog.text == ""
     assert _plan("algo.tau={accel:4,cpu:1}").side == set()
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -8,10 +9,11 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+import torch
 
 from hetsgd import machine
-from hetsgd.machine import describe_gpus
-from hetsgd.observe.monitor import UtilizationMonitor, summarize
+from hetsgd.machine import cuda_devices, describe_gpus
+from hetsgd.observe.monitor import UtilizationMonitor, summarize, torch_indices
 
 SPIN = "import time\nend = time.perf_counter() + 0.8\nwhile time.perf_counter() < end: pass\n"
 # a parent that idles while its child spins: only the child's CPU shows the work
@@ -70,13 +72,13 @@ def test_row_keys_and_time_origin():
     rows = mon.stop()
     assert rows
     cores = psutil.cpu_count()
-    expected = {"time_s", "cpu_percent", "workers_cpu_percent",
+    expected = {"time_s", "host_cpu_percent", "workers_cpu_percent",
                 *(f"cpu{i}_percent" for i in range(cores))}
-    expected |= {f"gpu{i}_{k}" for i in range(mon.gpu_count) for k in ("util", "mem_mb")}
-    assert all(set(r) == expected for r in rows)
+    assert all(set(r) == expected for r in rows)  # no GPU worker: no GPU columns, GPUs or not
+    assert mon.gpu_count == 0
     assert all(r["time_s"] >= 100.0 for r in rows)
     assert [r["time_s"] for r in rows] == sorted(r["time_s"] for r in rows)
-    assert all(0 <= r["cpu_percent"] <= 100 for r in rows)
+    assert all(0 <= r["host_cpu_percent"] <= 100 for r in rows)
 
 
 def test_stop_does_not_wait_for_the_interval():
@@ -90,15 +92,33 @@ def test_stop_does_not_wait_for_the_interval():
 
 def test_summarize_hand_made_rows():
     rows = [
-        {"time_s": 0.5, "cpu_percent": 20.0, "gpu0_util": 10.0, "gpu1_util": 30.0,
+        {"time_s": 0.5, "host_cpu_percent": 20.0, "cpu0_percent": 95.0, "cpu1_percent": 5.0,
+         "workers_cpu_percent": 150.0, "gpu0_util": 10.0, "gpu1_util": 30.0,
          "gpu0_mem_mb": 5000.0},
-        {"time_s": 1.0, "cpu_percent": 40.0, "gpu0_util": 50.0, "gpu1_util": None,
+        {"time_s": 1.0, "host_cpu_percent": 40.0, "cpu0_percent": 90.0, "cpu1_percent": 70.0,
+         "workers_cpu_percent": 250.0, "gpu0_util": 50.0, "gpu1_util": None,
          "gpu0_mem_mb": 5000.0},
+        {"time_s": 1.5, "host_cpu_percent": None, "workers_cpu_percent": None},
     ]
-    assert summarize(rows) == {"cpu_mean": 30.0, "gpu_mean": 30.0}
-    assert summarize([{"time_s": 0.5, "cpu_percent": 10.0}]) == {"cpu_mean": 10.0,
-                                                                 "gpu_mean": None}
-    assert summarize([]) == {"cpu_mean": None, "gpu_mean": None}
+    assert summarize(rows, cores_given=4) == {
+        "workers_cpu_cores_mean": 2.0,  # (150 + 250) / 2 percent of one core
+        "workers_cpu_share_mean": 0.5,  # 2 of the 4 cores given
+        "host_cpu_percent_mean": 30.0,
+        "gpu_util_mean": 30.0,  # (10 + 30 + 50) / 3; memory is not utilization
+    }
+    assert summarize(rows, cores_given=0)["workers_cpu_share_mean"] is None
+    assert summarize([{"time_s": 0.5, "host_cpu_percent": 10.0, "workers_cpu_percent": 50.0}],
+                     cores_given=1) == {"workers_cpu_cores_mean": 0.5,
+                                        "workers_cpu_share_mean": 0.5,
+                                        "host_cpu_percent_mean": 10.0, "gpu_util_mean": None}
+    assert summarize([], cores_given=2) == dict.fromkeys(
+        ("workers_cpu_cores_mean", "workers_cpu_share_mean", "host_cpu_percent_mean",
+         "gpu_util_mean"))
+
+
+def test_torch_indices_of_worker_devices():
+    assert torch_indices(["cpu", "cuda:3", "cuda:0", "cuda:3", "cuda", "mps"]) == [0, 3]
+    assert torch_indices(["cpu", "cpu"]) == []
 
 
 def test_no_nvml_means_no_gpus(monkeypatch):
@@ -106,23 +126,32 @@ def test_no_nvml_means_no_gpus(monkeypatch):
         raise machine.pynvml.NVMLError_LibraryNotFound()
 
     monkeypatch.setattr(machine.pynvml, "nvmlInit", fail)
-    assert describe_gpus() == []
-    with UtilizationMonitor(0.05, list) as mon:
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    assert describe_gpus() == [] and cuda_devices() == []
+    with UtilizationMonitor(0.05, list, devices=["cpu", "cuda:0"]) as mon:
         time.sleep(0.2)
     assert mon.gpu_count == 0
     assert not any(k.startswith("gpu") for r in mon.stop() for k in r)
     monkeypatch.setattr(machine, "pynvml", None)
-    assert describe_gpus() == []
+    assert describe_gpus() == [] and cuda_devices() == []
 
 
-def test_gpu_columns_from_a_fake_nvml(monkeypatch):
-    """The NVML code path, exercised without a GPU: two devices, bytes names as old bindings."""
+# Two GPUs whose UUIDs share a prefix ("GPU-5f"), so that prefixes can be ambiguous.
+UUIDS = ("GPU-5f1a2c3d-0000-4000-8000-000000000000", "GPU-5f2b9e8d-1111-4111-8111-111111111111")
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NVML code path, exercised without a GPU: two devices, bytes names as old bindings; a
+    CUDA build of torch; CUDA_VISIBLE_DEVICES unset."""
     fake = {
         "nvmlInit": lambda: None,
         "nvmlShutdown": lambda: None,
         "nvmlDeviceGetCount": lambda: 2,
         "nvmlDeviceGetHandleByIndex": lambda i: i,
         "nvmlDeviceGetName": lambda h: b"Fake GPU %d" % h,
+        "nvmlDeviceGetUUID": lambda h: UUIDS[h],
+        "nvmlDeviceGetPciInfo": lambda h: SimpleNamespace(busId=b"00000000:%02X:00.0" % (0x17 + h)),
         "nvmlSystemGetDriverVersion": lambda: "999.1",
         "nvmlDeviceGetUtilizationRates": lambda h: SimpleNamespace(gpu=40 + 20 * h),
         "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(used=(h + 1) * 2**20,
@@ -130,29 +159,123 @@ def test_gpu_columns_from_a_fake_nvml(monkeypatch):
     }
     for name, fn in fake.items():
         monkeypatch.setattr(machine.pynvml, name, fn)
-    assert describe_gpus() == [{"name": f"Fake GPU {i}", "memory_mb": 8192.0, "driver": "999.1"}
-                               for i in range(2)]
-    with UtilizationMonitor(0.05, list) as mon:
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def _sample(devices: list[str]) -> tuple[UtilizationMonitor, list[dict]]:
+    with UtilizationMonitor(0.05, list, devices=devices) as mon:
         time.sleep(0.2)
     rows = mon.stop()
-    assert mon.gpu_count == 2
     assert rows
-    assert all((r["gpu0_util"], r["gpu1_util"], r["gpu0_mem_mb"], r["gpu1_mem_mb"])
-               == (40, 60, 1.0, 2.0) for r in rows)
-    assert summarize(rows)["gpu_mean"] == 50.0
+    return mon, rows
+
+
+def _gpu_columns(rows: list[dict]) -> set[str]:
+    return {k for r in rows for k in r if k.startswith("gpu")}
+
+
+def test_describe_gpus_lists_every_nvml_gpu(fake_nvml):
+    assert describe_gpus() == [
+        {"name": f"Fake GPU {i}", "memory_mb": 8192.0, "driver": "999.1", "uuid": UUIDS[i],
+         "pci_bus_id": f"00000000:{0x17 + i:02X}:00.0", "nvml_index": i} for i in range(2)]
+
+
+@pytest.mark.parametrize(("visible", "nvml_indices"), [
+    (None, [0, 1]),
+    ("1", [1]),  # torch's cuda:0 is NVML's GPU 1
+    ("1,0", [1, 0]),
+    (" 1 , 0", [1, 0]),
+    (UUIDS[1], [1]),
+    ("GPU-5f2b,GPU-5f1a2c", [1, 0]),  # unambiguous prefixes
+    ("GPU-5f2b,GPU-5f", [1]),  # an ambiguous prefix ends the list
+    ("GPU-5f", []),
+    ("GPU-ffff", []),
+    ("", []),
+    ("-1", []),
+    ("0,-1,1", [0]),  # a negative index ends the list
+    ("1,7,0", [1]),  # so does one past the last GPU
+    ("0,1,0", []),  # a GPU named twice: none at all
+    ("MIG-5f1a2c3d", []),
+])
+def test_cuda_devices_follow_cuda_visible_devices(fake_nvml, monkeypatch, visible, nvml_indices):
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    gpus = cuda_devices()
+    assert [g["nvml_index"] for g in gpus] == nvml_indices
+    assert [g["uuid"] for g in gpus] == [UUIDS[i] for i in nvml_indices]
+
+
+def test_cuda_devices_are_none_without_a_cuda_build_of_torch(fake_nvml, monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert cuda_devices() == []
+    assert len(describe_gpus()) == 2  # NVML still sees them
+
+
+def test_only_the_runs_gpus_are_sampled_by_torch_index(fake_nvml, monkeypatch):
+    mon, rows = _sample(["cpu"])
+    assert mon.gpu_count == 0 and _gpu_columns(rows) == set()  # NVML sees two, the run used none
+
+    mon, rows = _sample(["cpu", "cuda:1"])
+    assert _gpu_columns(rows) == {"gpu1_util", "gpu1_mem_mb"}
+    assert all((r["gpu1_util"], r["gpu1_mem_mb"]) == (60, 2.0) for r in rows)
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    mon, rows = _sample(["cpu", "cuda:0", "cuda:0"])
+    assert mon.gpu_count == 1 and mon.gpus[0]["nvml_index"] == 1
+    assert _gpu_columns(rows) == {"gpu0_util", "gpu0_mem_mb"}
+    assert all((r["gpu0_util"], r["gpu0_mem_mb"]) == (60, 2.0) for r in rows)  # NVML's GPU 1
+    assert summarize(rows, cores_given=2)["gpu_util_mean"] == 60.0
+
+
+def test_uuids_in_cuda_visible_devices_map_torch_indices(fake_nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{UUIDS[1]},GPU-5f1a")
+    mon, rows = _sample(["cuda:1"])
+    assert mon.gpus[1]["uuid"] == UUIDS[0]
+    assert _gpu_columns(rows) == {"gpu1_util", "gpu1_mem_mb"}
+    assert all((r["gpu1_util"], r["gpu1_mem_mb"]) == (40, 1.0) for r in rows)  # NVML's GPU 0
+
+    mon, rows = _sample(["cuda:0", "cuda:1", "cuda:2"])  # cuda:2 does not exist: no column
+    assert [g["nvml_index"] for g in mon.gpus.values()] == [1, 0]
+    assert _gpu_columns(rows) == {"gpu0_util", "gpu0_mem_mb", "gpu1_util", "gpu1_mem_mb"}
+    assert all((r["gpu0_util"], r["gpu1_util"]) == (60, 40) for r in rows)
+    assert summarize(rows, cores_given=3)["gpu_util_mean"] == 50.0
 
 
 @pytest.mark.gpu
 def test_gpu_columns_on_a_real_gpu():
-    import torch
-
-    gpus = describe_gpus()
-    with UtilizationMonitor(0.05, list) as mon:
+    gpus = cuda_devices()
+    with UtilizationMonitor(0.05, list, devices=["cpu", "cuda:0"]) as mon:
         time.sleep(0.3)
     rows = mon.stop()
-    assert mon.gpu_count == len(gpus)
+    assert mon.gpu_count == 1 and mon.gpus[0]["uuid"] == gpus[0]["uuid"]
     assert all(gpu["name"] and gpu["memory_mb"] > 0 and gpu["driver"] for gpu in gpus)
-    assert rows and all(f"gpu{i}_util" in r and f"gpu{i}_mem_mb" in r
-                        for r in rows for i in range(len(gpus)))
-    assert summarize(rows)["gpu_mean"] is not None
+    assert all(gpu["uuid"].startswith("GPU-") and gpu["pci_bus_id"] for gpu in gpus)
+    assert rows and all({k for k in r if k.startswith("gpu")} == {"gpu0_util", "gpu0_mem_mb"}
+                        for r in rows)
+    assert summarize(rows, cores_given=1)["gpu_util_mean"] is not None
     assert not torch.cuda.is_initialized()  # the sampler reads NVML, never CUDA
+
+
+TORCH_UUIDS = ("import json, torch\n"
+               "print(json.dumps([str(torch.cuda.get_device_properties(i).uuid)"
+               " for i in range(torch.cuda.device_count())]))")
+
+
+@pytest.mark.gpu
+def test_cuda_devices_are_torchs_devices_in_torchs_order(monkeypatch):
+    """What CUDA itself enumerates (in a child, to keep CUDA out of this process) is what
+    cuda_devices() lists from NVML, with CUDA_VISIBLE_DEVICES unset and naming the last GPU."""
+    last = len(describe_gpus()) - 1
+    for visible in (None, str(last), describe_gpus()[last]["uuid"][:12]):
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        child = subprocess.run([sys.executable, "-c", TORCH_UUIDS], capture_output=True,
+                               text=True, check=True)
+        from_torch = [u.lower().removeprefix("gpu-") for u in
+                      json.loads(child.stdout.strip().splitlines()[-1])]
+        ours = [g["uuid"].lower().removeprefix("gpu-") for g in cuda_devices()]
+        assert ours == from_torch, visible
+    assert not torch.cuda.is_initialized()

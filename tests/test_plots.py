@@ -6,13 +6,15 @@ import hashlib
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from test_report import write_failed, write_run, write_sweep
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import read_summary
 from hetsgd.outputs.plots import plot_all
-from hetsgd.outputs.run_figures import plot_run, run_title
+from hetsgd.outputs.run_figures import _cores_given, _run_utilization, plot_run, run_title
 
 RUN_FIGURES = {"loss_vs_time", "loss_vs_epoch", "accuracy_vs_time", "utilization",
                "update_shares"}
@@ -77,3 +79,26 @@ def test_failed_run_and_bad_format(tmp_path: Path) -> None:
         plot_run(failed, formats=("jpg",))
     with pytest.raises(UserError, match="not a directory"):
         plot_all(tmp_path / "missing")
+
+
+def test_utilization_figure_shows_the_runs_own_cpu_apart_from_the_hosts(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", algo="sync", devices="cpu+gpu", seed=0)
+    util = pd.read_csv(run / "utilization.csv")
+    summary = read_summary(run)
+    summary["mix"]["cpu"]["threads"] = 3  # 1 + 3 cores given, the host has 2 (cpu0, cpu1)
+    assert _cores_given(summary) == 4
+    fig = _run_utilization(util, None, "title", _cores_given(summary))
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    workers = lines["workers' CPU\n(of the 4 cores given)"]
+    np.testing.assert_allclose(workers.get_ydata(), util["workers_cpu_percent"] / 4)
+    host = lines["host CPU\n(all processes)"]
+    assert host.get_linestyle() == "--"
+    np.testing.assert_allclose(host.get_ydata(), util["host_cpu_percent"])
+    assert [label for label in lines if label.startswith("GPU")] == ["GPU cuda:0"]
+    np.testing.assert_allclose(lines["GPU cuda:0"].get_ydata(), util["gpu0_util"])
+
+    del summary["mix"]  # a summary that does not say: a share of every host core, labelled so
+    fig = _run_utilization(util, None, "title", _cores_given(summary))
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    np.testing.assert_allclose(lines["workers' CPU\n(of all 2 host cores)"].get_ydata(),
+                               util["workers_cpu_percent"] / 2)

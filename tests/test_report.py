@@ -1,4 +1,4 @@
-"""The report from hand-made run directories that follow DESIGN.md section 6.
+"""The report from hand-made run directories laid out as docs/architecture.md describes.
 
 The fixture writers here are shared with ``test_plots.py``.
 """
@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import index_runs, load_csv
+from hetsgd.outputs.metrics import target_losses, time_to_losses
 from hetsgd.outputs.report import comparisons, crossing, write_report
 from hetsgd.outputs.sweep import SweepReport
 
@@ -60,11 +61,11 @@ def write_run(run_dir: Path, *, algo: str, devices: str, seed: int, speed: float
     conv = pd.DataFrame({
         "time_s": t, "epoch": epoch, "updates": updates, "updates_cpu": cpu_updates,
         "updates_accel": updates - cpu_updates, "train_loss": loss, "test_loss": loss + 0.05,
-        "test_acc": acc, "normalized_loss": (loss[0] - loss) / (loss[0] - loss.min())})
+        "test_acc": acc})
     conv.to_csv(run_dir / "convergence.csv", index=False)
     ut = np.arange(0.0, t[-1] + 0.01, 0.25)
     dip = (np.abs(ut * 0.75 - np.round(ut * 0.75)) < 0.1) & (ut > 0)  # epoch ends
-    util = pd.DataFrame({"time_s": ut, "cpu_percent": np.where(dip, 20.0, 85.0),
+    util = pd.DataFrame({"time_s": ut, "host_cpu_percent": np.where(dip, 20.0, 85.0),
                          "cpu0_percent": 90.0, "cpu1_percent": 80.0,
                          "workers_cpu_percent": np.where(dip, 15.0, 160.0)})
     if gpu:
@@ -98,10 +99,20 @@ def write_run(run_dir: Path, *, algo: str, devices: str, seed: int, speed: float
         "examples_per_s": 500.0, "final": final,
         "initial": {"train_loss": float(loss[0]), "test_loss": float(loss[0] + 0.05),
                     "test_acc": 0.1},
-        "time_to_target": {"0.9": 1.0, "0.95": 1.5, "0.99": None},
-        "epochs_to_target": {"0.9": 0.75, "0.95": 1.1, "0.99": None},
-        "utilization": {"cpu_mean": float(util["cpu_percent"].mean()),
-                        "gpu_mean": float(util["gpu0_util"].mean()) if gpu else None},
+        "target_losses": {"losses": [loss[0] / 2, loss[0] / 5, loss[0] / 10],
+                          "reference": "0.5 / 0.2 / 0.1 x the initial training loss"},
+        "time_to_loss": {f"{loss[0] / 2:.4g}": 1.0, f"{loss[0] / 5:.4g}": 1.5,
+                         f"{loss[0] / 10:.4g}": None},
+        "mix": {"accel": {"kind": "cuda" if gpu else "emulated", "role": "accel", "count": 1,
+                          "threads": 1, "batch_size": 256,
+                          "devices": ["cuda:0" if gpu else "cpu"]},
+                "cpu": {"kind": "cpu", "role": "host", "count": 1, "threads": 1,
+                        "batch_size": 16, "devices": ["cpu"]}},
+        "utilization": {
+            "workers_cpu_cores_mean": float(util["workers_cpu_percent"].mean()) / 100,
+            "workers_cpu_share_mean": float(util["workers_cpu_percent"].mean()) / 100 / 2,
+            "host_cpu_percent_mean": float(util["host_cpu_percent"].mean()),
+            "gpu_util_mean": float(util["gpu0_util"].mean()) if gpu else None},
         "emulated": emulated,
         "environment": {"torch": "2.13", "python": "3.11", "cpu_model": "test", "cores": 2,
                         "gpus": ["H200"] if gpu else [], "driver": None},
@@ -162,6 +173,33 @@ def test_one_row_per_algo_and_devices_with_mean_and_std(tmp_path: Path) -> None:
     numbers = pd.read_csv(sweep / "report.csv")
     assert len(numbers) == 5
     assert {"time_to_0.9_mean", "time_to_0.9_std", "share_cpu_mean", "speedup"} <= set(numbers)
+
+
+def test_utilization_is_the_runs_own_and_the_host_is_labelled_apart(tmp_path: Path) -> None:
+    sweep = write_sweep(tmp_path / "sweep", failed=False)
+    markdown = write_report(sweep)
+    header = next(line for line in markdown.splitlines() if line.startswith("| algo"))
+    headers = [c.strip() for c in header.strip("|").split(" | ")]
+    assert headers[-4:] == ["workers' CPU [cores]", "GPU util [%]", "host CPU [%]", "speedup"]
+    util = pd.read_csv(sweep / "0_algo=sync,devices=cpu+gpu,seed=0" / "utilization.csv")
+    workers_cores = util["workers_cpu_percent"].mean() / 100  # 100 = one core
+    numbers = pd.read_csv(sweep / "report.csv").set_index(["algo", "devices"])
+    real, emulated = numbers.loc[("sync", "cpu+gpu")], numbers.loc[("sync", "auto")]
+    assert real["workers_cpu_cores_mean"] == pytest.approx(workers_cores)
+    assert real["host_cpu_mean"] == pytest.approx(util["host_cpu_percent"].mean())
+    assert real["gpu_util_mean"] == pytest.approx(util["gpu0_util"].mean())
+    assert math.isnan(emulated["gpu_util_mean"])  # no GPU of its own: no number
+    row = next(r for r in table_rows(markdown) if r[:2] == ["sync", "cpu+gpu"])
+    assert row[-4].startswith(f"{workers_cores:.1f}")
+    assert row[-2].startswith(f"{util['host_cpu_percent'].mean():.0f}")
+
+    SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    summary = pd.read_csv(sweep / "summary.csv").set_index("job")
+    assert summary.loc[0, "utilization.workers_cpu_cores_mean"] == pytest.approx(workers_cores)
+    assert summary.loc[0, "utilization.workers_cpu_share_mean"] == pytest.approx(workers_cores / 2)
+    assert summary.loc[0, "utilization.host_cpu_percent_mean"] == pytest.approx(
+        util["host_cpu_percent"].mean())
+    assert summary.loc[0, "utilization.gpu_util_mean"] == pytest.approx(util["gpu0_util"].mean())
 
 
 def test_failed_run_is_listed_with_its_error(tmp_path: Path) -> None:
@@ -288,3 +326,15 @@ def test_sweep_report_never_raises(tmp_path: Path) -> None:
     (sweep / "0_algo=sync" / "summary.json").write_text("[1, 2]")
     SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
     assert "unreadable summary.json" in (sweep / "report.md").read_text()
+
+
+def test_a_run_is_timed_to_absolute_losses() -> None:
+    time, loss = [0.0, 1.0, 2.0, 3.0], [1.0, 0.6, 0.3, 0.05]
+    targets, reference = target_losses([], initial_loss=1.0)
+    assert targets == pytest.approx([0.5, 0.2, 0.1])
+    assert reference == "0.5 / 0.2 / 0.1 x the initial training loss"
+    assert time_to_losses(time, loss, targets) == pytest.approx(
+        {"0.5": 1 + 0.1 / 0.3, "0.2": 2 + 0.1 / 0.25, "0.1": 2 + 0.2 / 0.25})
+    stated, reference = target_losses([0.04, 0.3], initial_loss=1.0)
+    assert (stated, reference) == ([0.3, 0.04], "eval.target_losses")
+    assert time_to_losses(time, loss, stated) == {"0.3": 2.0, "0.04": None}  # never reached

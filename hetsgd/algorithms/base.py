@@ -53,7 +53,7 @@ class SharedMemoryHooks:
 class DistributedHooks:
     loop: type[RankLoop]
     setup_summary: SetupSummary
-    publishing: bool  # rank 0 keeps a GPU replica and publishes it into the master on request
+    publishing: bool  # rank 0 keeps its replica and publishes it into the master on request
 
 
 Hooks = SharedMemoryHooks | DistributedHooks

@@ -21,7 +21,7 @@ NAME = "hogbatch"
 
 def hogbatch_link(spec: WorkerSpec, module: torch.nn.Module, state: SharedState, merge: str) -> Link:
     """Accelerators train a replica merged back after each batch; host workers step in place."""
-    return Replica(module, state, merge) if spec.accel else InPlace(module, state)
+    return Replica(spec, module, state, merge) if spec.accel else InPlace(spec, module, state)
 
 
 def check_workers(cfg: RunConfig, specs: list[WorkerSpec]) -> None:

@@ -23,9 +23,11 @@ Where the paper is silent, these are the project's choices (the authors' code wh
   period's seeded permutation is cut into contiguous shards, one per rank, of period * tau_r * B_r
   examples (data share proportional to tau, as the authors' code), walked in order.
 - ``biased.sampling``: at each reshuffle the loss tables are min-merged and the ``side``'s ranks
-  (``slow``, as the authors' code; ``fast``, as the paper's summary) train on the top-k of a pool
-  instead (see :mod:`hetsgd.algorithms.biased_sampling`); the other side keeps its uniform
-  shards, which may overlap.
+  train on the top-k of a pool instead (see :mod:`hetsgd.algorithms.biased_sampling`); the other
+  side keeps its uniform shards, which may overlap. The side is chosen by device role, as the
+  paper's hardware has it: ``slow`` (the authors' code) is the host (CPU) groups, ``fast`` (the
+  paper's summary) the accelerator groups. Where the taus make a host group the fast one (say an
+  emulated mix whose small-batch CPU group steps faster), rank 0 warns.
 - Epochs: ``epoch_accounting: examples`` counts N examples consumed by all ranks as one epoch
   (the budget then stops at the first round that reaches it); ``authors`` counts the authors'
   R = floor(N / (sum of batch sizes * tau_fast)) rounds as one epoch (the round count balanced
@@ -38,6 +40,7 @@ Where the paper is silent, these are the project's choices (the authors' code wh
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -57,6 +60,7 @@ from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem
 
 NAME = "local_sgd"
+log = logging.getLogger("hetsgd")
 
 
 def _groups(world: list[WorkerSpec]) -> list[str]:
@@ -64,7 +68,7 @@ def _groups(world: list[WorkerSpec]) -> list[str]:
 
 
 def _uses_fast_group(algo: LocalSGDConfig) -> bool:
-    return algo.biased.sampling or algo.aggregation == "fast_weighted"
+    return algo.aggregation == "fast_weighted"
 
 
 def group_taus(algo: LocalSGDConfig, groups: list[str],
@@ -119,8 +123,12 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
                         f"devices={mix} are {', '.join(groups)}: give one tau per group "
                         "(or fast/slow)")
     if _uses_fast_group(algo) and len(groups) < 2:
-        raise UserError(f"biased sampling and fast_weighted aggregation need a fast and a slow "
-                        f"group; devices={mix} has one ({groups[0]})")
+        raise UserError(f"fast_weighted aggregation needs a fast and a slow group; devices={mix} "
+                        f"has one ({groups[0]})")
+    if algo.biased.sampling and {s.accel for s in specs} != {True, False}:
+        raise UserError(f"biased sampling picks its side by device role (side=slow: the host "
+                        f"groups, fast: the accelerator groups) and needs both; devices={mix} "
+                        f"has only {'accelerator' if specs[0].accel else 'host'} groups")
     tau = "measured at setup" if algo.tau.measured else group_taus(algo, groups, None)
     return Plan(cfg, specs, {"tau": tau})
 
@@ -173,7 +181,7 @@ class RoundPlan:
             raw = [1.0] * len(world)
         weights = [w / sum(raw) for w in raw]
         side = frozenset(r for r, s in enumerate(world) if algo.biased.sampling
-                         and (s.group == fast) == (algo.biased.side == "fast"))
+                         and s.accel == (algo.biased.side == "fast"))
         per_round = sum(t * b for t, b in zip(taus, batches))
         epochs = cfg.budget.epochs
         if algo.epoch_accounting == "authors":
@@ -222,6 +230,21 @@ class ShardBatches(Batches):
         return self.shard
 
 
+def warn_if_the_side_is_not_as_named(world: list[WorkerSpec], plan: RoundPlan,
+                                     side: str) -> None:
+    """The sampling side is chosen by role; say so when the taus make it the other kind."""
+    top = max(plan.taus)
+    if min(plan.taus) == top:
+        return
+    fast_on_side = all(r in plan.side for r, t in enumerate(plan.taus) if t == top)
+    if fast_on_side != (side == "fast"):
+        groups = ", ".join(dict.fromkeys(world[r].group for r in sorted(plan.side)))
+        log.warning("biased sampling: side=%s is the %s group(s) (%s) by device role, but their "
+                    "tau makes them the %s side of this run", side,
+                    "accelerator" if side == "fast" else "host", groups,
+                    "fast" if fast_on_side else "slow")
+
+
 class RankLoop:
     """One rank of local SGD: rounds of tau local steps, then one aggregating all-reduce."""
 
@@ -237,6 +260,8 @@ class RankLoop:
                            if needs_step_times(algo, _groups(world)) else None)
         self.plan = RoundPlan.build(cfg, world, self.rank.num_examples, self.step_times)
         self.table = LossTable(self.rank.num_examples) if algo.biased.sampling else None
+        if self.table is not None and spec.rank == 0:
+            warn_if_the_side_is_not_as_named(world, self.plan, algo.biased.side)
 
     def setup(self) -> dict[str, list[float]]:
         return {"tau": [float(t) for t in self.plan.taus], "weight": self.plan.weights,

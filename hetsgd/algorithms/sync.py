@@ -59,7 +59,7 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
 def hooks(plan: Plan) -> Hooks:
     if len(plan.workers) == 1:
         return SharedMemoryHooks(default_link)
-    return DistributedHooks(RankLoop, setup_summary, publishing=plan.workers[0].device != "cpu")
+    return DistributedHooks(RankLoop, setup_summary, publishing=plan.workers[0].accel)
 
 
 def setup_summary(world: list[WorkerSpec], columns: dict[str, list[float]]) -> dict:
@@ -128,7 +128,7 @@ class RankLoop:
             with torch.no_grad():
                 rank.sgd.step(epoch + start / n, size)
             rank.ledger.step(sizes[me], computed - started + time.perf_counter() - stepped, loss)
-            if rank.link is not None:  # rank 0 on a GPU: publish when the coordinator asks
+            if rank.link is not None:  # rank 0: publish when the coordinator asks
                 rank.ledger.add("comm_s", rank.link.after_step())
             if verdict.diverged:
                 raise Diverged(f"training loss became non-finite at epoch {epoch + start / n:.3f}")

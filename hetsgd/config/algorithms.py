@@ -86,7 +86,8 @@ class BiasedSamplingConfig:
     """Loss-based top-k sampling of the biased local SGD paper."""
 
     sampling: bool = False
-    side: str = "slow"  # slow (the authors' code) | fast (the paper's summary)
+    # by device role: slow = the host (CPU) groups (the authors' code) | fast = the accelerators
+    side: str = "slow"
     pool_ratio: float = 4.0
 
     def __post_init__(self) -> None:

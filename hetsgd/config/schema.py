@@ -22,7 +22,7 @@ TASKS = ("binary", "multiclass", "multilabel")
 # dataset, model, optimizer, budget, evaluation, monitoring
 # --------------------------------------------------------------------------------------------
 
-SCALINGS = ("standard", "maxabs", "none")
+SCALINGS = ("auto", "standard", "maxabs", "none")
 
 
 @dataclass
@@ -33,7 +33,9 @@ class DatasetConfig:
     path: str | None = None  # a local file (required for `libsvm`, optional override otherwise)
     task: str = "auto"  # auto: inferred from the labels
     test_fraction: float = 0.2  # used only where the source has no published test split
-    scale: str = "standard"  # fit on the training part only
+    # fit on the training part only; auto: the source's own default, none for LIBSVM-format
+    # files (published already scaled) except covtype_binary (raw), standard for the others
+    scale: str = "auto"
     limit: int | None = None  # keep a seeded, stratified subset of this many training examples
 
     def __post_init__(self) -> None:
@@ -166,6 +168,9 @@ class EvalConfig:
 
     every_s: float = 0.5
     every_epochs: float | None = 0.25
+    # summary.json times the run to these training losses; empty: 0.5 / 0.2 / 0.1 x the initial
+    # training loss (the same for every run of one seed, model and dataset)
+    target_losses: list[float] = field(default_factory=list)
     train_subset: int = 10000  # training loss is measured on at most this many examples
     batch_size: int = 4096
     # Beyond either cap every other snapshot is dropped and the spacing doubles: evaluation
@@ -178,6 +183,8 @@ class EvalConfig:
         require(self.every_epochs is None or self.every_epochs > 0, "eval.every_epochs",
                  "a positive number of epochs, or null", self.every_epochs)
         require(self.train_subset > 0, "eval.train_subset", "a positive count", self.train_subset)
+        require(all(t > 0 for t in self.target_losses), "eval.target_losses",
+                "positive losses", self.target_losses)
         require(self.batch_size > 0, "eval.batch_size", "a positive count", self.batch_size)
         require(self.max_snapshots >= 4, "eval.max_snapshots", "at least 4", self.max_snapshots)
         require(self.max_snapshot_mb > 0, "eval.max_snapshot_mb", "a positive size",
@@ -199,9 +206,13 @@ class DataConfig:
 
     shuffle: bool = True
     on_device: str = "auto"  # GPU workers: copy the whole training set to the device when it fits
+    # training batches only (hetsgd/data/augment.py): none, or crop_flip for image sets (Lim et
+    # al.'s CIFAR recipe: a random crop of the image zero-padded by 4 pixels, a flip with p = 0.5)
+    augment: str = "none"
 
     def __post_init__(self) -> None:
         one_of("data.on_device", self.on_device, ("auto", "always", "never"))
+        one_of("data.augment", self.augment, ("none", "crop_flip"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,10 +256,15 @@ class GroupConfig:
 class DevicesConfig:
     name: str = MISSING
     groups: dict[str, GroupConfig] = field(default_factory=dict)
+    # train on these groups only (empty: all); e.g. [accel] runs a mix's accelerator alone, so
+    # the baseline of a comparison keeps the same mix, and its name, as the other runs
+    only: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         require(len(self.groups) > 0, "devices.groups", "at least one worker group",
-                 self.groups)
+                self.groups)
+        require(set(self.only) <= set(self.groups), "devices.only",
+                "names of groups of the mix (" + ", ".join(self.groups) + ")", self.only)
 
 
 

@@ -53,6 +53,12 @@ class Dataset:
     image_shape: tuple[int, int, int] | None
     synthetic: bool = False
     source: str = ""
+    # the scaling applied to the features: "standard", "maxabs" or "none" (``dataset.scale``
+    # with ``auto`` resolved for the source; a sparse set asked for "standard" gets "maxabs")
+    scaling: str = "none"
+    # image sets: per channel, the value a zero (black) pixel takes after the scaling, which is
+    # what zero padding in pixel space becomes (data.augment=crop_flip pads with it)
+    pixel_zero: tuple[float, ...] | None = None
 
     @property
     def num_train(self) -> int:

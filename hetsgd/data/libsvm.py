@@ -4,6 +4,10 @@ Parsing is scikit-learn's svmlight loader. Train and test files are read togethe
 the width of the wider one (w8a.t uses fewer feature indices than w8a), widened further to the
 published feature count where it is known. Sets with at most ``DENSE_MAX_FEATURES`` features are
 made dense (a dense float32 array is then small and faster to train on); wider ones stay CSR.
+
+LIBSVM files are published already scaled (binary indicators, [0, 1] or [-1, 1] ranges, unit-length
+tf-idf rows), so ``dataset.scale=auto`` leaves them as they are; covtype_binary is the exception:
+its file (not the ``.scale`` one) holds the raw UCI quantities, standardised as ``covtype`` is.
 """
 
 from __future__ import annotations
@@ -126,6 +130,8 @@ def _valid(tokens: list[str], multilabel: bool) -> bool:
 class LibsvmFile(Source):
     """Any LIBSVM file given as ``dataset.path``; the test part is split off."""
 
+    default_scale: str = "none"
+
     def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
         if not cfg.path:
             raise UserError("dataset=libsvm needs dataset.path=FILE (a LIBSVM file, optionally "
@@ -154,6 +160,7 @@ class LibsvmSet(Source):
     one is published. The train file alone is enough: without the test file, a test part is split
     off it. ``dataset.path`` replaces the train file; a test file is then looked for beside it."""
 
+    default_scale: str = "none"
     n_features: int | None = None
 
     def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
@@ -212,7 +219,8 @@ SOURCES = (
     LibsvmSet("real_sim", "LIBSVM real-sim: UseNet articles, real vs simulated (sparse)",
               "binary", "72,309 x 20,958", (_remote("real-sim.bz2"),), n_features=20958),
     LibsvmSet("covtype_binary", "LIBSVM covtype.binary: forest cover type, class 2 vs rest",
-              "binary", "581,012 x 54", (_remote("covtype.libsvm.binary.bz2"),), n_features=54),
+              "binary", "581,012 x 54", (_remote("covtype.libsvm.binary.bz2"),), n_features=54,
+              default_scale="standard"),  # raw UCI quantities (elevation in metres, ...)
     LibsvmSet("rcv1", "LIBSVM rcv1.binary: Reuters news, CCAT/ECAT vs GCAT/MCAT (sparse)",
               "binary", "20,242 train / 677,399 test x 47,236",
               (_remote("rcv1_train.binary.bz2"), _remote("rcv1_test.binary.bz2")),

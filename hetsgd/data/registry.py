@@ -32,12 +32,18 @@ def _check_task(wanted: str, task: str, name: str) -> None:
 
 
 def load_dataset(cfg: DatasetConfig, seed: int, progress: bool = True) -> Dataset:
-    """Load, split, subset and scale ``cfg.name`` (fetching it into the cache if needed)."""
+    """Load, split, subset and scale ``cfg.name`` (fetching it into the cache if needed);
+    ``dataset.scale=auto`` is the source's own default (``Dataset.scaling`` says what applied)."""
     source = get_source(cfg.name)
     _check_task(cfg.task, source.task, source.name)
     parsed = source.load(cfg, seed, progress)
     _check_task(cfg.task, parsed.task, source.name)
-    return prepare(parsed, cfg, seed)
+    return prepare(parsed, cfg, seed, resolve_scale(cfg.scale, source))
+
+
+def resolve_scale(scale: str, source: Source) -> str:
+    """``dataset.scale`` with ``auto`` replaced by the source's ``default_scale``."""
+    return source.default_scale if scale == "auto" else scale
 
 
 def list_sources() -> list[SourceInfo]:

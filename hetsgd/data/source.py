@@ -37,6 +37,9 @@ class Source:
     task: str
     sizes: str = ""
     remotes: tuple[RemoteFile, ...] = ()
+    # what dataset.scale=auto applies: "standard" for raw features; a source whose files are
+    # published already scaled says "none"
+    default_scale: str = "standard"
 
     def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
         """The source's arrays; ``seed`` matters only to generated data."""

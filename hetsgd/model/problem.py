@@ -22,10 +22,14 @@ class Problem:
     num_features: int
     num_outputs: int
     image_shape: tuple[int, int, int] | None
+    # image sets: per channel, the stored value of a black pixel (``Dataset.pixel_zero``), which
+    # data.augment=crop_flip pads with
+    channel_fill: tuple[float, ...] | None = None
 
     @classmethod
     def of(cls, dataset: Dataset) -> Problem:
-        return cls(dataset.task, dataset.num_features, dataset.num_outputs, dataset.image_shape)
+        return cls(dataset.task, dataset.num_features, dataset.num_outputs, dataset.image_shape,
+                   dataset.pixel_zero)
 
     def build_model(self, model: ModelConfig, seed: int) -> torch.nn.Module:
         """The run's seeded initial model for this data: the same in every process."""

@@ -1,9 +1,16 @@
 """CPU and GPU utilization sampled by a daemon thread of the coordinator.
 
+What is the run's own is kept apart from what is the host's: ``workers_cpu_percent`` is the CPU
+of the worker process trees (100 = one core), ``host_cpu_percent`` and ``cpuN_percent`` are
+host-wide (the coordinator and any other tenant included), and only the GPUs the run's workers
+use are sampled, each named by its torch index (``gpu0_util`` is ``cuda:0``, whichever NVML
+GPU ``CUDA_VISIBLE_DEVICES`` makes it).
+
 The coordinator never touches CUDA (workers own the CUDA contexts), so GPUs are read through NVML
 (the ``nvidia-ml-py`` package, module ``pynvml``), which sees every process's load without a
-context of its own; this module does not import torch at all. CPU numbers come from psutil.
-Without NVML (no driver, no GPU) there are simply no GPU columns.
+context of its own; torch is asked only whether it has CUDA at all (:func:`cuda_devices`), and
+only by a run with GPU workers. CPU numbers come from psutil. Without NVML (no driver, no GPU)
+there are simply no GPU columns.
 """
 
 from __future__ import annotations
@@ -12,39 +19,67 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Self
 
 import psutil
 
-from hetsgd.machine import nvml, pynvml
+from hetsgd.machine import cuda_devices, nvml, pynvml
 
 Row = dict[str, float | None]
 
 _GPU_UTIL = re.compile(r"gpu\d+_util")
+_CUDA = re.compile(r"cuda(?::(\d+))?")
 
 
-def summarize(rows: list[Row]) -> dict[str, float | None]:
-    """Mean host CPU percent and mean GPU utilization over all GPU columns (None without GPUs)."""
-    cpu = [r["cpu_percent"] for r in rows if r.get("cpu_percent") is not None]
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(rows: list[Row], cores_given: int) -> dict[str, float | None]:
+    """The means summary.json keeps, each None when no row has it.
+
+    ``workers_cpu_cores_mean``: cores busy with the run's worker process trees;
+    ``workers_cpu_share_mean``: that over ``cores_given``, the cores the mix gave its workers;
+    ``host_cpu_percent_mean``: host-wide CPU, other processes included;
+    ``gpu_util_mean``: utilization over the run's own GPU columns (None without GPUs).
+    """
+    def column(key: str) -> list[float]:
+        return [v for r in rows if (v := r.get(key)) is not None]
+
+    workers = _mean(column("workers_cpu_percent"))
+    cores = None if workers is None else workers / 100.0
     gpu = [v for r in rows for k, v in r.items() if _GPU_UTIL.fullmatch(k) and v is not None]
-    return {"cpu_mean": sum(cpu) / len(cpu) if cpu else None,
-            "gpu_mean": sum(gpu) / len(gpu) if gpu else None}
+    return {"workers_cpu_cores_mean": cores,
+            "workers_cpu_share_mean": cores / cores_given if cores is not None and cores_given > 0
+            else None,
+            "host_cpu_percent_mean": _mean(column("host_cpu_percent")),
+            "gpu_util_mean": _mean(gpu)}
+
+
+def torch_indices(devices: Iterable[str]) -> list[int]:
+    """The CUDA indices among torch device strings (``cuda`` alone is ``cuda:0``), sorted, once."""
+    return sorted({int(m.group(1) or 0) for d in devices if (m := _CUDA.fullmatch(d.strip()))})
 
 
 class UtilizationMonitor:
-    """Samples host, per-core, worker-tree and GPU utilization every ``interval_s`` seconds.
+    """Samples host, per-core, worker-tree and the run's GPUs' utilization every ``interval_s`` s.
 
-    ``worker_pids`` names the worker processes (asked anew at each sample, as workers come and
-    go); their CPU is summed with that of all their descendants, 100 = one core busy. When it is
-    None, the coordinator's own descendants are the workers. ``time_s`` counts from
-    :meth:`set_time_origin` (a ``time.perf_counter()`` value, before or after :meth:`start`), by
-    default from :meth:`start`; rows taken before a later origin have negative times.
+    ``devices`` are the workers' torch devices (``["cpu", "cuda:0", "cuda:0"]``): each CUDA
+    index among them is sampled, found in NVML through :func:`cuda_devices`, and named by that
+    index (``gpu0_util``, ``gpu0_mem_mb``); ``gpus`` maps those indices to the NVML GPUs once
+    :meth:`start` returns. ``worker_pids`` names the worker processes (asked anew at each
+    sample, as workers come and go); their CPU is summed with that of all their descendants,
+    100 = one core busy. When it is None, the coordinator's own descendants are the workers.
+    ``time_s`` counts from :meth:`set_time_origin` (a ``time.perf_counter()`` value, before or
+    after :meth:`start`), by default from :meth:`start`; rows taken before a later origin have
+    negative times.
     """
 
     def __init__(self, interval_s: float = 0.5,
-                 worker_pids: Callable[[], list[int]] | None = None) -> None:
+                 worker_pids: Callable[[], list[int]] | None = None,
+                 devices: Iterable[str] = ()) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s={interval_s} must be positive")
         self.interval_s = interval_s
@@ -54,7 +89,8 @@ class UtilizationMonitor:
         self._thread: threading.Thread | None = None
         self._rows: list[Row] = []
         self._procs: dict[int, psutil.Process] = {}
-        self.gpu_count = 0
+        self._torch_indices = torch_indices(devices)
+        self.gpus: dict[int, dict[str, Any]] = {}  # torch index -> cuda_devices() entry
 
     @staticmethod
     def _own_children() -> list[int]:
@@ -75,7 +111,7 @@ class UtilizationMonitor:
         self._thread = threading.Thread(target=self._run, args=(ready,), name="hetsgd-monitor",
                                         daemon=True)
         self._thread.start()
-        ready.wait()  # gpu_count is known and the CPU counters are primed when start returns
+        ready.wait()  # the GPUs are known and the CPU counters are primed when start returns
         return self
 
     def stop(self) -> list[Row]:
@@ -93,10 +129,27 @@ class UtilizationMonitor:
                  tb: TracebackType | None) -> None:
         self.stop()
 
+    @property
+    def gpu_count(self) -> int:
+        """How many GPUs are sampled (those of the run that NVML could be asked about)."""
+        return len(self.gpus)
+
+    def _run_gpus(self) -> dict[int, dict[str, Any]]:
+        """The run's GPUs that torch can use here, by torch index."""
+        if not self._torch_indices:
+            return {}
+        try:
+            visible = cuda_devices()
+        except pynvml.NVMLError:
+            return {}
+        return {i: visible[i] for i in self._torch_indices if i < len(visible)}
+
     def _run(self, ready: threading.Event) -> None:
-        with nvml() as gpus:
+        with nvml() as handles:
             try:
-                self.gpu_count = len(gpus)
+                self.gpus = {i: gpu for i, gpu in self._run_gpus().items()
+                             if gpu["nvml_index"] < len(handles)}
+                gpus = [(i, handles[gpu["nvml_index"]]) for i, gpu in self.gpus.items()]
                 # psutil's first reading covers an undefined window: take it and discard it.
                 psutil.cpu_percent()
                 psutil.cpu_percent(percpu=True)
@@ -107,14 +160,15 @@ class UtilizationMonitor:
                 self._rows.append(self._sample(gpus))
             self._rows.append(self._sample(gpus))  # the end is always covered, even of short runs
 
-    def _sample(self, gpus: list[Any]) -> Row:
+    def _sample(self, gpus: list[tuple[int, Any]]) -> Row:
+        """One row; ``gpus`` pairs each torch index with its NVML handle."""
         assert self._origin is not None
         row: Row = {"time_s": time.perf_counter() - self._origin,
-                    "cpu_percent": psutil.cpu_percent()}
+                    "host_cpu_percent": psutil.cpu_percent()}
         for i, percent in enumerate(psutil.cpu_percent(percpu=True)):
             row[f"cpu{i}_percent"] = percent
         row["workers_cpu_percent"] = self._workers_cpu()
-        for i, handle in enumerate(gpus):
+        for i, handle in gpus:
             try:
                 util: float | None = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
                 mem: float | None = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20

@@ -29,7 +29,7 @@ NOT_A_SETTING = frozenset({"algo", "dataset", "model", "devices", "seed", "progr
 #: Columns each CSV must have for the report and the plots to use it.
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "convergence": ("time_s", "epoch", "train_loss"),
-    "utilization": ("time_s", "cpu_percent"),
+    "utilization": ("time_s", "host_cpu_percent"),
     "workers": ("worker", "group"),
     "batches": ("time_s", "worker", "batch_size"),
 }
@@ -110,7 +110,7 @@ def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
     """One row per run: ``summary.json`` flattened with dots (``final.train_loss``,
-    ``update_share.cpu``, ``time_to_target.0.9``), plus ``run_dir`` (where the run is now)
+    ``update_share.cpu``, ``time_to_loss.0.3456``), plus ``run_dir`` (where the run is now)
     and ``overrides`` (a tuple)."""
     rows = []
     for run_dir in run_dirs:

@@ -1,10 +1,10 @@
 """Comparison tables from run directories, built from their files alone.
 
 A *comparison* is the set of runs with the same dataset and model: their losses are on one scale.
-Within it, every run's normalized loss is recomputed as (L0 - L) / (L0 - L_best), L0 the run's own
+Within it, every run's normalized loss is computed as (L0 - L) / (L0 - L_best), L0 the run's own
 initial training loss and L_best the lowest training loss reached by any completed run of the
-comparison, so that "0.9" means the same loss for every algorithm and device mix (a run's own
-``normalized_loss`` column uses its own best instead). Time and epochs to a target are
+comparison, so that "0.9" means the same loss for every algorithm and device mix. (A run's own
+summary holds only absolute losses and the times to reach them.) Time and epochs to a target are
 interpolated linearly between the two snapshots around the first crossing.
 
 A row of a table is one algorithm on one device mix and one variant: the overrides, other than
@@ -43,10 +43,12 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("test_loss", "test loss", ".4f"),
     ("test_acc", "test acc", ".3f"),
 )
-#: Utilization metrics, shown after the update shares.
+#: Utilization metrics, shown after the update shares: the run's own (cores busy with its worker
+#: processes, its GPUs), then the host's CPU, which counts every other process too.
 UTILIZATION: tuple[tuple[str, str, str], ...] = (
-    ("cpu_util", "CPU util [%]", ".0f"),
+    ("workers_cpu_cores", "workers' CPU [cores]", ".1f"),
     ("gpu_util", "GPU util [%]", ".0f"),
+    ("host_cpu", "host CPU [%]", ".0f"),
 )
 SHARE_PREFIX = "update_share."
 
@@ -145,8 +147,9 @@ def run_metrics(comp: Comparison) -> pd.DataFrame:
                     row[f"{name}_{target}"] = math.nan if hit is None else hit
             for key in ("train_loss", "test_loss", "test_acc"):
                 row[key] = run.get(f"final.{key}")
-            row["cpu_util"] = run.get("utilization.cpu_mean")
-            row["gpu_util"] = run.get("utilization.gpu_mean")
+            row["workers_cpu_cores"] = run.get("utilization.workers_cpu_cores_mean")
+            row["gpu_util"] = run.get("utilization.gpu_util_mean")
+            row["host_cpu"] = run.get("utilization.host_cpu_percent_mean")
             for group in comp.groups:
                 row[f"share_{group}"] = run.get(f"{SHARE_PREFIX}{group}")
         rows.append(row)

@@ -1,5 +1,5 @@
-"""One run's figures (``<run>/figures/``), from its files alone: normalized loss against wall
-time and against epochs, CPU and GPU utilization over time with the epoch boundaries, update
+"""One run's figures (``<run>/figures/``), from its files alone: training and test loss against
+wall time and against epochs, CPU and GPU utilization over time with the epoch boundaries, update
 shares per worker group, the adaptive batch sizes and test accuracy."""
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ from hetsgd.outputs.figure_style import (
     check_formats,
     legend,
     new_figure,
-    normalized_axes,
     save,
     styled,
 )
 from hetsgd.outputs.index import load_csv, read_summary
-from hetsgd.outputs.metrics import normalized_loss
 from hetsgd.outputs.report import devices_label
 
 
@@ -50,13 +48,22 @@ def _epoch_times(conv: pd.DataFrame | None) -> np.ndarray:
     return np.interp(ends, conv["epoch"], conv["time_s"])
 
 
-def _run_loss(conv: pd.DataFrame, axis: str, xlabel: str, title: str) -> Figure:
+def _run_loss(conv: pd.DataFrame, axis: str, xlabel: str, title: str,
+              targets: list[float]) -> Figure:
+    """Training and test loss as measured (a run alone has no common scale to normalize to),
+    with the summary's target losses."""
     fig, ax = new_figure()
-    loss = conv["train_loss"]
-    norm = normalized_loss(loss, float(loss.iloc[0]), float(loss.min()))
-    ax.plot(conv[axis], norm, marker="o", markersize=2.5, linewidth=1.4, color="tab:blue")
-    normalized_axes(ax, xlabel, f"{title}\nnormalized loss vs {xlabel.split(' [')[0]} "
-                                 f"(L_best = this run's best)")
+    for column, color in (("train_loss", "tab:blue"), ("test_loss", "tab:orange")):
+        if column in conv and conv[column].notna().any():
+            ax.plot(conv[axis], conv[column], marker="o", markersize=2.5, linewidth=1.4,
+                    color=color, label=column.replace("_", " "))
+    for i, target in enumerate(targets):
+        ax.axhline(target, color="0.55", linewidth=0.6, linestyle=":", zorder=0,
+                   label="target losses" if i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlim(left=0)
+    ax.set(xlabel=xlabel, ylabel="loss", title=f"{title}\nloss vs {xlabel.split(' [')[0]}")
+    legend(ax)
     return fig
 
 
@@ -70,17 +77,37 @@ def _run_accuracy(conv: pd.DataFrame, title: str) -> Figure:
     return fig
 
 
-def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str) -> Figure:
+def _cores_given(summary: dict[str, Any]) -> int | None:
+    """The cores the mix gave its workers (threads x workers over the groups of ``mix``)."""
+    mix = summary.get("mix")
+    if not isinstance(mix, dict):
+        return None
+    try:
+        total = sum(int(g["threads"]) * int(g["count"]) for g in mix.values())
+    except (KeyError, TypeError, ValueError):
+        return None
+    return total or None
+
+
+def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str,
+                     cores_given: int | None) -> Figure:
+    """The workers' CPU as a percentage of the cores the mix gave them (of all the host's cores
+    when the summary does not say), the run's GPUs (``gpuN`` is ``cuda:N``), and, dashed, the
+    host's CPU, which counts every other process too."""
     fig, ax = new_figure()
     cores = [c for c in util.columns if re.fullmatch(r"cpu\d+_percent", c)]
-    ax.plot(util["time_s"], util["cpu_percent"], label="host CPU", color="tab:blue")
-    if "workers_cpu_percent" in util and cores:
-        ax.plot(util["time_s"], util["workers_cpu_percent"] / len(cores), color="tab:cyan",
-                linestyle="--", label=f"workers' CPU\n(of all {len(cores)} cores)")
+    if "workers_cpu_percent" in util and (cores_given or cores):
+        given = cores_given or len(cores)
+        of = f"of the {given} cores given" if cores_given else f"of all {given} host cores"
+        ax.plot(util["time_s"], util["workers_cpu_percent"] / given, color="tab:blue",
+                label=f"workers' CPU\n({of})")
+    if "host_cpu_percent" in util:
+        ax.plot(util["time_s"], util["host_cpu_percent"], color="0.3", linestyle="--",
+                label="host CPU\n(all processes)")
     gpus = sorted((c for c in util.columns if re.fullmatch(r"gpu\d+_util", c)),
                   key=lambda c: int(c[3:-5]))
     for i, col in enumerate(gpus):
-        ax.plot(util["time_s"], util[col], label=f"GPU {col[3:-5]}",
+        ax.plot(util["time_s"], util[col], label=f"GPU cuda:{col[3:-5]}",
                 color=GPU_COLORS[i % len(GPU_COLORS)])
     for k, t in enumerate(_epoch_times(conv)):
         ax.axvline(t, color="0.4", linestyle=":", linewidth=0.9,
@@ -141,12 +168,15 @@ def plot_run(run_dir: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     batches = load_csv(run_dir, "batches")
     figures: list[tuple[str, Figure]] = []
     if conv is not None and conv["train_loss"].notna().any():
-        figures += [(name, _run_loss(conv, axis, xlabel, title))
+        stated = summary.get("target_losses")
+        targets = stated.get("losses", []) if isinstance(stated, dict) else []
+        figures += [(name, _run_loss(conv, axis, xlabel, title, targets))
                     for axis, xlabel, name in LOSS_AXES]
         if "test_acc" in conv and conv["test_acc"].notna().any():
             figures.append(("accuracy_vs_time", _run_accuracy(conv, title)))
     if util is not None and not util.empty:
-        figures.append(("utilization", _run_utilization(util, conv, title)))
+        figures.append(("utilization", _run_utilization(util, conv, title,
+                                                        _cores_given(summary))))
     shares = summary.get("update_share")
     if isinstance(shares, dict) and shares:
         counts = summary.get("updates_by_group")

@@ -34,13 +34,14 @@ from hetsgd.outputs.report import write_report
 
 log = logging.getLogger(__name__)
 
-#: summary.csv columns, in order; update shares (``update_share.<group>``) follow.
+#: summary.csv columns, in order; times to the run's target losses (``time_to_loss.<loss>``) and
+#: update shares (``update_share.<group>``) follow.
 SUMMARY_COLUMNS = (
     "job", "overrides", "status", "error", "algo", "dataset", "model", "devices", "emulated",
     "seed", "time_s", "epochs", "updates", "examples_per_s", "final.train_loss",
-    "final.test_loss", "final.test_acc", "time_to_target.0.9", "time_to_target.0.95",
-    "time_to_target.0.99", "epochs_to_target.0.9", "utilization.cpu_mean",
-    "utilization.gpu_mean", "run_dir",
+    "final.test_loss", "final.test_acc", "target_losses.reference",
+    "utilization.workers_cpu_cores_mean", "utilization.workers_cpu_share_mean",
+    "utilization.host_cpu_percent_mean", "utilization.gpu_util_mean", "run_dir",
 )
 
 
@@ -69,8 +70,9 @@ def sweep_summary(sweep_dir: Path) -> pd.DataFrame:
     for col in ("job", "seed", "updates"):  # whole numbers that gaps would turn into floats
         if col in index.columns:
             index[col] = pd.to_numeric(index[col], errors="coerce").round().astype("Int64")
-    shares = [c for c in index.columns if c.startswith("update_share.")]
-    return index[[c for c in SUMMARY_COLUMNS if c in index.columns] + shares]
+    extra = [c for prefix in ("time_to_loss.", "update_share.") for c in index.columns
+             if c.startswith(prefix)]
+    return index[[c for c in SUMMARY_COLUMNS if c in index.columns] + extra]
 
 
 def _lost_jobs(summary: pd.DataFrame) -> str:

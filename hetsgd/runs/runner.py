@@ -28,7 +28,7 @@ from hetsgd.errors import UserError
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
 from hetsgd.observe.progress import TrainingProgress
-from hetsgd.outputs.metrics import normalized_loss, time_to_targets
+from hetsgd.outputs.metrics import target_losses, time_to_losses
 from hetsgd.outputs.run_directory import RunDirectory, environment
 from hetsgd.runs.setup import Handoff, load_run_data
 
@@ -51,10 +51,19 @@ def _convergence(training: Training, metrics: list, specs: list[WorkerSpec],
             row[f"updates_{group}"] = sum(u for u, s in zip(snap.updates, specs) if s.group == group)
         row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
         rows.append(row)
-    frame = pd.DataFrame(rows)
-    losses = frame["train_loss"]
-    frame["normalized_loss"] = normalized_loss(losses, losses.iloc[0], losses.min())
-    return frame
+    return pd.DataFrame(rows)
+
+
+def _mix(specs: list[WorkerSpec]) -> dict[str, dict[str, Any]]:
+    """The workers the run trained on, by group: what summary.json says about the mix used."""
+    mix: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        group = mix.setdefault(spec.group, {
+            "kind": spec.label, "role": "accel" if spec.accel else "host", "count": 0,
+            "threads": spec.threads, "batch_size": spec.batch_size, "devices": []})
+        group["count"] += 1
+        group["devices"].append(spec.device)
+    return mix
 
 
 def _workers_table(training: Training, specs: list[WorkerSpec]) -> list[dict[str, Any]]:
@@ -66,13 +75,15 @@ def _workers_table(training: Training, specs: list[WorkerSpec]) -> list[dict[str
 
 
 def _results(training: Training, convergence: pd.DataFrame, specs: list[WorkerSpec],
-             num_examples: int) -> dict[str, Any]:
+             num_examples: int, stated_targets: list[float]) -> dict[str, Any]:
     by_group: dict[str, int] = {}
     for spec, counters in zip(specs, training.counters):
         by_group[spec.group] = by_group.get(spec.group, 0) + int(counters["updates"])
     updates = sum(by_group.values())
     examples = int(sum(c["examples"] for c in training.counters))
     first, last = convergence.iloc[0], convergence.iloc[-1]
+    targets, reference = target_losses(stated_targets, float(first["train_loss"]))
+    loss = convergence["train_loss"]
     metrics = ("train_loss", "test_loss", "test_acc")
     return {
         "time_s": training.time_s,
@@ -84,9 +95,10 @@ def _results(training: Training, convergence: pd.DataFrame, specs: list[WorkerSp
         "examples_per_s": examples / training.time_s if training.time_s > 0 else None,
         "initial": {k: float(first[k]) for k in metrics},
         "final": {k: float(last[k]) for k in metrics},
-        "time_to_target": time_to_targets(convergence["time_s"], convergence["normalized_loss"]),
-        "epochs_to_target": time_to_targets(convergence["epoch"], convergence["normalized_loss"]),
-        "utilization": summarize(training.utilization),
+        "target_losses": {"losses": targets, "reference": reference},
+        "time_to_loss": time_to_losses(convergence["time_s"], loss, targets),
+        "epochs_to_loss": time_to_losses(convergence["epoch"], loss, targets),
+        "utilization": summarize(training.utilization, cores_given=sum(s.threads for s in specs)),
     }
 
 
@@ -107,9 +119,11 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
             handed_off = True
         cfg, specs = plan.cfg, plan.workers
         summary["plan"] = plan.settled
+        summary["mix"] = _mix(specs)
         data = load_run_data(cfg, progress=cfg.progress)
         summary["dataset_source"] = data.source
         summary["synthetic"] = data.synthetic
+        summary["scaling"] = data.scaling
         log.info("%s on %s, %d worker(s): %s", cfg.algo.name, data.summary_line(), len(specs),
                  ", ".join(f"{s.group}:{s.device}{' (emulated)' if s.emulated else ''}"
                            for s in specs))
@@ -117,7 +131,8 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
         with TrainingProgress(cfg, specs, data.train.num_examples) as progress:
             engine = coordinator(plan, algorithm.hooks(plan), data.problem, data.train, master,
                                  progress.update)
-            training = engine.run(lambda pids: UtilizationMonitor(cfg.monitor.interval_s, pids))
+            training = engine.run(lambda pids: UtilizationMonitor(
+                cfg.monitor.interval_s, pids, devices=[s.device for s in specs]))
         summary.update(status=training.status, error=training.error)
         out.write_table("utilization", training.utilization)
         out.write_table("workers", _workers_table(training, specs))
@@ -131,8 +146,8 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
             console=Console(stderr=True), transient=True)]
         convergence = _convergence(training, metrics, specs, data.train.num_examples)
         out.write_table("convergence", convergence)
-        summary.update(_results(training, convergence, specs, data.train.num_examples),
-                       **training.extra)
+        summary.update(_results(training, convergence, specs, data.train.num_examples,
+                                cfg.eval.target_losses), **training.extra)
     except UserError as exc:
         summary.update(status="failed", error=str(exc))
     except Exception as exc:  # a failed run must still say why, in its directory

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig
 from hetsgd.data import load_dataset
+from hetsgd.data.augment import check_augment
 from hetsgd.engines.shared_memory.memory import SharedData
 from hetsgd.model.problem import Problem
 
@@ -22,6 +23,7 @@ class RunData:
     name: str
     source: str
     synthetic: bool
+    scaling: str  # the feature scaling applied (dataset.scale=auto resolved per source)
 
     def summary_line(self) -> str:
         """For the log: what the run trains on."""
@@ -31,9 +33,10 @@ class RunData:
 
 def load_run_data(cfg: RunConfig, progress: bool) -> RunData:
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=progress)
+    check_augment(cfg.data.augment, dataset.image_shape)  # before any worker starts
     return RunData(Problem.of(dataset), SharedData.from_arrays(dataset.x_train, dataset.y_train),
                    SharedData.from_arrays(dataset.x_test, dataset.y_test), dataset.name,
-                   dataset.source, dataset.synthetic)
+                   dataset.source, dataset.synthetic, dataset.scaling)
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,9 @@ class DistributedCoordinator(Coordinator):
     On one machine it starts every rank; under torchrun only global rank 0 (torchrun starts the
     others on their nodes). Either way it keeps a counters row for every rank, which rank 0
     fills from the exchanges, and adds what rank 0 settled at setup (``setup_summary(world,
-    columns)``, e.g. the tau that ``tau: auto`` chose) to summary.json. ``publishing``: rank 0 keeps its
-    replica on a GPU and copies it into the master when asked; otherwise it writes the master
-    itself and the coordinator never waits for it.
+    columns)``, e.g. the tau that ``tau: auto`` chose) to summary.json. ``publishing``: rank 0
+    keeps its replica to itself and copies it into the master when asked; otherwise it writes
+    the master itself and the coordinator never waits for it.
     """
 
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
@@ -70,7 +70,7 @@ class DistributedCoordinator(Coordinator):
                                         setup=self.setup))
         self.world, self.setup_summary = specs, setup_summary
         self.state.counters = WorkerCounters(len(specs))
-        self.publishing = publishing
+        self.publishers = [0] if publishing else []
 
     def run(self, monitor_factory) -> Training:
         training = super().run(monitor_factory)

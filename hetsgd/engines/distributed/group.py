@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from hetsgd.config import DistConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.torchrun import torchrun
 from hetsgd.errors import UserError
 
@@ -64,10 +65,9 @@ class Group:
         self.timeout_s = cfg.timeout_s
         self.backend = choose_backend(cfg.backend, specs)
         device = torch.device(specs[rank].device)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        device_ops.select(device)
         self.device = device if self.backend == "nccl" else torch.device("cpu")
-        self.pinned = self.backend == "gloo" and device.type == "cuda"
+        self.pinned = self.backend == "gloo" and device_ops.is_cuda(device)  # GPU rank on gloo
         timeout = timedelta(seconds=cfg.timeout_s)
         if torchrun() is not None:
             dist.init_process_group(self.backend, init_method="env://", timeout=timeout)

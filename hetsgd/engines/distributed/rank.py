@@ -25,9 +25,10 @@ import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.exchange import Exchange, Ledger, Verdict
 from hetsgd.engines.distributed.group import Group
-from hetsgd.engines.shared_memory.batches import Batches
+from hetsgd.engines.shared_memory.batches import Batches, training_augment
 from hetsgd.engines.shared_memory.counters import COUNTERS
 from hetsgd.engines.shared_memory.links import Link, default_link
 from hetsgd.engines.shared_memory.state import SharedState
@@ -48,7 +49,7 @@ class Rank:
     """One rank, set up: its replica, optimizer, loss, counters and exchange.
 
     With ``linked``, rank 0's replica reaches the coordinator's master like a lone worker's:
-    in place on a CPU, resident on a GPU and published on request (sync, where rank 0's replica
+    in place for a host, resident and published on request for an accelerator (sync, where rank 0's replica
     is the model after every step). Otherwise the algorithm writes the master itself
     (:meth:`write_master`; local SGD after each aggregation). Every rank starts from rank 0's
     model.
@@ -81,7 +82,9 @@ class Rank:
 
     def batches(self, kind: type[B] = Batches) -> B:  # type: ignore[assignment]
         data = self.cfg.data
-        return kind(self.state.data, self.device, data.shuffle, self.cfg.seed, data.on_device)
+        augment = training_augment(data, self.problem, self.cfg.seed, self.spec.rank)
+        return kind(self.state.data, self.device, data.shuffle, self.cfg.seed, data.on_device,
+                    augment=augment)
 
     def gradient(self, x: torch.Tensor, y: torch.Tensor, per_sample: bool = False
                  ) -> tuple[float, torch.Tensor | None]:
@@ -115,8 +118,7 @@ class Rank:
             self.loss(module(x), y).backward()
             with torch.no_grad():
                 sgd.step(0.0, size)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            device_ops.synchronize(self.device)
 
         return self.group.gather(statistics.median(SPEED_TIMER.times(step, self.spec)))
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from hetsgd.config.schema import DataConfig
+from hetsgd.engines import device_ops
 from hetsgd.engines.shared_memory.memory import SharedData
+from hetsgd.model.problem import Problem
+
+Augment = Callable[[torch.Tensor], torch.Tensor]
 
 # data.on_device=auto: the training set moves to a GPU when it takes under this share of the
 # device's free memory.
@@ -17,20 +24,23 @@ EPOCH_SEED_STRIDE = 1_000_003
 class Batches:
     """Rows of the current epoch's order, on the worker's device.
 
-    A GPU worker copies the whole training set to its device once when ``data.on_device`` allows
-    (``auto``: when it takes under half the free device memory); otherwise each batch is gathered
-    on the host and sent through pinned memory.
+    The training set moves to the device once when ``data.on_device`` allows (``auto``: when it
+    takes under half the device's free memory; on the CPU the "copy" is the shared tensors
+    themselves); otherwise each batch is gathered on the host and staged to the device.
+    ``augment`` (:func:`training_augment`) transforms every batch :meth:`get` returns, on the
+    device; the stored rows are never changed.
     """
 
     def __init__(self, data: SharedData, device: torch.device, shuffle: bool, seed: int,
-                 on_device: str) -> None:
+                 on_device: str, augment: Augment | None = None) -> None:
         self.device = device
+        self.augment = augment
         self.shuffle = shuffle
         self.seed = seed
         self.n = data.num_examples
-        resident = device.type == "cpu" or on_device == "always" or (
+        resident = on_device == "always" or (
             on_device == "auto"
-            and data.nbytes < RESIDENT_SHARE_OF_FREE_MEMORY * torch.cuda.mem_get_info(device)[0])
+            and data.nbytes < RESIDENT_SHARE_OF_FREE_MEMORY * device_ops.free_bytes(device))
         self.x = data.x.to(device) if resident else data.x
         self.y = data.y.to(device) if resident else data.y
         self.stream = not resident
@@ -51,6 +61,19 @@ class Batches:
             idx = idx.to(self.device, non_blocking=True)
         x, y = self.x.rows(idx), self.y.index_select(0, idx)
         if self.stream:
-            x = x.pin_memory().to(self.device, non_blocking=True)
-            y = y.pin_memory().to(self.device, non_blocking=True)
+            x, y = device_ops.stage(x, self.device), device_ops.stage(y, self.device)
+        if self.augment is not None:
+            x = self.augment(x)
         return x, y
+
+
+def training_augment(data: DataConfig, problem: Problem, seed: int, rank: int) -> Augment | None:
+    """Worker ``rank``'s ``data.augment`` of its training batches, seeded from the run's seed and
+    the rank; None for ``none``. A one-line UserError where it cannot apply (flat features)."""
+    if data.augment == "none":
+        return None
+    # imported only when asked for: hetsgd.data's __init__ loads the data stack (sklearn, pandas),
+    # which workers otherwise never import
+    from hetsgd.data.augment import training_augment as build
+
+    return build(data.augment, problem.image_shape, problem.channel_fill, seed, rank)

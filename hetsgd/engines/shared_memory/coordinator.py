@@ -76,17 +76,18 @@ class Coordinator:
         self.state = SharedState.create(data, master, cfg.budget.epochs, len(specs), ctx)
         self.reports = ctx.Queue()
         self.on_tick = on_tick
-        self.publishing = any(spec.device != "cpu" for spec in specs)
+        # Accelerator workers keep replicas of their own: the master holds their latest steps
+        # only once they answered a publish request (see Signals).
+        self.publishers = [spec.rank for spec in specs if spec.accel]
 
     # -- snapshots ---------------------------------------------------------------------------
 
-    def _publish(self, alive: Callable[[], bool]) -> None:
-        """Ask workers that keep a private replica to copy it into the master, and wait."""
+    def _publish(self, running: Callable[[], list[int]]) -> None:
+        """Ask the publishers to bring the master up to date, and wait for the running ones."""
         signals = self.state.signals
         signals.publish_request += 1
         deadline = time.perf_counter() + PUBLISH_TIMEOUT_S
-        while (int(signals.publish_done[0]) < int(signals.publish_request[0]) and alive()
-               and time.perf_counter() < deadline):
+        while not signals.answered(running()) and time.perf_counter() < deadline:
             time.sleep(PUBLISH_POLL_S)
 
     def _snapshot(self, t0: float) -> Snapshot:
@@ -133,8 +134,8 @@ class Coordinator:
                     self.state.signals.stop.set()
                 epoch = float(examples.sum()) / n
                 if snapshots.due(now - t0, epoch) and len(finished) < len(procs):
-                    if self.publishing:
-                        self._publish(lambda: len(finished) < len(procs))
+                    if self.publishers:
+                        self._publish(lambda: [r for r in self.publishers if r not in finished])
                     snapshots.add(self._snapshot(t0), epoch)
                 if self.controller is not None:
                     self.controller.tick(now - t0, self.state.counters)

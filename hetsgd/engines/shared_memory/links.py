@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines import device_ops
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.model.flat import FlatModel
 
@@ -26,7 +27,7 @@ from hetsgd.model.flat import FlatModel
 class InPlace:
     """Parameters are views of the shared master: every step lands in it directly."""
 
-    def __init__(self, module: torch.nn.Module, state: SharedState) -> None:
+    def __init__(self, spec: WorkerSpec, module: torch.nn.Module, state: SharedState) -> None:
         self.flat = FlatModel(module, state.master.params, state.master.buffers)
 
     def before_step(self) -> float:
@@ -42,11 +43,11 @@ class InPlace:
 class Resident:
     """A private copy on the worker's device, published into the master on request."""
 
-    def __init__(self, module: torch.nn.Module, state: SharedState) -> None:
+    def __init__(self, spec: WorkerSpec, module: torch.nn.Module, state: SharedState) -> None:
         self.flat = FlatModel(module)
         self.flat.load_(state.master.params.to(self.flat.params.device),
                         state.master.buffers.to(self.flat.params.device))
-        self.state = state
+        self.rank, self.state = spec.rank, state
 
     def before_step(self) -> float:
         return 0.0
@@ -59,11 +60,10 @@ class Resident:
 
     def after_step(self) -> float:
         signals = self.state.signals
-        requested = int(signals.publish_request[0])
-        if requested == int(signals.publish_done[0]):
+        if signals.answered([self.rank]):
             return 0.0
         seconds = self.publish()
-        signals.publish_done[0] = requested
+        signals.answer(self.rank)
         return seconds
 
     def finish(self) -> float:
@@ -76,17 +76,19 @@ class Replica:
     ``delta`` adds the replica's own change (w_after - w_before) to the master, so CPU updates
     that landed during the batch survive; ``overwrite`` copies the replica over the master, as the
     authors' released code does, losing them. Buffers (BatchNorm statistics) are overwritten.
+    After each merge the master holds all of this worker's steps, so it answers any publish
+    request then.
     """
 
-    def __init__(self, module: torch.nn.Module, state: SharedState, merge: str) -> None:
+    def __init__(self, spec: WorkerSpec, module: torch.nn.Module, state: SharedState,
+                 merge: str) -> None:
         self.flat = FlatModel(module)
-        self.master = state.master
+        self.master, self.signals, self.rank = state.master, state.signals, spec.rank
         self.merge = merge
         device = self.flat.params.device
         self.start_params = torch.empty_like(self.flat.params)
-        pin = device.type == "cuda"
-        self.host_delta = torch.empty(self.flat.params.shape, pin_memory=pin)
-        self.host_buffers = torch.empty(self.flat.buffers.shape, pin_memory=pin)
+        self.host_delta = device_ops.host_buffer(self.flat.params.shape, device)
+        self.host_buffers = device_ops.host_buffer(self.flat.buffers.shape, device)
 
     def before_step(self) -> float:
         start = time.perf_counter()
@@ -104,6 +106,7 @@ class Replica:
             self.master.params.copy_(self.flat.params)
         self.host_buffers.copy_(self.flat.buffers)
         self.master.buffers.copy_(self.host_buffers)
+        self.signals.answer(self.rank)
         return time.perf_counter() - start
 
     def finish(self) -> float:
@@ -116,5 +119,6 @@ LinkFactory = Callable[[WorkerSpec, torch.nn.Module, SharedState], Link]
 
 
 def default_link(spec: WorkerSpec, module: torch.nn.Module, state: SharedState) -> Link:
-    """A lone worker: in place on a CPU, resident on a GPU."""
-    return InPlace(module, state) if spec.device == "cpu" else Resident(module, state)
+    """A lone worker, by role: a host steps in place on the master; an accelerator (a GPU, or
+    the CPU standing in for one) keeps a resident replica and publishes it on request."""
+    return Resident(spec, module, state) if spec.accel else InPlace(spec, module, state)

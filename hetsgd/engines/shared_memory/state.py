@@ -11,15 +11,19 @@ from hetsgd.engines.shared_memory.counters import WorkerCounters
 from hetsgd.engines.shared_memory.cursor import EpochCursor
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 
+# A worker that has left its loop answers every publish request from then on.
+RETIRED = torch.iinfo(torch.int64).max
+
 
 @dataclass
 class Signals:
     """Coordinator <-> worker flags.
 
     ``go``: every worker is set up, the clock starts. ``stop``: training ends (time budget,
-    failure, divergence). ``publish_request`` and
-    ``publish_done``: a worker that trains a private replica (on a GPU) copies it into the master
-    when the coordinator asks, so snapshots see it without a copy after every step.
+    failure, divergence). ``publish_request`` (a counter) and ``publish_done`` (one entry per
+    worker): before a snapshot the coordinator raises the request and waits until every
+    accelerator worker has answered it, so the master holds their latest step: a resident
+    replica copies itself in, a merging replica answers after its next merge.
     """
 
     go: Event
@@ -28,9 +32,21 @@ class Signals:
     publish_done: torch.Tensor
 
     @classmethod
-    def create(cls, ctx) -> Signals:  # ctx: a multiprocessing context
+    def create(cls, ctx, num_workers: int) -> Signals:  # ctx: a multiprocessing context
         return cls(ctx.Event(), ctx.Event(), torch.zeros(1, dtype=torch.int64).share_memory_(),
-                   torch.zeros(1, dtype=torch.int64).share_memory_())
+                   torch.zeros(num_workers, dtype=torch.int64).share_memory_())
+
+    def answer(self, rank: int) -> None:
+        """Worker ``rank``: the master holds everything it has done up to now."""
+        self.publish_done[rank] = self.publish_request[0]
+
+    def retire(self, rank: int) -> None:
+        """Worker ``rank`` left its loop after its final publish: never wait for it again."""
+        self.publish_done[rank] = RETIRED
+
+    def answered(self, ranks: list[int]) -> bool:
+        request = int(self.publish_request[0])
+        return all(int(self.publish_done[r]) >= request for r in ranks)
 
 
 @dataclass
@@ -47,4 +63,4 @@ class SharedState:
     def create(cls, data: SharedData, master: SharedMaster, epochs: float | None,
                num_workers: int, ctx) -> SharedState:  # ctx: a multiprocessing context
         return cls(data, master, EpochCursor(data.num_examples, epochs, ctx.Lock()),
-                   WorkerCounters(num_workers), Signals.create(ctx))
+                   WorkerCounters(num_workers), Signals.create(ctx, num_workers))

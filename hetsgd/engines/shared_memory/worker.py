@@ -18,11 +18,11 @@ import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
-from hetsgd.engines.shared_memory.batches import Batches
+from hetsgd.engines.shared_memory.batches import Batches, training_augment
 from hetsgd.engines.shared_memory.counters import CounterRow
 from hetsgd.engines.shared_memory.links import LinkFactory, default_link
 from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.errors import Diverged
+from hetsgd.errors import Diverged, UserError
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
 from hetsgd.model.sgd import SGD
@@ -51,7 +51,8 @@ class Worker:
         self.sgd = SGD(cfg.optim, self.link.flat)
         self.loss = loss_fn(problem.task)
         self.batches = Batches(state.data, self.device, cfg.data.shuffle, cfg.seed,
-                               cfg.data.on_device)
+                               cfg.data.on_device,
+                               training_augment(cfg.data, problem, cfg.seed, spec.rank))
 
     def step(self, epoch: int, start: int, size: int) -> tuple[float, float]:
         """One SGD step on a chunk of the epoch's order; returns (loss, seconds spent copying
@@ -103,15 +104,23 @@ def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Sh
 
 @contextmanager
 def reporting(rank: int, state: SharedState, reports) -> Iterator[None]:
-    """Report how a worker process's body ended: done, diverged or failed (with the traceback).
+    """Report how a worker process's body ended: done, diverged or failed (with the traceback;
+    a UserError, such as a setting that does not fit the data, with its one line only).
     Anything is reported, so the coordinator never waits on a dead worker; a failure also stops
     the others."""
     try:
         yield
+        state.signals.retire(rank)
         reports.put(("done", rank, ""))
     except Diverged as exc:
+        state.signals.retire(rank)
         state.signals.stop.set()
         reports.put(("diverged", rank, str(exc)))
+    except UserError as exc:
+        state.signals.retire(rank)
+        state.signals.stop.set()
+        reports.put(("failed", rank, str(exc)))
     except BaseException as exc:  # noqa: BLE001 - reported, not swallowed
+        state.signals.retire(rank)
         state.signals.stop.set()
         reports.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
