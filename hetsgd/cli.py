@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import hydra
 import typer
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
@@ -34,7 +36,30 @@ data_app = typer.Typer(help="Datasets and the data cache ($HETSGD_DATA or ~/.cac
 app.add_typer(data_app, name="data")
 console = Console()
 err = Console(stderr=True)
-failures: list[str] = []  # runs of this invocation that did not complete
+# How `hetsgd run` exits: 0 when every run completed, else the code of the gravest outcome.
+EXIT_CODES = {"completed": 0, "diverged": 3, "failed": 1, "interrupted": 130}
+SIGTERM_EXIT = 143  # interrupted by SIGTERM rather than Ctrl-C
+outcomes: list[str] = []  # the status of each run of this invocation
+sweep_dirs: list[Path] = []  # the sweep this invocation runs, once its first job started
+terminated: list[bool] = []  # SIGTERM arrived
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken like Ctrl-C: stop the workers, keep what was measured, write everything."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    terminated.append(True)
+    raise Terminated()
+
+
+def _exit_code(statuses: list[str]) -> int:
+    if "interrupted" in statuses:
+        return SIGTERM_EXIT if terminated else EXIT_CODES["interrupted"]
+    for status in ("failed", "diverged"):
+        if status in statuses:
+            return EXIT_CODES[status]
+    return 0
 
 
 def _one_line(message: str) -> str:
@@ -75,7 +100,10 @@ def _summary_table(summary: dict[str, Any]) -> Table:
 def _hydra_run(cfg: DictConfig) -> None:
     from hetsgd.runs import runner  # the training stack loads only when a run starts
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.mode == RunMode.MULTIRUN and not sweep_dirs:
+        sweep_dirs.append(Path(hydra_cfg.sweep.dir))
     try:
         run_cfg = to_run_config(cfg)
     except ConfigError as exc:
@@ -91,12 +119,14 @@ def _hydra_run(cfg: DictConfig) -> None:
     else:
         summary = runner.run(run_cfg, run_dir, cfg)
         _draw_figures(run_dir)
+    outcomes.append(summary["status"])
     if summary["status"] == "failed":
         err.print(f"[red]hetsgd: error:[/red] {_one_line(summary['error'])} "
                   f"(details in {run_dir})", highlight=False, soft_wrap=True)
-        failures.append(str(run_dir))
         return
     console.print(_summary_table(summary))
+    if summary["status"] == "interrupted":
+        raise KeyboardInterrupt  # a sweep stops here; its summary covers the jobs that ran
 
 
 def _draw_figures(run_dir: Path) -> None:
@@ -136,8 +166,13 @@ def run(ctx: typer.Context) -> None:
         raise typer.Exit(code)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us whole; we print them as one line
     sys.argv = ["hetsgd run", *ctx.args]
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         _hydra_run()
+    except KeyboardInterrupt:
+        if "interrupted" not in outcomes:
+            outcomes.append("interrupted")
+        _close_interrupted_sweep()
     except (UserError, ConfigError) as exc:
         _fail(str(exc))
     except MissingConfigException as exc:  # e.g. algo=nope
@@ -150,8 +185,23 @@ def run(ctx: typer.Context) -> None:
         _fail(f"{exc}{cause}")
     finally:
         logging.shutdown()
-    if failures:
-        raise typer.Exit(1)
+    code = _exit_code(outcomes)
+    if code:
+        raise typer.Exit(code)
+
+
+def _close_interrupted_sweep() -> None:
+    """After Ctrl-C (or SIGTERM) in a sweep: its summary and report of the jobs that ran, and a
+    line saying the others did not."""
+    if not sweep_dirs or not sweep_dirs[0].is_dir():
+        return
+    from hetsgd.outputs.sweep import finalize_sweep
+
+    sweep_dir = sweep_dirs[0]
+    finalize_sweep(sweep_dir)
+    err.print(f"hetsgd: sweep interrupted after {len(outcomes)} job(s); the others did not run "
+              f"(summary and report of those that ran in {sweep_dir})", highlight=False,
+              soft_wrap=True)
 
 
 # -- report and plot ---------------------------------------------------------------------------

@@ -1,12 +1,11 @@
 """Training-batch augmentation of flat image rows (``data.augment``); pure torch.
 
-``crop_flip`` is the standard CIFAR recipe of Lim et al.'s code (``feeders/feeder_cifar.py`` of
-github.com/jjihyunh/BiasedLocalSGD; ../shared/papers/biased-local-sgd.md, section 5, lists it as
-"RandomCrop 32 with padding 4, horizontal flip"): torchvision's ``RandomCrop(32, padding=4)`` then
+``crop_flip`` is the standard CIFAR recipe that Lim et al.'s released code applies ("RandomCrop
+32 with padding 4, horizontal flip"): torchvision's ``RandomCrop(32, padding=4)`` then
 ``RandomHorizontalFlip()``, on the training set only, before ``ToTensor`` and ``Normalize``.
 
-The papers file is silent on the details below; this module follows torchvision's defaults,
-which that code leaves untouched, and they are the project's reconstruction:
+What is known of the paper is silent on the details below; this module follows torchvision's
+defaults, which that code leaves untouched, and they are the project's reconstruction:
 
 - the padding is constant black (``fill=0``, ``padding_mode="constant"``) in pixel space. hetsgd
   stores images already normalised (:mod:`hetsgd.data.prepare`), so the fill is, per channel, the

@@ -138,6 +138,8 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
         out.write_table("workers", _workers_table(training, specs))
         if training.batches:
             out.write_table("batches", training.batches)
+        if not training.snapshots and training.status == "interrupted":
+            return summary  # stopped before the clock started: nothing was measured
         if not training.snapshots:
             raise RuntimeError(training.error or "training ended before the first snapshot")
         evaluator = Evaluator(cfg, data.problem, data.train, data.test)
@@ -148,6 +150,8 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
         out.write_table("convergence", convergence)
         summary.update(_results(training, convergence, specs, data.train.num_examples,
                                 cfg.eval.target_losses), **training.extra)
+    except KeyboardInterrupt:  # during setup or evaluation: the files written so far stay
+        summary.update(status="interrupted", error="interrupted by the user")
     except UserError as exc:
         summary.update(status="failed", error=str(exc))
     except Exception as exc:  # a failed run must still say why, in its directory

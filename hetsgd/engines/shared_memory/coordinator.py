@@ -12,7 +12,11 @@ failed or died. Evaluation of the snapshots happens after training (see ``evalua
 
 from __future__ import annotations
 
+import ctypes
+import os
 import queue
+import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +42,7 @@ TICK_S = 0.01  # how often the coordinator looks at the workers
 # After a worker failed, the others get dist.timeout_s (their collectives' own limit) plus this
 # long to notice and report before the coordinator ends them.
 FAILURE_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 @dataclass
@@ -62,6 +67,18 @@ class Controller(Protocol):
     def tick(self, elapsed: float, counters: WorkerCounters) -> None: ...
 
     def summary(self) -> dict: ...
+
+
+def guarded(target: Callable, *args) -> None:
+    """A worker process's entry: it leaves Ctrl-C to its coordinator (which stops it through
+    ``stop`` and keeps what was measured) and, on Linux, dies with the coordinator however that
+    dies (the parent-death signal), so no worker outlives its run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the coordinator died before the line above
+            os._exit(1)
+    target(*args)
 
 
 class Coordinator:
@@ -100,26 +117,28 @@ class Coordinator:
 
     def run(self, monitor_factory) -> Training:
         training = Training()
-        procs = [self.ctx.Process(target=self.target, daemon=True, name=f"hetsgd-worker-{s.rank}",
-                                  args=(s, self.cfg, self.problem, self.state, self.reports))
+        procs = [self.ctx.Process(target=guarded, daemon=True, name=f"hetsgd-worker-{s.rank}",
+                                  args=(self.target, s, self.cfg, self.problem, self.state,
+                                        self.reports))
                  for s in self.specs]
         for p in procs:
             p.start()
         monitor = monitor_factory(lambda: [p.pid for p in procs if p.pid is not None])
         finished: dict[int, tuple[str, str]] = {}
+        evaluation = self.cfg.eval
+        snapshots = Snapshots(evaluation.every_s, evaluation.every_epochs,
+                              evaluation.max_snapshots, evaluation.max_snapshot_mb * 2**20,
+                              self.state.master.nbytes)
+        examples = self.state.counters.column("examples")
+        n = self.state.data.num_examples
+        t0: float | None = None
         try:
             self._await_ready(procs, finished)
-            evaluation = self.cfg.eval
-            snapshots = Snapshots(evaluation.every_s, evaluation.every_epochs,
-                                  evaluation.max_snapshots, evaluation.max_snapshot_mb * 2**20,
-                                  self.state.master.nbytes)
             monitor.start()
             t0 = time.perf_counter()
             monitor.set_time_origin(t0)
             snapshots.add(self._snapshot(t0), 0.0)
             self.state.signals.go.set()
-            examples = self.state.counters.column("examples")
-            n = self.state.data.num_examples
             first_failure: float | None = None
             while len(finished) < len(procs):
                 self._collect(procs, finished, timeout=TICK_S)
@@ -144,9 +163,13 @@ class Coordinator:
             training.time_s = time.perf_counter() - t0
             snapshots.add(self._snapshot(t0), float(examples.sum()) / n)
             training.snapshots = snapshots.items
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one: keep what was measured
             training.status, training.error = "interrupted", "interrupted by the user"
             self.state.signals.stop.set()
+            if t0 is not None:
+                training.time_s = time.perf_counter() - t0
+                snapshots.add(self._snapshot(t0), float(examples.sum()) / n)
+                training.snapshots = snapshots.items
         finally:
             self.state.signals.stop.set()
             self.state.signals.go.set()
