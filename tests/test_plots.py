@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import write_failed, write_run, write_sweep
+from test_report import write_broken_runs, write_failed, write_run, write_sweep
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import read_summary
@@ -69,6 +69,20 @@ def test_titles_name_dataset_and_mark_emulated_mixes(tmp_path: Path) -> None:
     assert "(emulated)" not in run_title(read_summary(real))
     failed = write_failed(tmp_path / "failed", algo="sync", devices="gpu", seed=0, error="x")
     assert run_title(read_summary(failed)).endswith("seed 0 [failed]")
+
+
+def test_one_bad_run_does_not_stop_the_figures_of_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    results = write_broken_runs(tmp_path / "results")
+    paths = plot_all(results)
+    by_dir: dict[Path, set[str]] = {}
+    for p in paths:
+        by_dir.setdefault(p.parent, set()).add(p.stem)
+    assert by_dir[results / "good" / "figures"] == RUN_FIGURES
+    assert not (results / "corrupt" / "figures").exists()
+    assert {"loss_vs_time_digits", "loss_vs_epoch_digits"} <= by_dir[results / "figures"]
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert "corrupt/convergence.csv" in warned
 
 
 def test_failed_run_and_bad_format(tmp_path: Path) -> None:

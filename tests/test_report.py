@@ -151,6 +151,25 @@ def write_sweep(sweep_dir: Path, *, failed: bool = True, crashed: bool = False) 
     return sweep_dir
 
 
+def write_broken_runs(results: Path) -> Path:
+    """One good run, one with a corrupt convergence.csv, one killed before its summary (only
+    config.yaml) and one whose summary still says running."""
+    write_run(results / "good", algo="sync", devices="gpu", seed=0)
+    corrupt = write_run(results / "corrupt", algo="adaptive", devices="gpu", seed=0)
+    (corrupt / "convergence.csv").write_bytes(b"time_s,epo\x00\xff\xfe")
+    killed = results / "killed"
+    killed.mkdir(parents=True)
+    (killed / "config.yaml").write_text(yaml.safe_dump(
+        {"algo": {"name": "hogbatch"}, "dataset": {"name": "digits"}, "model": {"name": "mlp"},
+         "devices": {"name": "gpu"}, "seed": 1}))
+    running = write_failed(results / "running", algo="local_sgd", devices="gpu", seed=2,
+                           error="")
+    (running / "summary.json").write_text(json.dumps(
+        {"status": "running", "error": None, "algo": "local_sgd", "dataset": "digits",
+         "model": "mlp", "devices": "gpu", "seed": 2}))
+    return results
+
+
 def table_rows(markdown: str) -> list[list[str]]:
     """The body rows of the markdown tables, as lists of cells."""
     lines = [line for line in markdown.splitlines() if line.startswith("| ")]
@@ -290,6 +309,31 @@ def test_bad_paths_and_files_are_user_errors(tmp_path: Path) -> None:
     assert index.loc[0, "status"] == "failed" and "unreadable" in index.loc[0, "error"]
 
 
+def test_one_bad_run_costs_only_its_own_row(tmp_path: Path) -> None:
+    results = write_broken_runs(tmp_path / "results")
+    markdown = write_report(results)
+    assert markdown == (results / "report.md").read_text()
+    rows = {row[0]: row for row in table_rows(markdown)}
+    assert rows["sync"][2:4] == ["1", "1/1 completed"] and rows["sync"][4] != "—"
+    assert rows["adaptive"][2:4] == ["0", "0/1 completed, 1 unusable"]
+    assert rows["hogbatch"][2:4] == ["0", "0/1 completed, 1 crashed"]
+    assert rows["local_sgd"][2:4] == ["0", "0/1 completed, 1 crashed"]
+    failed = markdown.split("## Failed runs", 1)[1]
+    lines = {line.split("`")[1]: line for line in failed.splitlines() if line.startswith("- ")}
+    assert set(lines) == {"corrupt", "killed", "running"}
+    assert "**unusable**: cannot read" in lines["corrupt"]
+    assert "corrupt/convergence.csv" in lines["corrupt"]
+    assert "**crashed**: no summary.json" in lines["killed"]
+    assert "algo hogbatch" in lines["killed"] and "seed 1" in lines["killed"]
+    assert "**crashed**: summary.json still says 'running'" in lines["running"]
+    numbers = pd.read_csv(results / "report.csv").set_index("algo")
+    assert numbers.loc["sync", "n"] == 1 and numbers.loc["adaptive", "n"] == 0
+    index = index_runs(results)
+    assert sorted(index["status"]) == ["completed", "completed", "crashed", "crashed"]
+    (results / "corrupt" / "convergence.csv").write_text("time_s,epoch,train_loss\n0,0,oops\n")
+    assert "has values that are not numbers in train_loss" in write_report(results)
+
+
 def test_sweep_report_lists_every_job_and_prints_the_table(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep = write_sweep(tmp_path / "sweep", crashed=True)
@@ -300,10 +344,11 @@ def test_sweep_report_lists_every_job_and_prints_the_table(
     assert (summary.loc[:7, "status"] == "completed").all()
     assert summary.loc[8, "status"] == "failed"
     assert summary.loc[8, "error"] == "CUDA error: out of memory"
-    assert summary.loc[9, "status"] == "failed" and "no summary.json" in summary.loc[9, "error"]
+    assert summary.loc[9, "status"] == "crashed" and "no summary.json" in summary.loc[9, "error"]
     assert summary.loc[8, "overrides"] == "algo=hogbatch devices=cpu+gpu seed=0"
     report = (sweep / "report.md").read_text()
-    assert "CUDA error: out of memory" in report and "job 9" in report
+    assert "CUDA error: out of memory" in report
+    assert "`9_algo=local_sgd,devices=cpu+gpu,seed=0` (): **crashed**: no summary.json" in report
     assert (sweep / "report.csv").exists()
     assert (sweep / "figures" / "loss_vs_time_digits.png").exists()
     out = capsys.readouterr().out
@@ -316,7 +361,7 @@ def test_sweep_report_never_raises(tmp_path: Path) -> None:
     write_overrides(sweep / "1_algo=hogbatch", ["algo=hogbatch"])
     SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
     summary = pd.read_csv(sweep / "summary.csv")
-    assert summary["status"].tolist() == ["failed", "failed"]
+    assert summary["status"].tolist() == ["failed", "crashed"]
     assert summary["error"].iloc[0] == "boom"
     assert "boom" in (sweep / "report.md").read_text()
     for where in (tmp_path / "none", tmp_path / "empty"):

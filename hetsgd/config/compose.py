@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hetsgd.config.algorithms import ALGO_SCHEMAS
 from hetsgd.config.checks import ConfigError
+from hetsgd.config.paths import safe_component
 from hetsgd.config.schema import (
     MODEL_SCHEMAS,
     DatasetConfig,
@@ -32,11 +33,13 @@ def register_configs() -> None:
     """Register the schemas so that YAML files can name them in their defaults lists, and the
     resolvers device mixes use: `${hetsgd.cores:}` (one worker per core), `${hetsgd.cores_but:1}`
     (all cores but one, left to a GPU worker's host thread), `${hetsgd.gpus:}`, and
-    `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes)."""
+    `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes); and
+    `${hetsgd.safe:...}`, which makes any value a safe directory name (run and sweep-job folders)."""
     resolvers = {"hetsgd.cores": usable_cores,
                  "hetsgd.cuda_or": lambda with_cuda, without: with_cuda if cuda_devices() else without,
                  "hetsgd.cores_but": lambda n: max(1, usable_cores() - int(n)),
-                 "hetsgd.gpus": lambda: max(1, len(cuda_devices()))}
+                 "hetsgd.gpus": lambda: max(1, len(cuda_devices())),
+                 "hetsgd.safe": safe_component}
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

@@ -1,7 +1,10 @@
 """Find run directories under a path and load what they hold (the layout in docs/architecture.md).
 
 Reports and figures are built from these files alone, so nothing is ever rerun. A run directory
-is any folder holding ``summary.json``; a sweep directory is any folder holding ``multirun.yaml``.
+is any folder holding ``summary.json``, ``config.yaml`` (the first file a run writes) or Hydra's
+``.hydra/``; a sweep directory is any folder holding ``multirun.yaml``. A run directory without a
+summary, or whose summary still says ``running``, is a run that was killed or crashed: it is
+listed as ``crashed``, never left out.
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ from hetsgd.errors import UserError
 from hetsgd.outputs.run_directory import SUMMARY
 
 MULTIRUN = "multirun.yaml"
-OVERRIDES = Path(".hydra") / "overrides.yaml"
+CONFIG = "config.yaml"
+HYDRA = ".hydra"
+OVERRIDES = Path(HYDRA) / "overrides.yaml"
+#: The status of a run directory without a summary, or whose summary still says running.
+CRASHED = "crashed"
+#: The status of a completed run whose files the report or the figures cannot read.
+UNUSABLE = "unusable"
 
 #: Overrides that do not make a run a variant of its setting: those saying which row, comparison
 #: or seed it belongs to, and those that change only where or how it reports.
@@ -33,6 +42,8 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "workers": ("worker", "group"),
     "batches": ("time_s", "worker", "batch_size"),
 }
+#: Required columns that are not numbers.
+TEXT_COLUMNS = frozenset({"group"})
 
 
 def _directory(path: Path) -> Path:
@@ -48,9 +59,20 @@ def _natural(path: Path) -> list[tuple[int, int | str]]:
             for chunk in re.split(r"(\d+)", str(path)) if chunk]
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run directory: it holds ``summary.json``, ``config.yaml`` or
+    ``.hydra/`` (a run that died early may hold only the last two)."""
+    path = Path(path)
+    return path.name != HYDRA and ((path / SUMMARY).is_file() or (path / CONFIG).is_file()
+                                   or (path / HYDRA).is_dir())
+
+
 def find_runs(path: Path) -> list[Path]:
     """Every run directory at or below ``path``, in natural path order."""
-    return sorted((file.parent for file in _directory(path).rglob(SUMMARY)), key=_natural)
+    root = _directory(path)
+    markers = (*root.rglob(SUMMARY), *root.rglob(CONFIG), *root.rglob(HYDRA))
+    found = {file.parent for file in markers if is_run_dir(file.parent)}
+    return sorted(found, key=_natural)
 
 
 def find_sweeps(path: Path) -> list[Path]:
@@ -58,18 +80,44 @@ def find_sweeps(path: Path) -> list[Path]:
     return sorted((file.parent for file in _directory(path).rglob(MULTIRUN)), key=_natural)
 
 
+def _identity_from_config(run_dir: Path) -> dict[str, Any]:
+    """algo, dataset, model, devices and seed from the run's ``config.yaml`` (``{}`` if none),
+    so that a run that left no summary is still listed under its name."""
+    try:
+        config = yaml.safe_load((Path(run_dir) / CONFIG).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    identity: dict[str, Any] = {}
+    for key in ("algo", "dataset", "model", "devices"):
+        value = config.get(key)
+        name = value.get("name") if isinstance(value, dict) else value
+        if isinstance(name, str):
+            identity[key] = name
+    if isinstance(config.get("seed"), int):
+        identity["seed"] = config["seed"]
+    return identity
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
-    """The run's summary. An unreadable file reads as a failed run that says why, so that one
-    broken run is listed instead of hiding every other run of a report."""
+    """The run's summary. An unreadable file reads as a failed run that says why, and a missing
+    one, or one that still says ``running``, as a crashed run, so that one broken run is listed
+    instead of hiding every other run of a report."""
     file = Path(run_dir) / SUMMARY
     if not file.exists():
-        return {"status": "failed", "error": f"no {SUMMARY}: the run stopped before writing it"}
+        return {**_identity_from_config(run_dir), "status": CRASHED,
+                "error": f"no {SUMMARY}: the run was killed or crashed before writing it"}
     try:
         summary = json.loads(file.read_text())
         if not isinstance(summary, dict):
             raise TypeError("not a JSON object")
     except (OSError, ValueError, TypeError) as err:
-        return {"status": "failed", "error": f"unreadable {SUMMARY}: {err}"}
+        return {**_identity_from_config(run_dir), "status": "failed",
+                "error": f"unreadable {SUMMARY}: {err}"}
+    if summary.get("status") == "running":
+        summary.update(status=CRASHED, error=f"{SUMMARY} still says 'running': the run was "
+                       "killed or crashed before it ended (or is still going)")
     return summary
 
 
@@ -127,13 +175,16 @@ def index_runs(path: Path) -> pd.DataFrame:
     """:func:`index_dirs` over every run directory under ``path``."""
     run_dirs = find_runs(path)
     if not run_dirs:
-        raise UserError(f"no runs under {path} (a run directory holds {SUMMARY})")
+        raise UserError(f"no runs under {path} (a run directory holds {SUMMARY}, {CONFIG} or "
+                        f"{HYDRA}/)")
     return index_dirs(run_dirs)
 
 
 def load_csv(run_dir: Path, name: str) -> pd.DataFrame | None:
     """``<run_dir>/<name>.csv`` (convergence, utilization, workers or batches), or None when the
-    run did not write it (a failed run, a run without GPUs' batches...)."""
+    run did not write it (a failed run, a run without GPUs' batches...). A file that cannot be
+    read, or lacks a required column or has text in a numeric one, is a :class:`UserError`
+    naming it."""
     file = Path(run_dir) / f"{name}.csv"
     if not file.exists():
         return None
@@ -146,4 +197,24 @@ def load_csv(run_dir: Path, name: str) -> pd.DataFrame | None:
     missing = [c for c in REQUIRED_COLUMNS.get(name, ()) if c not in frame.columns]
     if missing:
         raise UserError(f"{file} lacks the column(s) {', '.join(missing)}")
+    text = [c for c in REQUIRED_COLUMNS.get(name, ()) if c not in TEXT_COLUMNS
+            and not pd.api.types.is_numeric_dtype(frame[c])]
+    if text:
+        raise UserError(f"{file} has values that are not numbers in {', '.join(text)}")
     return frame
+
+
+def check_files(index: pd.DataFrame, names: Iterable[str] = ("convergence",)) -> pd.DataFrame:
+    """The index with every completed run whose CSVs ``names`` cannot be read marked
+    ``unusable``, its error naming the file: one bad file costs only its own run."""
+    index = index.copy()
+    for i, run in index.iterrows():
+        if run["status"] != "completed":
+            continue
+        for name in names:
+            try:
+                load_csv(Path(run["run_dir"]), name)
+            except UserError as err:
+                index.loc[i, ["status", "error"]] = [UNUSABLE, str(err)]
+                break
+    return index

@@ -7,6 +7,7 @@ mean over seeds with a min-max band, on the comparison's normalized scale.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from hetsgd.errors import UserError
 from hetsgd.outputs.figure_style import (
     ALGO_COLORS,
     BAND,
@@ -33,9 +35,11 @@ from hetsgd.outputs.figure_style import (
     share_bars,
     styled,
 )
-from hetsgd.outputs.index import SUMMARY, find_sweeps, index_dirs, index_runs
+from hetsgd.outputs.index import check_files, find_sweeps, index_dirs, index_runs, is_run_dir
 from hetsgd.outputs.report import Comparison, aggregate, comparisons, devices_label, row_label
 from hetsgd.outputs.run_figures import plot_run
+
+log = logging.getLogger(__name__)
 
 
 def _band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
@@ -155,12 +159,21 @@ def plot_comparison(runs: pd.DataFrame | Iterable[Path], out_dir: Path,
 
 def plot_all(path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     """Redraw everything under ``path``: each run's figures, then comparison figures into
-    ``figures/`` of each sweep and of ``path`` itself (unless it is a single run)."""
+    ``figures/`` of each sweep and of ``path`` itself (unless it is a single run). A run whose
+    files cannot be read is skipped with a warning naming the file; the others are drawn."""
     path, formats = Path(path), check_formats(formats)
     index = index_runs(path)
-    written = [p for run_dir in index["run_dir"] for p in plot_run(Path(run_dir), formats)]
-    if (path / SUMMARY).exists():
+    written = []
+    for run_dir in index["run_dir"]:
+        try:
+            written += plot_run(Path(run_dir), formats)
+        except (UserError, OSError, ValueError, TypeError, KeyError) as err:
+            log.warning("no figures for %s: %s", run_dir, err)
+    if is_run_dir(path):
         return written
+    index = check_files(index, ("convergence",))
+    for run_dir, error in index.loc[index["status"] == "unusable", ["run_dir", "error"]].values:
+        log.warning("%s left out of the comparison figures: %s", run_dir, error)
     for where in sorted(set(find_sweeps(path)) | {path}):
         inside = index.loc[np.array([Path(d).is_relative_to(where) for d in index["run_dir"]],
                                     dtype=bool)]

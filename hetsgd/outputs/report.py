@@ -11,11 +11,14 @@ A row of a table is one algorithm on one device mix and one variant: the overrid
 algo, devices, dataset, model and seed, that not every run of the comparison shares (such as
 ``optim.lr=0.05``). Its numbers are mean ± standard deviation over its completed runs (seeds).
 Runs that did not complete are counted in the status column and listed with their errors, not
-averaged.
+averaged; so are completed runs whose ``convergence.csv`` cannot be read (``unusable``), and run
+directories that were killed before writing their summary (``crashed``): one bad run costs only its
+own row.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -26,8 +29,11 @@ import numpy as np
 import pandas as pd
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.index import index_runs, load_csv, settings
+from hetsgd.outputs.index import UNUSABLE, check_files, index_runs, load_csv, settings
 from hetsgd.outputs.metrics import TARGETS, crossing, normalized_loss
+from hetsgd.outputs.run_directory import write_csv, write_text
+
+log = logging.getLogger(__name__)
 
 ROW_KEYS = ("algo", "devices", "variant")
 IDENTITY = ("algo", "devices", "dataset", "model", "seed")
@@ -120,8 +126,13 @@ def comparisons(index: pd.DataFrame) -> list[Comparison]:
     for (dataset, model), group in known.groupby(["dataset", "model"], sort=True):
         runs = group.assign(variant=variants(group["overrides"]))
         raw = {}
-        for run_dir in runs.loc[runs["status"] == "completed", "run_dir"]:
-            frame = load_csv(Path(run_dir), "convergence")
+        for i, run_dir in runs.loc[runs["status"] == "completed", "run_dir"].items():
+            try:
+                frame = load_csv(Path(run_dir), "convergence")
+            except UserError as err:  # one unreadable file costs only its own run
+                log.warning("left out %s: %s", run_dir, err)
+                runs.loc[i, ["status", "error"]] = [UNUSABLE, str(err)]
+                continue
             if frame is not None and frame["train_loss"].notna().any():
                 raw[run_dir] = frame
         losses = [f["train_loss"][np.isfinite(f["train_loss"])] for f in raw.values()]
@@ -310,8 +321,10 @@ def _failed_markdown(index: pd.DataFrame, root: Path) -> str:
 def build_report(index: pd.DataFrame, root: Path,
                  baseline: str | None = None) -> tuple[str, pd.DataFrame]:
     """The markdown report and its numbers (one row per comparison row) for the runs of
-    ``index``; ``root`` is where failed runs' paths are shown relative to."""
+    ``index``; ``root`` is where failed runs' paths are shown relative to. A completed run whose
+    ``convergence.csv`` cannot be read is reported as ``unusable``, with the file named."""
     root = Path(root).resolve()
+    index = check_files(index, ("convergence",))
     sections = [f"# hetsgd report: {root.name or root}"]
     tables = []
     for comp in comparisons(index):
@@ -330,9 +343,10 @@ def build_report(index: pd.DataFrame, root: Path,
 
 def write_report(path: Path, baseline: str | None = None) -> str:
     """Report on every run under ``path`` (a run, a sweep or all of ``results/``): write
-    ``report.md`` and ``report.csv`` into ``path`` and return the markdown."""
+    ``report.md`` and ``report.csv`` into ``path`` (each replaced atomically) and return the
+    markdown. Runs that failed, crashed or left unreadable files are listed, never fatal."""
     path = Path(path)
     markdown, numbers = build_report(index_runs(path), path, baseline)
-    (path / "report.md").write_text(markdown)
-    numbers.to_csv(path / "report.csv", index=False)
+    write_text(path / "report.md", markdown)
+    write_csv(path / "report.csv", numbers)
     return markdown

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
+import tempfile
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pandas as pd
 from omegaconf import OmegaConf
@@ -14,6 +18,46 @@ from omegaconf import OmegaConf
 from hetsgd.machine import cpu_model, cuda_devices, usable_cores
 
 SUMMARY = "summary.json"
+
+
+def replace_file(path: Path, write: Callable[[IO[str]], None]) -> None:
+    """Write ``path`` atomically: ``write`` fills a temporary file in the same folder, which is
+    flushed, synced to disk and only then renamed onto ``path``. A failure at any point (a full
+    disk, a serializer that raises midway) leaves the previous complete file, or none, never a
+    truncated one; an I/O error names ``path``."""
+    path = Path(path)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are for everyone who may read them
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as err:
+        raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}") from err
+    finally:
+        if tmp is not None:
+            with suppress(OSError):
+                os.unlink(tmp)
+    with suppress(OSError):  # make the rename itself durable
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+
+def write_text(path: Path, text: str) -> None:
+    """``path.write_text(text)``, atomically (:func:`replace_file`)."""
+    replace_file(path, lambda handle: handle.write(text))
+
+
+def write_csv(path: Path, frame: pd.DataFrame) -> None:
+    """``frame.to_csv(path, index=False)``, atomically (:func:`replace_file`)."""
+    replace_file(path, lambda handle: frame.to_csv(handle, index=False))
 
 
 def environment() -> dict[str, Any]:
@@ -43,19 +87,20 @@ def _clean(value: Any) -> Any:
 
 class RunDirectory:
     """Writes one run's files; each writer can be called on its own, so a failed run still
-    leaves a summary that says why."""
+    leaves a summary that says why. Every file is replaced atomically (:func:`replace_file`):
+    a reader sees the previous complete version or the new one, never a partial file."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
 
     def write_config(self, config: Any) -> None:
-        (self.path / "config.yaml").write_text(OmegaConf.to_yaml(config, resolve=True))
+        write_text(self.path / "config.yaml", OmegaConf.to_yaml(config, resolve=True))
 
     def write_table(self, name: str, rows: list[dict[str, Any]] | pd.DataFrame) -> None:
         frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-        frame.to_csv(self.path / f"{name}.csv", index=False)
+        write_csv(self.path / f"{name}.csv", frame)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         summary = dict(summary, run_dir=str(self.path))
-        (self.path / SUMMARY).write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        write_text(self.path / SUMMARY, json.dumps(_clean(summary), indent=2) + "\n")

@@ -9,8 +9,9 @@ registered in the primary config::
           _target_: hetsgd.outputs.sweep.SweepReport
 
 Hydra skips this callback when a job's task function raises, so jobs must record their failure in
-``summary.json`` and return. A job folder without ``summary.json`` (a job that died before writing
-it) is still listed in ``summary.csv`` as failed.
+``summary.json`` and return. A job folder without ``summary.json``, or whose summary still says
+``running`` (a job that was killed or died before it ended), is still listed in ``summary.csv``
+and the report as crashed. Every file is replaced atomically.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.figure_style import check_formats
-from hetsgd.outputs.index import OVERRIDES, SUMMARY, find_runs, index_dirs
+from hetsgd.outputs.index import find_runs, index_dirs, is_run_dir
 from hetsgd.outputs.plots import plot_comparison
 from hetsgd.outputs.report import write_report
+from hetsgd.outputs.run_directory import write_csv, write_text
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,9 @@ def _job_number(job_dir: Path) -> int | None:
 
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
-    """The sweep's job folders (those holding summary.json or .hydra/), in job order."""
-    found = [d for d in Path(sweep_dir).iterdir()
-             if d.is_dir() and ((d / SUMMARY).exists() or (d / OVERRIDES.parent).is_dir())]
+    """The sweep's job folders (run directories: see :func:`hetsgd.outputs.index.is_run_dir`),
+    in job order."""
+    found = [d for d in Path(sweep_dir).iterdir() if d.is_dir() and is_run_dir(d)]
     return sorted(found, key=lambda d: (_job_number(d) is None, _job_number(d) or 0, d.name))
 
 
@@ -75,33 +76,19 @@ def sweep_summary(sweep_dir: Path) -> pd.DataFrame:
     return index[[c for c in SUMMARY_COLUMNS if c in index.columns] + extra]
 
 
-def _lost_jobs(summary: pd.DataFrame) -> str:
-    """Markdown for jobs that left no summary.json, which the report (built from summary.json
-    files) cannot see."""
-    lost = summary.loc[np.array([not (Path(d) / SUMMARY).exists() for d in summary["run_dir"]],
-                                dtype=bool)]
-    lines = [f"- job {job} (`{overrides or 'no overrides'}`): **{status}**: {error}"
-             for job, overrides, status, error in
-             lost[["job", "overrides", "status", "error"]].itertuples(index=False)]
-    return "\n".join(["## Jobs without results", "", *lines]) if lines else ""
-
-
 def finalize_sweep(sweep_dir: Path, baseline: str | None = None,
                    formats: Sequence[str] = ("png",)) -> str:
     """Write the sweep's summary.csv, report.md, report.csv and comparison figures (each run
-    drew its own when it ended); return the report's markdown. A failed job is listed, never
-    fatal."""
+    drew its own when it ended); return the report's markdown. A failed, crashed or unreadable
+    job is listed, never fatal."""
     sweep_dir = Path(sweep_dir)
     summary = sweep_summary(sweep_dir)
-    summary.to_csv(sweep_dir / "summary.csv", index=False)
+    write_csv(sweep_dir / "summary.csv", summary)
     try:
         markdown = write_report(sweep_dir, baseline)
-    except UserError as err:  # no job wrote a summary.json, or a run's file is unreadable
+    except UserError as err:  # no job folder at all, or a bad --baseline
         markdown = f"# hetsgd report: {sweep_dir.name}\n\n{err}\n"
-    lost = _lost_jobs(summary)
-    if lost:
-        markdown = f"{markdown}\n{lost}\n"
-    (sweep_dir / "report.md").write_text(markdown)
+        write_text(sweep_dir / "report.md", markdown)
     runs = find_runs(sweep_dir)
     try:
         if runs:

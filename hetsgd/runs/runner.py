@@ -109,6 +109,7 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
     handed_off = False
     try:
         out.write_config(resolved_config)
+        out.write_summary(summary)  # status: running, until the finally block rewrites it
         summary["environment"] = environment()
         specs = expand(cfg.devices)
         summary["emulated"] = any(spec.emulated for spec in specs)
