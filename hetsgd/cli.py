@@ -21,10 +21,9 @@ from rich.table import Table
 
 from hetsgd import data as datasets
 from hetsgd.config import CONF_DIR, ConfigError, RunConfig, compose_run, register_configs, to_run_config
-from hetsgd.engines.distributed.torchrun import follower, torchrun
+from hetsgd.engines.distributed.torchrun import follower
 from hetsgd.errors import UserError
 from hetsgd.machine import machine_facts
-from hetsgd.outputs.run_directory import RunDirectory
 
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
@@ -104,21 +103,8 @@ def _hydra_run(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN and not sweep_dirs:
         sweep_dirs.append(Path(hydra_cfg.sweep.dir))
-    try:
-        run_cfg = to_run_config(cfg)
-    except ConfigError as exc:
-        summary = {"status": "failed", "error": str(exc), "algo": cfg.algo.name,
-                   "dataset": cfg.dataset.name, "model": cfg.model.name,
-                   "devices": cfg.devices.name, "seed": cfg.seed}
-        RunDirectory(run_dir).write_summary(summary)
-        if torchrun() is not None:  # global rank 0: the other ranks wait for its plan
-            from hetsgd.engines.distributed.handoff import hand_off
-            from hetsgd.runs.setup import Handoff
-
-            hand_off(Handoff(error=str(exc)))
-    else:
-        summary = runner.run(run_cfg, run_dir, cfg)
-        _draw_figures(run_dir)
+    summary = runner.run(cfg, run_dir, cfg)
+    _draw_figures(run_dir)
     outcomes.append(summary["status"])
     if summary["status"] == "failed":
         err.print(f"[red]hetsgd: error:[/red] {_one_line(summary['error'])} "

@@ -27,16 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from hetsgd.errors import UserError
 
 CROP_PADDING = 4  # the authors' RandomCrop(32, padding=4)
 FLIP_PROBABILITY = 0.5  # torchvision's RandomHorizontalFlip default
-# A worker's generator seed: seed * stride + rank + offset; the offset keeps it off the epoch
-# shuffles' seeds (seed * 1_000_003 + epoch) for the first million epochs of any seed.
-_SEED_STRIDE = 1_000_003
-_SEED_OFFSET = 1 << 40
+# Tags this stream in a worker's seed sequence, apart from every other seeded stream of a run.
+AUGMENT_STREAM = 0xA06
 
 
 def crop_flip(x: torch.Tensor, image_shape: tuple[int, int, int], padding: int,
@@ -91,8 +90,8 @@ class CropFlip:
 
 
 def augment_seed(seed: int, rank: int) -> int:
-    """The generator seed of worker ``rank`` in a run of ``seed``."""
-    return seed * _SEED_STRIDE + rank + _SEED_OFFSET
+    """The generator seed of worker ``rank`` in a run of ``seed``: a stream of its own."""
+    return int(np.random.SeedSequence([seed, rank, AUGMENT_STREAM]).generate_state(1)[0])
 
 
 def check_augment(name: str, image_shape: tuple[int, int, int] | None) -> None:
@@ -106,11 +105,8 @@ def check_augment(name: str, image_shape: tuple[int, int, int] | None) -> None:
 def training_augment(name: str, image_shape: tuple[int, int, int] | None,
                      fill: Sequence[float] | None, seed: int, rank: int) -> CropFlip | None:
     """Worker ``rank``'s augmentation of its training batches, or None for ``none``."""
-    check_augment(name, image_shape)
+    check_augment(name, image_shape)  # the config allows only none and crop_flip
     if name == "none":
         return None
-    if name != "crop_flip":
-        raise ValueError(f"unknown augmentation {name!r}")
-    if image_shape is None or fill is None:
-        raise ValueError("crop_flip needs the image shape and the fill of each channel")
+    assert image_shape is not None and fill is not None, "Problem.of sets both for image sets"
     return CropFlip(image_shape, fill, augment_seed(seed, rank))

@@ -10,6 +10,7 @@ listed as ``crashed``, never left out.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -68,10 +69,9 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_runs(path: Path) -> list[Path]:
-    """Every run directory at or below ``path``, in natural path order."""
+    """Every run directory at or below ``path``, in natural path order (one walk of the tree)."""
     root = _directory(path)
-    markers = (*root.rglob(SUMMARY), *root.rglob(CONFIG), *root.rglob(HYDRA))
-    found = {file.parent for file in markers if is_run_dir(file.parent)}
+    found = [Path(folder) for folder, _, _ in os.walk(root) if is_run_dir(Path(folder))]
     return sorted(found, key=_natural)
 
 
@@ -203,18 +203,3 @@ def load_csv(run_dir: Path, name: str) -> pd.DataFrame | None:
         raise UserError(f"{file} has values that are not numbers in {', '.join(text)}")
     return frame
 
-
-def check_files(index: pd.DataFrame, names: Iterable[str] = ("convergence",)) -> pd.DataFrame:
-    """The index with every completed run whose CSVs ``names`` cannot be read marked
-    ``unusable``, its error naming the file: one bad file costs only its own run."""
-    index = index.copy()
-    for i, run in index.iterrows():
-        if run["status"] != "completed":
-            continue
-        for name in names:
-            try:
-                load_csv(Path(run["run_dir"]), name)
-            except UserError as err:
-                index.loc[i, ["status", "error"]] = [UNUSABLE, str(err)]
-                break
-    return index

@@ -35,7 +35,7 @@ from hetsgd.outputs.figure_style import (
     share_bars,
     styled,
 )
-from hetsgd.outputs.index import check_files, find_sweeps, index_dirs, index_runs, is_run_dir
+from hetsgd.outputs.index import find_sweeps, index_dirs, index_runs, is_run_dir
 from hetsgd.outputs.report import Comparison, aggregate, comparisons, devices_label, row_label
 from hetsgd.outputs.run_figures import plot_run
 
@@ -170,10 +170,7 @@ def plot_all(path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
         except (UserError, OSError, ValueError, TypeError, KeyError) as err:
             log.warning("no figures for %s: %s", run_dir, err)
     if is_run_dir(path):
-        return written
-    index = check_files(index, ("convergence",))
-    for run_dir, error in index.loc[index["status"] == "unusable", ["run_dir", "error"]].values:
-        log.warning("%s left out of the comparison figures: %s", run_dir, error)
+        return written  # a run's unreadable files: comparisons() warns and leaves the run out
     for where in sorted(set(find_sweeps(path)) | {path}):
         inside = index.loc[np.array([Path(d).is_relative_to(where) for d in index["run_dir"]],
                                     dtype=bool)]

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.index import UNUSABLE, check_files, index_runs, load_csv, settings
+from hetsgd.outputs.index import UNUSABLE, index_runs, load_csv, settings
 from hetsgd.outputs.metrics import TARGETS, crossing, normalized_loss
 from hetsgd.outputs.run_directory import write_csv, write_text
 
@@ -324,15 +324,17 @@ def build_report(index: pd.DataFrame, root: Path,
     ``index``; ``root`` is where failed runs' paths are shown relative to. A completed run whose
     ``convergence.csv`` cannot be read is reported as ``unusable``, with the file named."""
     root = Path(root).resolve()
-    index = check_files(index, ("convergence",))
     sections = [f"# hetsgd report: {root.name or root}"]
     tables = []
-    for comp in comparisons(index):
+    comps = comparisons(index)
+    for comp in comps:
         table = aggregate(comp)
         text = add_speedup(comp, table, baseline)
         sections.append(comparison_markdown(comp, table, text))
         tables.append(table.assign(dataset=comp.dataset, model=comp.model, l_best=comp.l_best))
-    sections.append(_failed_markdown(index, root))
+    # the comparisons' runs carry the statuses found while reading their curves (unusable)
+    unnamed = index[index["dataset"].isna() | index["model"].isna()]
+    sections.append(_failed_markdown(pd.concat([unnamed, *(c.runs for c in comps)]), root))
     numbers = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     if not numbers.empty:
         first = ["dataset", "model", "l_best", "algo", "devices", "emulated", "variant", "n",

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import track
 
 from hetsgd import algorithms
 from hetsgd.algorithms.base import coordinator
-from hetsgd.config import RunConfig
+from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines.distributed.handoff import hand_off
 from hetsgd.engines.distributed.torchrun import torchrun
@@ -102,14 +103,17 @@ def _results(training: Training, convergence: pd.DataFrame, specs: list[WorkerSp
     }
 
 
-def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
-    """Run one experiment into `run_dir` and return its summary (also on failure)."""
+def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
+    """Run one experiment into `run_dir` and return its summary (also on failure). A composed
+    config (`hetsgd run`'s) is checked here, so an out-of-range value ends like any failure."""
     out = RunDirectory(run_dir)
     summary = _identity(cfg)
     handed_off = False
     try:
         out.write_config(resolved_config)
         out.write_summary(summary)  # status: running, until the finally block rewrites it
+        if isinstance(cfg, DictConfig):
+            cfg = to_run_config(cfg)
         summary["environment"] = environment()
         specs = expand(cfg.devices)
         summary["emulated"] = any(spec.emulated for spec in specs)
@@ -153,7 +157,7 @@ def run(cfg: RunConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
                                 cfg.eval.target_losses), **training.extra)
     except KeyboardInterrupt:  # during setup or evaluation: the files written so far stay
         summary.update(status="interrupted", error="interrupted by the user")
-    except UserError as exc:
+    except (UserError, ConfigError) as exc:
         summary.update(status="failed", error=str(exc))
     except Exception as exc:  # a failed run must still say why, in its directory
         summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")

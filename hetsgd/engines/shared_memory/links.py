@@ -60,7 +60,7 @@ class Resident:
 
     def after_step(self) -> float:
         signals = self.state.signals
-        if signals.answered([self.rank]):
+        if not signals.asked(self.rank):
             return 0.0
         seconds = self.publish()
         signals.answer(self.rank)

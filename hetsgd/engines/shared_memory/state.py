@@ -44,9 +44,12 @@ class Signals:
         """Worker ``rank`` left its loop after its final publish: never wait for it again."""
         self.publish_done[rank] = RETIRED
 
+    def asked(self, rank: int) -> bool:
+        """Whether worker ``rank`` has a publish request to answer (once per step: no list)."""
+        return int(self.publish_done[rank]) < int(self.publish_request[0])
+
     def answered(self, ranks: list[int]) -> bool:
-        request = int(self.publish_request[0])
-        return all(int(self.publish_done[r]) >= request for r in ranks)
+        return not any(self.asked(r) for r in ranks)
 
 
 @dataclass
