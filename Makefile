@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-quick lint plots bench clean
+.PHONY: setup run test test-quick lint plots bench bench-quick clean
 
 setup: $(STAMP)
 
@@ -26,9 +26,10 @@ run: setup
 	    seed=0,1,2 budget.epochs=null budget.seconds=6 eval.every_s=0.25 eval.every_epochs=null \
 	    monitor.interval_s=0.25
 
-## the whole test suite, every tier (GPU tests skip, with the reason, without CUDA)
+## the whole test suite, every tier (GPU tests skip, with the reason, without CUDA), two tests at
+## a time: most of its time is processes starting and waiting on each other, not computing
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 ## the fast tier: unit tests only, no process-spawning (integration) or slow tests
 test-quick: setup
@@ -41,8 +42,13 @@ lint: setup
 plots: setup
 	$(BIN)/hetsgd plot results
 
+## speed as ratios measured side by side (about 4 minutes); bench-quick: the sections with goals
+## (step, loop overhead, Hogwild scaling, memory) with 2 s runs, under 3 minutes
 bench: setup
 	$(BIN)/python scripts/bench.py
+
+bench-quick: setup
+	$(BIN)/python scripts/bench.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -14,13 +14,13 @@ import hydra
 import typer
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException
-from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
 from hetsgd import data as datasets
 from hetsgd.config import CONF_DIR, ConfigError, RunConfig, compose_run, register_configs, to_run_config
+from hetsgd.config.compose import with_first_group_choices
 from hetsgd.engines.distributed.torchrun import follower
 from hetsgd.errors import UserError
 from hetsgd.machine import machine_facts
@@ -38,9 +38,11 @@ err = Console(stderr=True)
 # How `hetsgd run` exits: 0 when every run completed, else the code of the gravest outcome.
 EXIT_CODES = {"completed": 0, "diverged": 3, "failed": 1, "interrupted": 130}
 SIGTERM_EXIT = 143  # interrupted by SIGTERM rather than Ctrl-C
-outcomes: list[str] = []  # the status of each run of this invocation
-sweep_dirs: list[Path] = []  # the sweep this invocation runs, once its first job started
+run_statuses: list[str] = []  # how each run this process trained ended
 terminated: list[bool] = []  # SIGTERM arrived
+# A launcher such as submitit runs sweep jobs in processes that unpickle `train_job` and compose
+# their own config, so the schemas and resolvers are registered wherever this module loads.
+register_configs()
 
 
 class Terminated(KeyboardInterrupt):
@@ -53,16 +55,25 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def _exit_code(statuses: list[str]) -> int:
+    """The gravest outcome's code. A status that is none of EXIT_CODES' (a sweep job that left no
+    final summary reads `crashed`) counts as failed."""
     if "interrupted" in statuses:
         return SIGTERM_EXIT if terminated else EXIT_CODES["interrupted"]
-    for status in ("failed", "diverged"):
-        if status in statuses:
-            return EXIT_CODES[status]
-    return 0
+    if any(status not in ("completed", "diverged") for status in statuses):
+        return EXIT_CODES["failed"]
+    return EXIT_CODES["diverged"] if "diverged" in statuses else EXIT_CODES["completed"]
 
 
 def _one_line(message: str) -> str:
     return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def _composition_error(exc: Exception) -> str:
+    """What a bad override did, with its cause. Hydra raises some errors without a message (an
+    assertion deep in its defaults list, e.g. for `algo=${x}`): those still get a line that says
+    what failed."""
+    message = str(exc) or f"the overrides cannot be composed into a config ({type(exc).__name__})"
+    return message + (f": {exc.__cause__}" if exc.__cause__ is not None else "")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -95,17 +106,16 @@ def _summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def _hydra_run(cfg: DictConfig) -> None:
+def train_job(cfg: DictConfig) -> None:
+    """Hydra's task function: one run, or one job of a sweep. A launcher such as submitit pickles
+    it to run it in another process, so it is a plain module function (pickled by name) and keeps
+    nothing the command needs after the sweep: that comes from the run folders."""
     from hetsgd.runs import runner  # the training stack loads only when a run starts
 
-    hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    if hydra_cfg.mode == RunMode.MULTIRUN and not sweep_dirs:
-        sweep_dirs.append(Path(hydra_cfg.sweep.dir))
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     summary = runner.run(cfg, run_dir, cfg)
     _draw_figures(run_dir)
-    outcomes.append(summary["status"])
+    run_statuses.append(summary["status"])
     if summary["status"] == "failed":
         err.print(f"[red]hetsgd: error:[/red] {_one_line(summary['error'])} "
                   f"(details in {run_dir})", highlight=False, soft_wrap=True)
@@ -113,6 +123,9 @@ def _hydra_run(cfg: DictConfig) -> None:
     console.print(_summary_table(summary))
     if summary["status"] == "interrupted":
         raise KeyboardInterrupt  # a sweep stops here; its summary covers the jobs that ran
+
+
+_hydra_run = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(train_job)
 
 
 def _draw_figures(run_dir: Path) -> None:
@@ -133,6 +146,8 @@ def run(ctx: typer.Context) -> None:
 
     hetsgd run -m seed=0,1,2    (a sweep, one job after another)
 
+    hetsgd run -m hydra/launcher=submitit_slurm seed=0,1,2    (a sweep on a Slurm cluster)
+
     hetsgd run --cfg job    (print the composed config and exit)
 
     Config groups: algo, dataset (dataset.path=FILE for libsvm), model, devices.
@@ -141,7 +156,6 @@ def run(ctx: typer.Context) -> None:
 
     Results go to results/runs/ (or $HETSGD_RESULTS); sweeps to results/sweeps/.
     """
-    register_configs()
     if follower():  # a torchrun rank other than 0 trains its rank; rank 0 writes the run directory
         from hetsgd.runs.follow import follow
 
@@ -151,13 +165,16 @@ def run(ctx: typer.Context) -> None:
             _fail(str(exc))
         raise typer.Exit(code)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us whole; we print them as one line
-    sys.argv = ["hetsgd run", *ctx.args]
-    signal.signal(signal.SIGTERM, _terminate)
+    _forget_earlier_runs()
+    argv, sys.argv = sys.argv, ["hetsgd run", *with_first_group_choices(ctx.args),
+                                *_continue_in_place(ctx.args)]
+    sigterm_handler = signal.signal(signal.SIGTERM, _terminate)
+    interrupted = False
+    handlers = list(logging.root.handlers)
     try:
         _hydra_run()
     except KeyboardInterrupt:
-        if "interrupted" not in outcomes:
-            outcomes.append("interrupted")
+        interrupted = True
         _close_interrupted_sweep()
     except (UserError, ConfigError) as exc:
         _fail(str(exc))
@@ -167,25 +184,74 @@ def run(ctx: typer.Context) -> None:
     except Exception as exc:  # Hydra's and OmegaConf's composition errors: bad overrides
         if os.environ.get("HETSGD_DEBUG"):
             raise
-        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
-        _fail(f"{exc}{cause}")
+        _fail(_composition_error(exc))
     finally:
-        logging.shutdown()
-    code = _exit_code(outcomes)
+        _detach_log_handlers(keep=handlers)
+        sys.argv = argv
+        signal.signal(signal.SIGTERM, sigterm_handler)
+    code = _exit_code(_statuses() + ["interrupted"] * interrupted)
     if code:
         raise typer.Exit(code)
+
+
+def _continue_in_place(args: list[str]) -> list[str]:
+    """`resume=RUN_DIR` continues in RUN_DIR itself, so that one run directory holds the whole
+    run; only an existing run directory, so that a mistyped path creates no folder outside the
+    results (the runner then reports it in a fresh run directory)."""
+    from hetsgd.outputs.index import is_run_dir
+
+    source = next((a.split("=", 1)[1] for a in args if a.startswith("resume=")), None)
+    if source is None or not is_run_dir(Path(source)):
+        return []
+    quoted = str(Path(source).resolve()).replace("\\", "\\\\").replace("'", "\\'")
+    return [f"hydra.run.dir='{quoted}'"]
+
+
+def _detach_log_handlers(keep: list[logging.Handler]) -> None:
+    """Close the handlers Hydra gave the root logger for this command (its runs' `cli.log`
+    files), so that nothing logged later, in the same process, writes to a run directory or
+    fails because one was removed."""
+    for handler in list(logging.root.handlers):
+        if handler not in keep:
+            handler.close()
+            logging.root.removeHandler(handler)
+
+
+def _forget_earlier_runs() -> None:
+    """The command may run more than once in one process (tests, notebooks); each time it reports
+    the runs it started, and only those."""
+    from hetsgd.outputs.sweep import sweeps_started
+
+    for record in (run_statuses, terminated, sweeps_started):
+        record.clear()
+
+
+def _started_sweep() -> Path | None:
+    """The folder of the sweep this command started, once it exists."""
+    from hetsgd.outputs.sweep import sweeps_started
+
+    return sweeps_started[-1] if sweeps_started and sweeps_started[-1].is_dir() else None
+
+
+def _statuses() -> list[str]:
+    """How the runs of this command ended: a sweep's as its job folders say (its launcher may have
+    run them in other processes), a single run's as it returned."""
+    from hetsgd.outputs.sweep import job_statuses
+
+    sweep_dir = _started_sweep()
+    return job_statuses(sweep_dir) if sweep_dir else run_statuses
 
 
 def _close_interrupted_sweep() -> None:
     """After Ctrl-C (or SIGTERM) in a sweep: its summary and report of the jobs that ran, and a
     line saying the others did not."""
-    if not sweep_dirs or not sweep_dirs[0].is_dir():
-        return
     from hetsgd.outputs.sweep import finalize_sweep
 
-    sweep_dir = sweep_dirs[0]
+    sweep_dir = _started_sweep()
+    if sweep_dir is None:
+        return
     finalize_sweep(sweep_dir)
-    err.print(f"hetsgd: sweep interrupted after {len(outcomes)} job(s); the others did not run "
+    err.print(f"hetsgd: sweep interrupted after {len(_statuses())} job(s); the others did not run "
               f"(summary and report of those that ran in {sweep_dir})", highlight=False,
               soft_wrap=True)
 
@@ -223,6 +289,19 @@ def plot(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or a
     except UserError as exc:
         _fail(str(exc))
     console.print(f"{len(written)} figure file(s) written under {path}")
+
+
+@app.command()
+def recover(run_dir: Path = typer.Argument(..., help="A run directory left by a crashed run.")) -> None:
+    """Evaluate the snapshots a crashed run left into convergence.csv, summary.json and figures."""
+    from hetsgd.runs.recover import recover as recover_run
+
+    try:
+        summary = recover_run(run_dir)
+    except (UserError, ConfigError) as exc:
+        _fail(str(exc))
+    _draw_figures(run_dir)
+    console.print(_summary_table(summary))
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -269,8 +348,7 @@ def _compose(overrides: list[str]) -> RunConfig:
     try:
         return to_run_config(compose_run(overrides))
     except Exception as exc:  # composition and validation errors: bad overrides
-        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
-        _fail(f"{exc}{cause}")
+        _fail(_composition_error(exc))
         raise  # unreachable: _fail exits
 
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hetsgd.config import DevicesConfig
 from hetsgd.errors import UserError
 from hetsgd.machine import cuda_devices
+
+EMULATION_SLICE_S = 0.05  # an emulated worker notices the end of training this soon
 
 
 @dataclass(frozen=True)
@@ -33,10 +36,16 @@ class WorkerSpec:
         """A CPU worker standing in for an accelerator, or one slowed down on purpose."""
         return self.slowdown > 1.0 or (self.accel and self.kind == "cpu")
 
-    def emulate(self, compute_s: float) -> None:
-        """An emulated slow device: sleep (slowdown - 1) x the compute time just spent."""
-        if self.slowdown > 1.0:
-            time.sleep((self.slowdown - 1.0) * compute_s)
+    def emulate(self, compute_s: float, stopped: Callable[[], bool] | None = None) -> None:
+        """An emulated slow device: sleep (slowdown - 1) x the compute time just spent, in
+        slices, so that a long sleep ends as soon as ``stopped()`` says training has."""
+        if self.slowdown <= 1.0:
+            return
+        deadline = time.perf_counter() + (self.slowdown - 1.0) * compute_s
+        while (left := deadline - time.perf_counter()) > 0:
+            if stopped is not None and stopped():
+                return
+            time.sleep(min(left, EMULATION_SLICE_S))
 
     @property
     def label(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -88,6 +89,23 @@ def test_cuda_where_there_is_none_is_a_clear_error() -> None:
         pytest.skip("a CUDA GPU is usable here")
     with pytest.raises(UserError, match="no CUDA GPU"):
         expand(run_config("devices=gpu").devices)
+
+
+def test_an_emulated_slow_device_stops_sleeping_when_training_stops() -> None:
+    """Its sleep after a step is (slowdown - 1) x the step: 10 s here. Asked twice whether
+    training has stopped, it must notice and return; a plain sleep would not (the thread below
+    would still be alive)."""
+    spec = WorkerSpec(0, "cpu", "cpu", "cpu", 1, 1, slowdown=1001.0, accel=False)
+    asked: list[bool] = []
+
+    def stopped() -> bool:
+        asked.append(True)
+        return len(asked) >= 2
+
+    sleeper = threading.Thread(target=spec.emulate, args=(0.01, stopped), daemon=True)
+    sleeper.start()
+    sleeper.join(timeout=5)
+    assert not sleeper.is_alive() and len(asked) == 2
 
 
 def _run(tmp_path: Path, *overrides: str) -> tuple[dict, Path]:

@@ -85,6 +85,10 @@ BAD_INPUT = [
     (["optim.nope=1"], "optim.nope"),
     (["+model.nope=1"], "model.nope"),
     (["dataset=libsvm", "dataset.path=CORRUPT"], "line 2"),
+    (["algo=${hetsgd.cores:}"], "cannot be composed"),  # Hydra's error has no message
+    (["devices.groups.cpu.slowdown=1e9"], "slowdown"),  # it would sleep for ever after a step
+    (["devices.groups.cpu.count=100000"], "count"),  # it would start that many processes
+    (["seed=-1"], "seed"),
 ]
 if not cuda_devices():
     BAD_INPUT.append((["devices=gpu"], "no CUDA GPU"))

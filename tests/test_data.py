@@ -200,7 +200,8 @@ def test_second_load_reads_the_parsed_cache(tmp_path: Path, home: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path / "f.txt", libsvm_text(["-1", "1"] * 20))
     first = load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
-    assert list((home / "parsed").glob("libsvm-*.npz"))
+    entry, = (home / "parsed").glob("libsvm-*")
+    assert sorted(p.name for p in entry.iterdir()) == ["meta.json", "x_train.npy", "y_train.npy"]
 
     def no_parse(*args: object, **kwargs: object) -> None:
         raise AssertionError("parsed again")

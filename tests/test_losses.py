@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hetsgd.model.losses import correct, loss_fn, num_outputs, per_sample_loss
+from hetsgd.model.losses import correct, logits_gradient, loss_fn, num_outputs, per_sample_loss
 
 LN2 = math.log(2)
 
@@ -70,3 +70,18 @@ def test_num_outputs():
 def test_unknown_task_is_rejected(call):
     with pytest.raises(ValueError, match="binary, multiclass, multilabel"):
         call()
+
+
+@pytest.mark.parametrize("task,targets", [
+    ("binary", torch.tensor([1.0, 0.0, 1.0, 0.0])),
+    ("binary", torch.tensor([1, 0, 1, 0])),  # integer labels, as some files give them
+    ("multiclass", torch.tensor([2, 0, 1, 2])),
+    ("multilabel", torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0],
+                                 [0.0, 0.0, 0.0]])),
+])
+def test_the_closed_form_logits_gradient_is_autograds(task: str, targets: torch.Tensor):
+    width = 1 if task == "binary" else 3
+    logits = torch.randn(4, width, generator=torch.Generator().manual_seed(1)) * 3
+    leaf = logits.clone().requires_grad_(True)
+    loss_fn(task)(leaf, targets).backward()
+    torch.testing.assert_close(logits_gradient(task, logits, targets), leaf.grad)

@@ -1,4 +1,5 @@
-"""Every file of a run directory is replaced atomically: a failed write never leaves a partial file."""
+"""Every file of a run directory is replaced atomically: a failed write never leaves a partial file;
+a table that grows while the run goes is appended whole rows at a time, synced."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from hetsgd.outputs.run_directory import RunDirectory, replace_file
+from hetsgd.outputs.run_directory import RunDirectory, append_rows, replace_file
 
 
 def _leftovers(run_dir: Path) -> list[str]:
@@ -69,3 +70,15 @@ def test_a_serializer_that_fails_midway_leaves_the_previous_complete_file(tmp_pa
         out.write_summary({"status": "completed", "bad": object()})
     assert not (out.path / "summary.json").exists()
     assert _leftovers(out.path) == []
+
+
+def test_a_growing_table_gets_one_header_and_every_row_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    table = tmp_path / "utilization.csv"
+    append_rows(table, [{"time_s": 0.5, "gpu0_util": None}])
+    append_rows(table, [{"time_s": 1.0, "gpu0_util": 30.0}, {"time_s": 1.5, "gpu0_util": 40.0}])
+    assert table.read_text().splitlines() == ["time_s,gpu0_util", "0.5,", "1.0,30.0", "1.5,40.0"]
+    assert len(synced) == 2

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.distributed.coordinator import DistributedCoordinator, SetupSummary
 from hetsgd.engines.distributed.rank import RankLoop
 from hetsgd.engines.shared_memory.coordinator import Controller, Coordinator, OnTick
@@ -75,11 +76,12 @@ class Algorithm(Protocol):
 
 
 def coordinator(plan: Plan, hooks: Hooks, problem: Problem, data: SharedData,
-                master: SharedMaster, on_tick: OnTick | None) -> Coordinator:
-    """The engine that runs ``plan``'s workers with ``hooks``."""
+                master: SharedMaster, on_tick: OnTick | None,
+                resume: Checkpoint | None = None) -> Coordinator:
+    """The engine that runs ``plan``'s workers with ``hooks``, from ``resume`` if given."""
     if isinstance(hooks, DistributedHooks):
         return DistributedCoordinator(plan.cfg, plan.workers, problem, data, master, on_tick,
-                                      hooks.loop, hooks.publishing, hooks.setup_summary)
+                                      hooks.loop, hooks.publishing, hooks.setup_summary, resume)
     return Coordinator(plan.cfg, plan.workers, problem, data, master, on_tick,
                        target=partial(worker_process, link_factory=hooks.link),
-                       controller=hooks.controller)
+                       controller=hooks.controller, resume=resume)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,7 @@ from hetsgd.algorithms.base import DistributedHooks, Hooks, Plan
 from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
 from hetsgd.config import LocalSGDConfig, RunConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.distributed.coordinator import per_group
 from hetsgd.engines.distributed.group import Group, check_world, choose_backend
 from hetsgd.engines.distributed.rank import Rank
@@ -256,10 +258,20 @@ class RankLoop:
         self.batches = self.rank.batches(ShardBatches)
         algo = cfg.algo
         assert isinstance(algo, LocalSGDConfig)
-        self.step_times = (self.rank.step_times(self.batches)
-                           if needs_step_times(algo, _groups(world)) else None)
+        saved = self.rank.restored_loop
+        self.step_times: list[float] | None = None  # as measured by the run a checkpoint began
+        if "step_times" in saved:
+            self.step_times = saved["step_times"].tolist()
+        elif needs_step_times(algo, _groups(world)):
+            self.step_times = self.rank.step_times(self.batches, cfg.optim.step)
         self.plan = RoundPlan.build(cfg, world, self.rank.num_examples, self.step_times)
         self.table = LossTable(self.rank.num_examples) if algo.biased.sampling else None
+        self.rounds = 0  # done
+        if self.rank.restored is not None:
+            self.rounds = self.rank.restored.position
+            self.batches.shard = saved["shard"]
+            if self.table is not None:
+                self.table.values = saved["loss_table"]
         if self.table is not None and spec.rank == 0:
             warn_if_the_side_is_not_as_named(world, self.plan, algo.biased.side)
 
@@ -267,12 +279,24 @@ class RankLoop:
         return {"tau": [float(t) for t in self.plan.taus], "weight": self.plan.weights,
                 "step_s": self.step_times or [math.nan] * len(self.plan.taus)}
 
-    def run(self) -> None:
+    def checkpoint(self) -> WorkerState:
+        """After an aggregation the models are equal; this rank's momentum, shard of the period
+        and loss table are its own. The round plan's measured step times go along, so a
+        resumed run keeps its taus."""
+        loop = {"shard": self.batches.shard}
+        if self.step_times is not None:
+            loop["step_times"] = torch.tensor(self.step_times)
+        if self.table is not None:
+            loop["loss_table"] = self.table.values
+        return self.rank.checkpoint(self.rounds, loop)
+
+    def run(self, on_checkpoint: Callable[[WorkerState], None]) -> None:
         rank, plan, table = self.rank, self.plan, self.table
         me = rank.spec.rank
         tau, batch = plan.taus[me], plan.batches[me]
-        round_ = 0
-        while not plan.done(round_):
+        rank.restore()
+        while not plan.done(self.rounds):
+            round_ = self.rounds
             period, offset = divmod(round_, plan.period)
             if offset == 0:
                 if table is not None:
@@ -284,14 +308,14 @@ class RankLoop:
                 started = time.perf_counter()
                 start = (offset * tau + step) * batch
                 x, y = self.batches.get(period, start, batch)
-                loss, losses = rank.gradient(x, y, per_sample=table is not None)
+                mean, losses = rank.train_step(x, y, epoch, batch, per_sample=table is not None)
+                loss = float(mean)
                 if table is not None and losses is not None:
                     table.record(self.batches.shard[start:start + batch], losses)
-                with torch.no_grad():
-                    rank.sgd.step(epoch, batch)
                 busy = time.perf_counter() - started
-                rank.ledger.step(batch, busy, loss)
-                rank.spec.emulate(busy)
+                rank.ledger.step(batch, busy)
+                rank.ledger.record_loss(loss)
+                rank.spec.emulate(busy, rank.state.signals.stop.is_set)
                 if not math.isfinite(loss):
                     break
             weight = plan.weights[me]
@@ -300,6 +324,10 @@ class RankLoop:
             if verdict.diverged:
                 raise Diverged(f"training loss became non-finite in round {round_} "
                                f"(epoch {epoch:.3f})")
+            self.rounds += 1
             if verdict.stop:
                 break
-            round_ += 1
+            if verdict.checkpoint:
+                on_checkpoint(self.checkpoint())
+        if rank.checkpointing:
+            on_checkpoint(self.checkpoint())

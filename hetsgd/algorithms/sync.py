@@ -21,12 +21,14 @@ import dataclasses
 import math
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
 from hetsgd.algorithms.base import DistributedHooks, Hooks, Plan, SharedMemoryHooks
 from hetsgd.config import RunConfig, SyncConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.distributed.coordinator import per_group
 from hetsgd.engines.distributed.group import Group, check_world, choose_backend
 from hetsgd.engines.distributed.rank import Rank
@@ -98,19 +100,30 @@ class RankLoop:
         self.global_batch = cfg.algo.global_batch
         self.shares = [1.0] * len(world)
         self.step_times = [math.nan] * len(world)
+        saved = self.rank.restored_loop
         if cfg.algo.split == "proportional":  # examples per second at each rank's batch size
-            self.step_times = self.rank.step_times(self.batches)
+            self.step_times = (saved["step_times"].tolist() if "step_times" in saved
+                               else self.rank.step_times(self.batches, "autograd"))
             self.shares = [s.batch_size / t for s, t in zip(world, self.step_times)]
         # Every rank walks the same cursor, so all agree on every step and on the last one.
         self.cursor = EpochCursor(self.rank.num_examples, cfg.budget.epochs, threading.Lock())
+        if self.rank.restored is not None:
+            self.cursor.handed_out = self.rank.restored.position
 
     def setup(self) -> dict[str, list[float]]:
         return {"batch_share": [share / sum(self.shares) for share in self.shares],
                 "step_s": self.step_times}
 
-    def run(self) -> None:
+    def checkpoint(self) -> WorkerState:
+        """After a step every replica and momentum is the same: the cursor says where we are
+        (and a proportional split keeps the step times it was measured with)."""
+        return self.rank.checkpoint(self.cursor.handed_out,
+                                    {"step_times": torch.tensor(self.step_times)})
+
+    def run(self, on_checkpoint: Callable[[WorkerState], None]) -> None:
         rank = self.rank
         me, n = rank.spec.rank, rank.num_examples
+        rank.restore()
         while (claim := self.cursor.claim(self.global_batch)) is not None:
             epoch, start, size = claim
             sizes = split(size, self.shares)
@@ -118,19 +131,25 @@ class RankLoop:
             loss = None
             if sizes[me]:
                 x, y = self.batches.get(epoch, start + sum(sizes[:me]), sizes[me])
-                loss, _ = rank.gradient(x, y)
+                loss = rank.gradient(x, y)
             else:
                 rank.flat.zero_grad()
             computed = time.perf_counter()
-            rank.spec.emulate(computed - started)
+            rank.spec.emulate(computed - started, rank.state.signals.stop.is_set)
             verdict = rank.exchange(rank.flat.grads, rank.flat.buffers, sizes[me] / size, loss)
             stepped = time.perf_counter()
             with torch.no_grad():
                 rank.sgd.step(epoch + start / n, size)
-            rank.ledger.step(sizes[me], computed - started + time.perf_counter() - stepped, loss)
+            rank.ledger.step(sizes[me], computed - started + time.perf_counter() - stepped)
+            if loss is not None:
+                rank.ledger.record_loss(loss)
             if rank.link is not None:  # rank 0: publish when the coordinator asks
                 rank.ledger.add("comm_s", rank.link.after_step())
             if verdict.diverged:
                 raise Diverged(f"training loss became non-finite at epoch {epoch + start / n:.3f}")
             if verdict.stop:
                 break
+            if verdict.checkpoint:
+                on_checkpoint(self.checkpoint())
+        if rank.checkpointing:
+            on_checkpoint(self.checkpoint())

@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -63,6 +66,35 @@ def compose_run(overrides: Sequence[str]) -> DictConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
+
+
+def with_first_group_choices(args: Sequence[str]) -> list[str]:
+    """Command-line arguments of `hetsgd run` with the first choice of each swept config group
+    put just before its sweep: `+method=sync +method=sync,local_sgd`.
+
+    Hydra composes a sweep's own config without the swept values, so a key that only a swept
+    group brings (`devices.groups.accel.batch_size`, where every `+method` brings `devices=auto`)
+    cannot be set there, although every job has it. With the first choice given too, the sweep's
+    config is its first job's; the sweeper keeps the last value given for a key, so the jobs still
+    take every choice, and it composes each job before it starts any."""
+    parser = OverridesParser.create()
+    arguments: list[str] = []
+    for arg in args:
+        first = _first_group_choice(parser, arg)
+        arguments += [arg] if first is None else [first, arg]
+    return arguments
+
+
+def _first_group_choice(parser: OverridesParser, arg: str) -> str | None:
+    """`group=<first choice>` for an argument that sweeps a config group over choices, else None."""
+    try:
+        override = parser.parse_override(arg)
+    except HydraException:  # a flag such as -m, or a bad override that Hydra reports itself
+        return None
+    if override.is_hydra_override() or not isinstance(override.value(), ChoiceSweep) \
+            or not (CONF_DIR / override.key_or_group).is_dir():
+        return None
+    return f"{override.get_key_element()}={next(iter(override.sweep_string_iterator()))}"
 
 
 def _unknown_keys(node: DictConfig, path: str = "") -> list[str]:

@@ -120,6 +120,7 @@ MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {
 
 
 LR_SCALINGS = ("none", "linear", "sqrt")
+STEP_KINDS = ("auto", "fused", "autograd")
 
 
 @dataclass
@@ -134,9 +135,14 @@ class OptimConfig:
     base_batch: int = 1
     milestones: list[float] = field(default_factory=list)  # epochs at which lr *= lr_decay
     lr_decay: float = 0.1
+    # How a worker computes a step (same parameters either way, see hetsgd.model.step): `fused`
+    # updates an MLP's layers in place during a hand-written backward; `autograd` runs torch's
+    # backward into a flat gradient; `auto` takes `fused` wherever the model is such an MLP.
+    step: str = "auto"
 
     def __post_init__(self) -> None:
         require(self.lr > 0, "optim.lr", "a positive number", self.lr)
+        one_of("optim.step", self.step, STEP_KINDS)
         require(0 <= self.momentum < 1, "optim.momentum", "0 <= x < 1", self.momentum)
         require(self.weight_decay >= 0, "optim.weight_decay", "x >= 0", self.weight_decay)
         one_of("optim.lr_scaling", self.lr_scaling, LR_SCALINGS)
@@ -177,6 +183,9 @@ class EvalConfig:
     # time and memory stay bounded however long the run.
     max_snapshots: int = 80
     max_snapshot_mb: float = 1024.0
+    # the raw snapshots a run writes to snapshots/ as it trains are removed once evaluated,
+    # unless kept (e.g. to evaluate them otherwise later)
+    keep_snapshots: bool = False
 
     def __post_init__(self) -> None:
         require(self.every_s > 0, "eval.every_s", "a positive number of seconds", self.every_s)
@@ -221,6 +230,10 @@ class DataConfig:
 
 KINDS = ("cpu", "cuda")
 ROLES = ("auto", "host", "accel")
+# Sanity bounds: a typo such as count=10000 would start that many processes, and an emulated
+# device 1000x slower than the real one already sleeps a second after a 1 ms step.
+MAX_GROUP_SIZE = 256
+MAX_SLOWDOWN = 1000.0
 
 
 @dataclass
@@ -240,12 +253,15 @@ class GroupConfig:
     def __post_init__(self) -> None:
         one_of("devices.groups.*.kind", self.kind, KINDS)
         one_of("devices.groups.*.role", self.role, ROLES)
-        require(self.count > 0, "devices.groups.*.count", "at least 1", self.count)
-        require(self.threads > 0, "devices.groups.*.threads", "at least 1", self.threads)
+        require(0 < self.count <= MAX_GROUP_SIZE, "devices.groups.*.count",
+                f"1 to {MAX_GROUP_SIZE} workers", self.count)
+        require(0 < self.threads <= MAX_GROUP_SIZE, "devices.groups.*.threads",
+                f"1 to {MAX_GROUP_SIZE} threads", self.threads)
         require(self.index >= 0, "devices.groups.*.index", "a CUDA device index", self.index)
         require(self.batch_size > 0, "devices.groups.*.batch_size", "at least 1",
                  self.batch_size)
-        require(self.slowdown >= 1.0, "devices.groups.*.slowdown", "x >= 1", self.slowdown)
+        require(1.0 <= self.slowdown <= MAX_SLOWDOWN, "devices.groups.*.slowdown",
+                f"1 <= x <= {MAX_SLOWDOWN:g}", self.slowdown)
 
     @property
     def accel(self) -> bool:
@@ -298,6 +314,22 @@ class DistConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints for long runs of `sync` and `local_sgd`: every `every_s` seconds of training
+    and at the end, the workers' whole state (model, momentum, RNG streams, counters, position in
+    the data) goes to `checkpoint/` in the run directory; `resume=RUN_DIR` continues from it."""
+
+    every_s: float | None = None  # null: no checkpoints
+
+    def __post_init__(self) -> None:
+        require(self.every_s is None or self.every_s > 0, "checkpoint.every_s",
+                "a positive number of seconds, or null", self.every_s)
+
+
+CHECKPOINTING_ALGOS = ("sync", "local_sgd")  # every step or round ends in a consistent state
+
+
+@dataclass
 class RunConfig:
     algo: AlgoConfig = MISSING
     dataset: DatasetConfig = MISSING
@@ -309,8 +341,17 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     data: DataConfig = field(default_factory=DataConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: str | None = None  # a run directory whose checkpoint this run continues
     seed: int = 0
     results_dir: str = "results"
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        require(self.checkpoint.every_s is None or self.algo.name in CHECKPOINTING_ALGOS,
+                "checkpoint.every_s", "null for algo=" + self.algo.name + " (checkpoints need "
+                + " or ".join(CHECKPOINTING_ALGOS) + ")", self.checkpoint.every_s)
+        # numpy and torch seed generators from 32 bits; a larger seed fails deep in a library
+        require(0 <= self.seed < 2**32, "seed", "0 <= seed < 2**32", self.seed)
 
 

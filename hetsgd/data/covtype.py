@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hetsgd.data.cache import open_decompressed
+from hetsgd.data.cache import open_data
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download import RemoteFile
 from hetsgd.data.labels import encode
@@ -24,7 +24,7 @@ NUM_FEATURES = 54
 def read_covtype(path: Path, source: str) -> Parsed:
     """Parse the UCI file (54 feature columns and the class, comma-separated)."""
     try:
-        with open_decompressed(path) as f:
+        with open_data(path) as f:
             table = pd.read_csv(f, header=None, dtype=np.float32).to_numpy()
     except (ValueError, OSError, EOFError, pd.errors.ParserError) as exc:
         raise UserError(f"cannot parse {path} as the UCI covtype CSV: {exc}") from exc

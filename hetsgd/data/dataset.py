@@ -7,12 +7,45 @@ be cached independently of the seed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import scipy.sparse as sp
 
 Features = np.ndarray | sp.csr_matrix
+# Where a prepared array is written: ``np.empty`` by default; a run passes an allocator of shared
+# memory, so that the training set exists once, where the workers read it.
+Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+# what a load reads, generates or scales at a time: bounds what it holds besides its result
+BLOCK_BYTES = 4 << 20
+
+
+class Rows(Protocol):
+    """Dense features too large to hold twice (generated, or in the cache), read only as
+    contiguous blocks of rows, ``rows[start:stop]``; numpy arrays qualify too."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    def __getitem__(self, rows: slice) -> np.ndarray: ...
+
+
+def block_rows(row_bytes: int) -> int:
+    """Rows in a block of about ``BLOCK_BYTES``."""
+    return max(1, BLOCK_BYTES // max(row_bytes, 1))
+
+
+def row_blocks(x: Rows) -> Iterator[tuple[int, int]]:
+    """(start, stop) of consecutive blocks of about ``BLOCK_BYTES`` covering the rows of ``x``."""
+    step = block_rows(x.shape[1] * x.dtype.itemsize)
+    for start in range(0, x.shape[0], step):
+        yield start, min(start + step, x.shape[0])
+
 
 @dataclass(frozen=True)
 class Parsed:
@@ -20,14 +53,15 @@ class Parsed:
 
     Images keep raw ``uint8`` pixels here (small to cache); ``channel_stats`` holds the per-channel
     (mean, std) of [0, 1] pixels to normalise with, or None to measure them on the training part.
-    ``x_test`` is None where the source publishes no test split.
+    ``x_test`` is None where the source publishes no test split. Dense features may be ``Rows``
+    read block by block, so that preparation never holds them whole besides its result.
     """
 
     task: str
     num_classes: int
-    x_train: Features
+    x_train: Features | Rows
     y_train: np.ndarray
-    x_test: Features | None
+    x_test: Features | Rows | None
     y_test: np.ndarray | None
     source: str
     image_shape: tuple[int, int, int] | None = None

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_decompressed
+from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_data
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download import RemoteFile, verify
 from hetsgd.data.download_progress import status
@@ -34,7 +34,7 @@ _IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0
 def read_idx(path: Path) -> np.ndarray:
     """An IDX array (the MNIST format): two zero bytes, a type code, the rank, big-endian
     uint32 dimensions, then the data."""
-    with open_decompressed(path) as f:
+    with open_data(path) as f:
         data = f.read()
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] not in _IDX_TYPES:
         raise UserError(f"{path} is not an IDX file (bad magic number)")

@@ -1,9 +1,12 @@
 """LIBSVM files: the parser, any local file (``libsvm``), and the sets hosted on the LIBSVM site.
 
-Parsing is scikit-learn's svmlight loader. Train and test files are read together so that both get
-the width of the wider one (w8a.t uses fewer feature indices than w8a), widened further to the
-published feature count where it is known. Sets with at most ``DENSE_MAX_FEATURES`` features are
-made dense (a dense float32 array is then small and faster to train on); wider ones stay CSR.
+Parsing is scikit-learn's svmlight loader, one file at a time, so that an error names its file.
+Train and test files share one width, that of the wider one (w8a.t uses fewer feature indices
+than w8a), widened further to the published feature count where it is known; and one index base:
+1-based unless some file uses index 0 (scikit-learn's ``zero_based="auto"`` over both files). Sets
+with at most ``DENSE_MAX_FEATURES`` features are made dense (a dense float32 array is then small
+and faster to train on); wider ones stay CSR. A line that is not LIBSVM, a value that is not a
+finite number, or a feature index past ``MAX_FEATURES`` is a UserError naming file and line.
 
 LIBSVM files are published already scaled (binary indicators, [0, 1] or [-1, 1] ranges, unit-length
 tf-idf rows), so ``dataset.scale=auto`` leaves them as they are; covtype_binary is the exception:
@@ -12,18 +15,17 @@ its file (not the ``.scale`` one) holds the raw UCI quantities, standardised as 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import lzma
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.datasets import load_svmlight_files
+from sklearn.datasets import load_svmlight_file
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_decompressed
+from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_data
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download import RemoteFile, local, verify
 from hetsgd.data.download_progress import status
@@ -32,6 +34,11 @@ from hetsgd.data.source import Source
 from hetsgd.errors import UserError
 
 DENSE_MAX_FEATURES = 1000
+# The widest input a model here can take: 2^22 (4,194,304) is three times news20.binary's
+# 1,355,191 (the widest set in the registry) and above url's 3,231,961, the widest common LIBSVM
+# set; a first layer of 512 units is then at most 8 GiB of float32 weights. An index past it is
+# a typo or a hashed feature space, and would fail much later in an allocator without a word.
+MAX_FEATURES = 1 << 22
 _SNIFF_LINES = 1000
 
 
@@ -44,19 +51,17 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
     """
     multilabel = task == "multilabel" or (task == "auto" and _looks_multilabel(train))
     paths = [train] + ([test] if test is not None else [])
-    with contextlib.ExitStack() as stack:
-        try:
-            files = [stack.enter_context(open_decompressed(p)) for p in paths]
-            loaded = load_svmlight_files(files, dtype=np.float32, multilabel=multilabel,
-                                         zero_based="auto")
-        except ValueError as exc:
-            raise corrupt_error(paths, multilabel, exc) from exc
-        except (OSError, EOFError, lzma.LZMAError) as exc:
-            raise UserError(f"cannot read {' or '.join(map(str, paths))}: {exc}") from exc
-    xs, ys = list(loaded[0::2]), list(loaded[1::2])
+    parts = [_parse(path, multilabel) for path in paths]
+    xs, ys = [x for x, _ in parts], [y for _, y in parts]
     if xs[0].shape[0] == 0:
         raise UserError(f"{train} holds no examples")
-    width = max(xs[0].shape[1], n_features or 0)
+    if all(x.nnz and x.indices.min() > 0 for x in xs):  # no index 0 anywhere: 1-based
+        for x in xs:
+            x.indices -= 1
+        width = max(x.shape[1] for x in xs) - 1
+    else:
+        width = max(x.shape[1] for x in xs)
+    width = max(width, n_features or 0)
     xs = [sp.csr_matrix((x.data, x.indices, x.indptr), shape=(x.shape[0], width)) for x in xs]
     where = " and ".join(map(str, paths))
     if multilabel:
@@ -70,9 +75,25 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
                   ys[1] if has_test else None, source)
 
 
+def _parse(path: Path, multilabel: bool) -> tuple[sp.csr_matrix, list | np.ndarray]:
+    """One file's features (indices as written) and raw labels; the first bad line is named."""
+    with open_data(path) as f:
+        try:
+            x, y = load_svmlight_file(f, dtype=np.float32, multilabel=multilabel,
+                                      zero_based=True)
+        except ValueError as exc:
+            raise corrupt_error(path, multilabel, exc) from exc
+    labels = np.asarray([v for labels in y for v in labels] if multilabel else y, dtype=float)
+    if x.shape[1] > MAX_FEATURES + 1:
+        raise corrupt_error(path, multilabel, ValueError(f"a feature index past {MAX_FEATURES:,}"))
+    if not (np.isfinite(x.data).all() and np.isfinite(labels).all()):
+        raise corrupt_error(path, multilabel, ValueError("a value that is not a finite number"))
+    return x, y
+
+
 def _looks_multilabel(path: Path) -> bool:
     """Comma-separated labels in the first lines mean a multilabel file."""
-    with open_decompressed(path) as f:
+    with open_data(path) as f:
         for raw in itertools.islice(f, _SNIFF_LINES):
             tokens = raw.split(b"#", 1)[0].split()
             if tokens and b"," in tokens[0]:
@@ -80,37 +101,30 @@ def _looks_multilabel(path: Path) -> bool:
     return False
 
 
-def corrupt_error(paths: list[Path], multilabel: bool, exc: ValueError,
+def corrupt_error(path: Path, multilabel: bool, exc: ValueError,
                   skip_lines: int = 0) -> UserError:
-    """Name the first bad line (after ``skip_lines`` header lines): scikit-learn's error does not
-    say where it is."""
-    for path in paths:
-        found = _first_bad_line(path, multilabel, skip_lines)
-        if found is not None:
-            number, text = found
-            return UserError(f"{path}: line {number} is not valid LIBSVM ({text[:60]!r}): {exc}")
-    return UserError(f"cannot parse {' or '.join(map(str, paths))} as LIBSVM: {exc}")
-
-
-def _first_bad_line(path: Path, multilabel: bool, skip_lines: int) -> tuple[int, str] | None:
-    with open_decompressed(path) as f:
+    """Name the first bad line (after ``skip_lines`` header lines) and what is wrong with it:
+    scikit-learn's error does not say where it is."""
+    with open_data(path) as f:
         for number, raw in enumerate(f, 1):
-            if number <= skip_lines:
-                continue
             tokens = raw.split(b"#", 1)[0].decode(errors="replace").split()
-            if tokens and not _valid(tokens, multilabel):
-                return number, raw.decode(errors="replace").strip()
-    return None
+            problem = _problem(tokens, multilabel) if number > skip_lines and tokens else None
+            if problem is not None:
+                text = raw.decode(errors="replace").strip()
+                return UserError(f"{path}: line {number} {problem} ({text[:60]!r})")
+    return UserError(f"cannot parse {path} as LIBSVM: {exc}")
 
 
-def _valid(tokens: list[str], multilabel: bool) -> bool:
-    """``label[,label...] [qid:N] index:value ...`` with increasing indices."""
+def _problem(tokens: list[str], multilabel: bool) -> str | None:
+    """What is wrong with a line ``label[,label...] [qid:N] index:value ...`` (indices
+    increasing, values finite numbers), or None."""
     labels, features = tokens[0], tokens[1:]
     if multilabel and ":" in labels:
         labels, features = "", tokens  # an example without labels
     try:
         for label in filter(None, labels.split(",") if multilabel else [labels]):
-            float(label)
+            if not math.isfinite(float(label)):
+                return f"has a label that is not a finite number: {label}"
         if features and features[0].startswith("qid:"):
             int(features[0][4:])
             features = features[1:]
@@ -118,12 +132,15 @@ def _valid(tokens: list[str], multilabel: bool) -> bool:
         for token in features:
             index, sep, value = token.partition(":")
             if not sep or int(index) <= previous:
-                return False
-            float(value)
+                return "is not valid LIBSVM"
+            if int(index) > MAX_FEATURES:
+                return f"has feature index {int(index)}, past the bound of {MAX_FEATURES:,}"
+            if not math.isfinite(float(value)):
+                return f"has a value that is not a finite number: {token}"
             previous = int(index)
     except ValueError:
-        return False
-    return True
+        return "is not valid LIBSVM"
+    return None
 
 
 @dataclass(frozen=True)

@@ -19,49 +19,100 @@ Scaling (``dataset.scale``), recorded in ``Dataset.scaling`` as actually applied
   mean and std (CIFAR-10: the biased local SGD authors') or, where there are none, with those of
   the training part; ``maxabs`` is pixels / 255; ``none`` is raw 0..255. ``Dataset.pixel_zero``
   records what a black pixel became, per channel: the padding of ``data.augment=crop_flip``.
+
+Memory: dense parts are written once, straight into arrays from the caller's ``allocate`` (a run's
+are in shared memory), reading the parsed features a block of rows at a time, and scaled there in
+place; statistics are accumulated block by block. A load so holds little besides its result.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.model_selection import train_test_split
-from sklearn.preprocessing import MaxAbsScaler, StandardScaler
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data.dataset import Dataset, Features, Parsed
+from hetsgd.data.dataset import Allocate, Dataset, Features, Parsed, Rows, row_blocks
+from hetsgd.errors import UserError
 
 
-def prepare(parsed: Parsed, cfg: DatasetConfig, seed: int, scaling: str) -> Dataset:
-    """Split, subset and scale; ``scaling`` is ``dataset.scale`` with ``auto`` already resolved."""
+def prepare(parsed: Parsed, cfg: DatasetConfig, seed: int, scaling: str,
+            allocate: Allocate = np.empty) -> Dataset:
+    """Split, subset and scale; ``scaling`` is ``dataset.scale`` with ``auto`` already resolved;
+    dense features and every label array are written into arrays from ``allocate``."""
     source = parsed.source
-    x_train, y_train = parsed.x_train, parsed.y_train
     if parsed.x_test is None or parsed.y_test is None:
-        train, test, how = split_rows(y_train, parsed.task, seed, test_size=cfg.test_fraction)
-        x_test, y_test = x_train[test], y_train[test]
-        x_train, y_train = x_train[train], y_train[train]
+        check_two_per_class(parsed.y_train, parsed.task, cfg.path or cfg.name)
+        train, test, how = split_rows(parsed.y_train, parsed.task, seed,
+                                      test_size=cfg.test_fraction)
+        x_test_from, y_test_from = parsed.x_train, parsed.y_train
         source += f"; test: {how} {cfg.test_fraction:g} split of it (seed {seed})"
     else:
-        x_test, y_test = parsed.x_test, parsed.y_test
-    if cfg.limit is not None and cfg.limit < len(y_train):
-        keep, _, how = split_rows(y_train, parsed.task, seed, train_size=cfg.limit)
-        x_train, y_train = x_train[keep], y_train[keep]
+        train, test = np.arange(len(parsed.y_train)), np.arange(len(parsed.y_test))
+        x_test_from, y_test_from = parsed.x_test, parsed.y_test
+    if cfg.limit is not None and cfg.limit < len(train):
+        keep, _, how = split_rows(parsed.y_train[train], parsed.task, seed, train_size=cfg.limit)
+        train = train[keep]
         source += f"; train: {how} subset of {cfg.limit} (seed {seed})"
+    y_train, y_test = (_take(y, rows, allocate) for y, rows in
+                       ((parsed.y_train, train), (y_test_from, test)))
+    if sp.issparse(parsed.x_train):
+        x_train, x_test = parsed.x_train[train], x_test_from[test]
+    else:
+        x_train, x_test = (allocate((len(rows), parsed.x_train.shape[1]), np.dtype(np.float32))
+                           for rows in (train, test))
+        copies = [(train, x_train), (test, x_test)]
+        if x_test_from is parsed.x_train:  # one pass over the file's rows fills both parts
+            copy_rows(parsed.x_train, copies)
+        else:
+            copy_rows(parsed.x_train, copies[:1])
+            copy_rows(x_test_from, copies[1:])
     if parsed.image_shape is not None and scaling == "standard" and parsed.channel_stats is None:
         # measured once, here, so that the scaling and pixel_zero use the same statistics
         parsed = replace(parsed, channel_stats=channel_stats(x_train, parsed.image_shape[0]))
-    x_train, x_test, applied = scale(x_train, x_test, parsed, scaling)
+    scaler = fit_scaler(x_train, parsed, scaling)
+    x_train, x_test = scaler.apply(x_train), scaler.apply(x_test)
     return Dataset(cfg.name, parsed.task, x_train, y_train, x_test, y_test, parsed.num_classes,
-                   parsed.image_shape, parsed.synthetic, source, applied,
-                   pixel_zero=pixel_zero(parsed, applied))
+                   parsed.image_shape, parsed.synthetic, source, scaler.name,
+                   pixel_zero=pixel_zero(parsed, scaler))
+
+
+def _take(y: np.ndarray, rows: np.ndarray, allocate: Allocate) -> np.ndarray:
+    out = allocate((len(rows), *y.shape[1:]), y.dtype)
+    np.take(y, rows, axis=0, out=out)
+    return out
+
+
+def copy_rows(x: Rows, copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+    """``out[i] = x[rows[i]]`` for every (rows, out), rows ascending, reading ``x`` once, a block
+    of rows at a time: a generated or cached ``Rows`` is never held whole."""
+    for start, stop in row_blocks(x):
+        block = None
+        for rows, out in copies:
+            lo, hi = np.searchsorted(rows, (start, stop))
+            if lo < hi:
+                block = x[start:stop] if block is None else block
+                out[lo:hi] = block[rows[lo:hi] - start]
+
+
+def check_two_per_class(y: np.ndarray, task: str, where: str) -> None:
+    """A test part split off by class needs every class on both sides: two examples at least."""
+    if task == "multilabel":
+        return
+    values, counts = np.unique(y, return_counts=True)
+    if counts.min() < 2:
+        raise UserError(f"{where}: class {values[counts.argmin()]:g} (of 0..{len(values) - 1}, "
+                        "in sorted label order) has a single example; splitting off a test part "
+                        "needs at least 2 of each class (drop it, or give a test file)")
 
 
 def split_rows(y: np.ndarray, task: str, seed: int, *, test_size: float | None = None,
                train_size: int | None = None) -> tuple[np.ndarray, np.ndarray, str]:
     """Seeded (kept, rest) row numbers, each in file order, stratified by class where possible:
-    not for multilabel sets, nor where a class is too small to appear on both sides."""
+    not for multilabel sets, nor where a part is too small to hold every class."""
     rows = np.arange(len(y))
     kwargs = {"test_size": test_size, "train_size": train_size, "random_state": seed}
     if task != "multilabel":
@@ -69,67 +120,99 @@ def split_rows(y: np.ndarray, task: str, seed: int, *, test_size: float | None =
             kept, rest = train_test_split(rows, stratify=y, **kwargs)
             return np.sort(kept), np.sort(rest), "stratified"
         except ValueError:
-            pass  # a class with too few members for stratification: fall back to a plain draw
-    kept, rest = train_test_split(rows, **kwargs)
+            pass  # a part with fewer examples than classes: fall back to a plain draw
+    try:
+        kept, rest = train_test_split(rows, **kwargs)
+    except ValueError as exc:  # a part would be empty
+        raise UserError(f"cannot split {len(y)} example(s) into two parts: {exc}") from None
     return np.sort(kept), np.sort(rest), "random"
 
 
-def scale(x_train: Features, x_test: Features, parsed: Parsed,
-          how: str) -> tuple[Features, Features, str]:
-    """float32 features scaled as ``how`` says, with statistics of the training part only, and
-    the scaling applied (``maxabs`` where ``standard`` was asked of a sparse set)."""
+@dataclass(frozen=True)
+class Scaler:
+    """Per feature ``(x - shift) / divisor``, applied in place; ``name`` is the scaling applied
+    (``none``: no arithmetic at all)."""
+
+    name: str
+    shift: np.ndarray | None = None
+    divisor: np.ndarray | None = None
+
+    def apply(self, x: Features) -> Features:
+        if self.divisor is None:
+            return x
+        if sp.issparse(x):  # zeros stay zeros: a shift would densify, so sparse sets have none
+            x = sp.csr_matrix(x, dtype=np.float32)
+            x.data /= self.divisor[x.indices]
+            return x
+        if self.shift is not None:
+            x -= self.shift
+        x /= self.divisor
+        return x
+
+
+def fit_scaler(x_train: Features, parsed: Parsed, how: str) -> Scaler:
+    """The scaling ``how`` says, with statistics of the training part only (``maxabs`` where
+    ``standard`` was asked of a sparse set)."""
     if how not in ("standard", "maxabs", "none"):
         raise ValueError(f"unresolved scaling {how!r}")
-    if parsed.image_shape is not None:
-        return (*_scale_images(x_train, x_test, parsed, how), how)
-    x_train, x_test = (x.astype(np.float32, copy=False) for x in (x_train, x_test))
     if how == "none":
-        return x_train, x_test, how
-    if how == "standard" and not sp.issparse(x_train):
-        scaler: StandardScaler | MaxAbsScaler = StandardScaler()
-    else:
-        scaler, how = MaxAbsScaler(), "maxabs"  # divides by column maxima: CSR in, CSR out
-    scaler.fit(x_train)
-    return scaler.transform(x_train), scaler.transform(x_test), how
-
-
-def _scale_images(x_train: np.ndarray, x_test: np.ndarray, parsed: Parsed,
-                  how: str) -> tuple[np.ndarray, np.ndarray]:
-    x_train, x_test = (np.asarray(x, dtype=np.float32) for x in (x_train, x_test))
-    if how == "none":
-        return x_train, x_test
-    x_train, x_test = x_train / 255.0, x_test / 255.0
+        return Scaler(how)
+    if parsed.image_shape is not None:  # [0, 1] pixels, then each channel's statistics
+        if how == "maxabs":
+            return Scaler(how, None, np.float32(255.0))
+        if parsed.channel_stats is None:
+            raise ValueError("standard scaling of an image set needs its channel statistics")
+        per_pixel = x_train.shape[1] // parsed.image_shape[0]
+        mean, std = (np.repeat(np.asarray(s, dtype=np.float64), per_pixel)
+                     for s in parsed.channel_stats)
+        return Scaler(how, np.float32(255.0 * mean), np.float32(255.0 * _nonzero(std)))
+    if sp.issparse(x_train):
+        top = abs(x_train).max(axis=0).toarray().ravel()
+        return Scaler("maxabs", None, _nonzero(top).astype(np.float32))
     if how == "maxabs":
-        return x_train, x_test
-    channels = parsed.image_shape[0] if parsed.image_shape else 1
-    stats = parsed.channel_stats or channel_stats(x_train, channels, top=1.0)
-    mean, std = (np.asarray(s, dtype=np.float32) for s in stats)
-    std = np.where(std > 0, std, 1.0).astype(np.float32)
+        top = np.zeros(x_train.shape[1])
+        for start, stop in row_blocks(x_train):
+            top = np.maximum(top, np.abs(x_train[start:stop]).max(axis=0))
+        return Scaler(how, None, _nonzero(top).astype(np.float32))
+    mean, var = column_moments(x_train)
+    return Scaler(how, mean.astype(np.float32), _nonzero(np.sqrt(var)).astype(np.float32))
 
-    def normalise(x: np.ndarray) -> np.ndarray:
-        shaped = x.reshape(len(x), channels, -1)
-        return ((shaped - mean[:, None]) / std[:, None]).reshape(len(x), -1)
 
-    return normalise(x_train), normalise(x_test)
+def _nonzero(scale: np.ndarray) -> np.ndarray:
+    """A constant feature is left as it is: a divisor of 1 where the statistic is 0."""
+    return np.where(scale > 0, scale, 1.0)
+
+
+def column_moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column mean and (population) variance, summed in float64 in two passes block by
+    block: no float64 copy of ``x``, and no cancellation of a large mean against the squares."""
+    n = max(len(x), 1)
+    total = np.zeros(x.shape[1])
+    for start, stop in row_blocks(x):
+        total += x[start:stop].sum(axis=0, dtype=np.float64)
+    mean = total / n
+    squares = np.zeros(x.shape[1])
+    for start, stop in row_blocks(x):
+        deviation = np.subtract(x[start:stop], mean, dtype=np.float32)
+        squares += np.square(deviation, out=deviation).sum(axis=0, dtype=np.float64)
+    return mean, squares / n
 
 
 def channel_stats(pixels: np.ndarray, channels: int,
                   top: float = 255.0) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel (mean, std) of [0, 1] pixels, from pixels in 0..``top`` (raw: 255)."""
-    per_channel = np.asarray(pixels).reshape(len(pixels), channels, -1)
-    mean = per_channel.mean(axis=(0, 2), dtype=np.float64) / top
-    std = per_channel.std(axis=(0, 2), dtype=np.float64) / top
-    return tuple(mean.tolist()), tuple(std.tolist())
+    """Per-channel (mean, std) of [0, 1] pixels, from pixels in 0..``top`` (raw: 255), pooled
+    from the moments of each pixel position (every position has the same count)."""
+    mean, var = (m.reshape(channels, -1) for m in column_moments(pixels))
+    channel_mean = mean.mean(axis=1)
+    channel_var = (var + np.square(mean - channel_mean[:, None])).mean(axis=1)
+    return tuple((channel_mean / top).tolist()), tuple((np.sqrt(channel_var) / top).tolist())
 
 
-def pixel_zero(parsed: Parsed, how: str) -> tuple[float, ...] | None:
-    """Per channel, what a black (zero) pixel becomes under ``how``, through the very arithmetic
-    of the scaling: ``(0 - mean) / std`` for ``standard``, 0 otherwise; None for flat sets."""
+def pixel_zero(parsed: Parsed, scaler: Scaler) -> tuple[float, ...] | None:
+    """Per channel, what a black (zero) pixel became, through the very arithmetic of the
+    scaling: ``(0 - mean) / std`` for ``standard``, 0 otherwise; None for flat sets."""
     if parsed.image_shape is None:
         return None
-    if how == "standard" and parsed.channel_stats is None:
-        raise ValueError("pixel_zero of a standard-scaled image set needs its channel statistics")
     channels, height, width = parsed.image_shape
-    black = np.zeros((1, channels * height * width), dtype=np.uint8)
-    scaled, _ = _scale_images(black, black, parsed, how)
-    return tuple(float(v) for v in scaled.reshape(channels, -1)[:, 0])
+    black = scaler.apply(np.zeros((1, channels * height * width), dtype=np.float32))
+    return tuple(float(v) for v in black.reshape(channels, -1)[:, 0])

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from hetsgd.config import DatasetConfig
 from hetsgd.data import covtype, embedded, images, libsvm, synthetic, xc
-from hetsgd.data.dataset import Dataset
+from hetsgd.data.dataset import Allocate, Dataset
 from hetsgd.data.prepare import prepare
 from hetsgd.data.source import Source, SourceInfo
 from hetsgd.errors import UserError
@@ -31,14 +33,16 @@ def _check_task(wanted: str, task: str, name: str) -> None:
                         "(use dataset.task=auto)")
 
 
-def load_dataset(cfg: DatasetConfig, seed: int, progress: bool = True) -> Dataset:
+def load_dataset(cfg: DatasetConfig, seed: int, progress: bool = True,
+                 allocate: Allocate = np.empty) -> Dataset:
     """Load, split, subset and scale ``cfg.name`` (fetching it into the cache if needed);
-    ``dataset.scale=auto`` is the source's own default (``Dataset.scaling`` says what applied)."""
+    ``dataset.scale=auto`` is the source's own default (``Dataset.scaling`` says what applied).
+    Dense features and labels are written into arrays from ``allocate``."""
     source = get_source(cfg.name)
     _check_task(cfg.task, source.task, source.name)
     parsed = source.load(cfg, seed, progress)
     _check_task(cfg.task, parsed.task, source.name)
-    return prepare(parsed, cfg, seed, resolve_scale(cfg.scale, source))
+    return prepare(parsed, cfg, seed, resolve_scale(cfg.scale, source), allocate)
 
 
 def resolve_scale(scale: str, source: Source) -> str:

@@ -17,29 +17,39 @@ import numpy as np
 from sklearn.datasets import load_svmlight_file
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data.cache import data_home, existing_file, find_local, load_or_parse, open_decompressed
+from hetsgd.data.cache import data_home, existing_file, find_local, load_or_parse, open_data
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download_progress import status
 from hetsgd.data.labels import multi_hot
-from hetsgd.data.libsvm import DENSE_MAX_FEATURES, corrupt_error
+from hetsgd.data.libsvm import DENSE_MAX_FEATURES, MAX_FEATURES, corrupt_error
 from hetsgd.data.source import Source, SourceInfo
 from hetsgd.errors import UserError
+
+# Labels are held multi-hot, float32 [N, L]: 2^16 labels take 256 KiB an example (3 GiB for
+# delicious' 12,920 examples, which have 983 labels); a larger L is a header typo or a set too
+# big to hold this way.
+MAX_LABELS = 1 << 16
 
 
 def read_xc(path: Path, splits: tuple[Path, Path] | None, source: str) -> Parsed:
     """Parse an extreme classification data file (and its split files) into multi-hot labels."""
-    with open_decompressed(path) as f:
+    with open_data(path) as f:
         header = f.readline().split()
         try:
             n, d, num_labels = (int(v) for v in header)
         except ValueError:
             raise UserError(f"{path}: line 1 must be 'N D L' (examples, features, labels), "
                             f"got {b' '.join(header).decode(errors='replace')!r}") from None
+        for what, value, bound in (("features", d, MAX_FEATURES), ("labels", num_labels,
+                                                                   MAX_LABELS)):
+            if not 0 < value <= bound:
+                raise UserError(f"{path}: line 1 gives {value} {what}; hetsgd takes 1 to "
+                                f"{bound:,}")
         try:
             x, y = load_svmlight_file(f, n_features=d, dtype=np.float32, multilabel=True,
                                       zero_based=True)
         except ValueError as exc:
-            raise corrupt_error([path], True, exc, skip_lines=1) from exc
+            raise corrupt_error(path, True, exc, skip_lines=1) from exc
     if x.shape[0] != n:
         raise UserError(f"{path}: the header says {n} examples but the file holds {x.shape[0]}")
     _, (labels,) = multi_hot([y], str(path), num_classes=num_labels)
@@ -54,7 +64,7 @@ def read_xc(path: Path, splits: tuple[Path, Path] | None, source: str) -> Parsed
 def _split_rows(path: Path, n: int) -> np.ndarray:
     """0-based row numbers of the first split in a split file."""
     try:
-        with open_decompressed(path) as f:
+        with open_data(path) as f:
             rows = np.loadtxt(f, dtype=np.int64, ndmin=2)[:, 0] - 1
     except ValueError as exc:
         raise UserError(f"{path} is not a split file of example numbers: {exc}") from exc

@@ -44,3 +44,14 @@ def synchronize(device: torch.device) -> None:
     """Wait for the work queued on ``device`` (a step's time must include it)."""
     if is_cuda(device):
         torch.cuda.synchronize(device)
+
+
+def rng_state(device: torch.device) -> torch.Tensor | None:
+    """The random stream of ``device`` itself (a GPU's), for a checkpoint; None for the CPU,
+    whose stream is torch's global one."""
+    return torch.cuda.get_rng_state(device) if is_cuda(device) else None
+
+
+def set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if is_cuda(device):
+        torch.cuda.set_rng_state(state, device)

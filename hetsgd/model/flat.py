@@ -39,10 +39,8 @@ class FlatModel:
         self.params = self._bind(list(module.parameters()), params, n_params, device)
         self.buffers = self._bind(_floating_buffers(module), buffers, n_buffers, device)
         self.grads = torch.zeros_like(self.params)
-        offset = 0
-        for p in module.parameters():
-            p.grad = self.grads[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+        for p, grad in zip(module.parameters(), self.views(self.grads)):
+            p.grad = grad
 
     @staticmethod
     def _bind(tensors: list[torch.Tensor], storage: torch.Tensor | None, size: int,
@@ -62,6 +60,15 @@ class FlatModel:
             t.data = view
             offset += t.numel()
         return storage
+
+    def views(self, vector: torch.Tensor) -> list[torch.Tensor]:
+        """A vector laid out like ``params`` (the gradient, a momentum buffer), cut into views
+        shaped like each parameter, in registration order."""
+        views, offset = [], 0
+        for p in self.module.parameters():
+            views.append(vector[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return views
 
     def zero_grad(self) -> None:
         self.grads.zero_()

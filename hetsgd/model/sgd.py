@@ -1,4 +1,10 @@
-"""Plain SGD on a flat parameter vector, with the run's learning-rate schedule."""
+"""Plain SGD with the run's learning-rate schedule: the update arithmetic, in one place.
+
+Two kinds of step use it: the autograd step updates the whole flat parameter vector from the flat
+gradient in one vector operation (:meth:`SGD.step`), and the fused MLP step updates each layer as
+soon as backward reaches it, from the layer's input and output gradient, so the weight gradient
+of a linear layer is never materialised (:meth:`SGD.apply_product`).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,9 @@ from hetsgd.model.flat import FlatModel
 
 
 class SGD:
-    """Plain SGD on flat vectors, the same arithmetic as ``torch.optim.SGD`` (no dampening,
-    no Nesterov), with the learning-rate schedule and batch-size scaling of the config."""
+    """The arithmetic of ``torch.optim.SGD`` (no dampening, no Nesterov) with the learning-rate
+    schedule and batch-size scaling of the config. The momentum buffer is one flat vector laid
+    out like the parameters, so the fused step can update any parameter's slice of it."""
 
     def __init__(self, optim: OptimConfig, flat: FlatModel) -> None:
         self.cfg = optim
@@ -28,10 +35,36 @@ class SGD:
             lr *= math.sqrt(ratio)
         return lr
 
-    def step(self, epoch: float, batch_size: int) -> None:
-        grads = self.flat.grads
+    def momentum_views(self) -> list[torch.Tensor | None]:
+        """Each parameter's slice of the momentum buffer (None for every one without momentum)."""
+        if self.momentum_buffer is None:
+            return [None] * len(list(self.flat.module.parameters()))
+        return self.flat.views(self.momentum_buffer)
+
+    def apply(self, param: torch.Tensor, momentum: torch.Tensor | None, grad: torch.Tensor,
+              lr: float) -> None:
+        """One update of ``param`` from its gradient ``grad`` (which may be overwritten)."""
         if self.cfg.weight_decay:
-            grads.add_(self.flat.params, alpha=self.cfg.weight_decay)
-        if self.momentum_buffer is not None:
-            grads = self.momentum_buffer.mul_(self.cfg.momentum).add_(grads)
-        self.flat.params.add_(grads, alpha=-self.lr(epoch, batch_size))
+            grad = grad.add_(param, alpha=self.cfg.weight_decay)
+        if momentum is not None:
+            grad = momentum.mul_(self.cfg.momentum).add_(grad)
+        param.add_(grad, alpha=-lr)
+
+    def apply_product(self, param: torch.Tensor, momentum: torch.Tensor | None,
+                      left: torch.Tensor, right: torch.Tensor, lr: float) -> None:
+        """One update of ``param`` from the gradient ``left @ right`` without forming it when
+        there is no momentum: a linear layer's weight from its output gradient (transposed) and
+        its input, one pass over the weight instead of three."""
+        decay = self.cfg.weight_decay
+        if momentum is None:
+            param.addmm_(left, right, beta=1.0 - lr * decay, alpha=-lr)
+            return
+        momentum.addmm_(left, right, beta=self.cfg.momentum)
+        if decay:
+            momentum.add_(param, alpha=decay)
+        param.add_(momentum, alpha=-lr)
+
+    def step(self, epoch: float, batch_size: int) -> None:
+        """Update every parameter from the flat gradient that backward filled."""
+        self.apply(self.flat.params, self.momentum_buffer, self.flat.grads,
+                   self.lr(epoch, batch_size))

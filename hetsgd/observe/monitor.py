@@ -74,16 +74,19 @@ class UtilizationMonitor:
     100 = one core busy. When it is None, the coordinator's own descendants are the workers.
     ``time_s`` counts from :meth:`set_time_origin` (a ``time.perf_counter()`` value, before or
     after :meth:`start`), by default from :meth:`start`; rows taken before a later origin have
-    negative times.
+    negative times. ``on_sample`` gets each row as it is taken (from the sampling thread), so
+    that the run directory keeps the samples of a run whose coordinator is killed.
     """
 
     def __init__(self, interval_s: float = 0.5,
                  worker_pids: Callable[[], list[int]] | None = None,
-                 devices: Iterable[str] = ()) -> None:
+                 devices: Iterable[str] = (),
+                 on_sample: Callable[[Row], None] | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s={interval_s} must be positive")
         self.interval_s = interval_s
         self._worker_pids = worker_pids or self._own_children
+        self._on_sample = on_sample
         self._origin: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -157,8 +160,13 @@ class UtilizationMonitor:
             finally:
                 ready.set()
             while not self._stop.wait(self.interval_s):
-                self._rows.append(self._sample(gpus))
-            self._rows.append(self._sample(gpus))  # the end is always covered, even of short runs
+                self._keep(self._sample(gpus))
+            self._keep(self._sample(gpus))  # the end is always covered, even of short runs
+
+    def _keep(self, row: Row) -> None:
+        self._rows.append(row)
+        if self._on_sample is not None:
+            self._on_sample(row)
 
     def _sample(self, gpus: list[tuple[int, Any]]) -> Row:
         """One row; ``gpus`` pairs each torch index with its NVML handle."""

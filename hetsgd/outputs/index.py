@@ -3,8 +3,8 @@
 Reports and figures are built from these files alone, so nothing is ever rerun. A run directory
 is any folder holding ``summary.json``, ``config.yaml`` (the first file a run writes) or Hydra's
 ``.hydra/``; a sweep directory is any folder holding ``multirun.yaml``. A run directory without a
-summary, or whose summary still says ``running``, is a run that was killed or crashed: it is
-listed as ``crashed``, never left out.
+summary, or whose summary still says ``running`` while the process it names is gone, is a run
+that was killed or crashed: it is listed as ``crashed``, never left out.
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ import pandas as pd
 import yaml
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.run_directory import SUMMARY
+from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY, is_alive
 
 MULTIRUN = "multirun.yaml"
 CONFIG = "config.yaml"
 HYDRA = ".hydra"
 OVERRIDES = Path(HYDRA) / "overrides.yaml"
-#: The status of a run directory without a summary, or whose summary still says running.
+#: The status of a run whose process is still training or evaluating.
+RUNNING = "running"
+#: The status of a run directory without a summary, or whose summary still says running while
+#: its process is gone.
 CRASHED = "crashed"
 #: The status of a completed run whose files the report or the figures cannot read.
 UNUSABLE = "unusable"
@@ -100,14 +103,22 @@ def _identity_from_config(run_dir: Path) -> dict[str, Any]:
     return identity
 
 
+def _crashed(run_dir: Path, what: str) -> str:
+    """Why a run reads as crashed, and how to make a result of what it left."""
+    left = Path(run_dir) / SNAPSHOTS
+    return what + (f"; `hetsgd recover {run_dir}` evaluates the snapshots it left"
+                   if left.is_dir() else "")
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
     """The run's summary. An unreadable file reads as a failed run that says why, and a missing
-    one, or one that still says ``running``, as a crashed run, so that one broken run is listed
-    instead of hiding every other run of a report."""
+    one, or one that still says ``running`` while the process it names is gone, as a crashed
+    run, so that one broken run is listed instead of hiding every other run of a report."""
     file = Path(run_dir) / SUMMARY
     if not file.exists():
         return {**_identity_from_config(run_dir), "status": CRASHED,
-                "error": f"no {SUMMARY}: the run was killed or crashed before writing it"}
+                "error": _crashed(run_dir, f"no {SUMMARY}: the run was killed or crashed "
+                                           "before writing it")}
     try:
         summary = json.loads(file.read_text())
         if not isinstance(summary, dict):
@@ -115,9 +126,10 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError, TypeError) as err:
         return {**_identity_from_config(run_dir), "status": "failed",
                 "error": f"unreadable {SUMMARY}: {err}"}
-    if summary.get("status") == "running":
-        summary.update(status=CRASHED, error=f"{SUMMARY} still says 'running': the run was "
-                       "killed or crashed before it ended (or is still going)")
+    if summary.get("status") == RUNNING and not is_alive(summary.get("coordinator")):
+        summary.update(status=CRASHED, error=_crashed(
+            run_dir, f"{SUMMARY} still says '{RUNNING}' but its process is gone: the run was "
+                     "killed or crashed before it ended"))
     return summary
 
 

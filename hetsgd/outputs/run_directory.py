@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
 import platform
+import socket
 import tempfile
 from collections.abc import Callable
 from contextlib import suppress
@@ -13,24 +16,29 @@ from pathlib import Path
 from typing import IO, Any
 
 import pandas as pd
+import psutil
 from omegaconf import OmegaConf
 
 from hetsgd.machine import cpu_model, cuda_devices, usable_cores
 
 SUMMARY = "summary.json"
+#: The raw snapshots of a run that has not evaluated them yet (:mod:`hetsgd.outputs.journal`).
+SNAPSHOTS = "snapshots"
 
 
-def replace_file(path: Path, write: Callable[[IO[str]], None]) -> None:
-    """Write ``path`` atomically: ``write`` fills a temporary file in the same folder, which is
-    flushed, synced to disk and only then renamed onto ``path``. A failure at any point (a full
-    disk, a serializer that raises midway) leaves the previous complete file, or none, never a
-    truncated one; an I/O error names ``path``."""
+def replace_file(path: Path, write: Callable[[IO], None], binary: bool = False) -> None:
+    """Write ``path`` atomically: ``write`` fills a temporary file (text, or ``binary``) in the
+    same folder, which is flushed, synced to disk and only then renamed onto ``path``. A failure
+    at any point (a full disk, a serializer that raises midway) leaves the previous complete
+    file, or none, never a truncated one; an I/O error names ``path``."""
     path = Path(path)
     tmp: str | None = None
+    mode: dict[str, Any] = {"mode": "wb"} if binary else {"mode": "w", "encoding": "utf-8",
+                                                          "newline": ""}
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are for everyone who may read them
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+        with os.fdopen(fd, **mode) as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -58,6 +66,46 @@ def write_text(path: Path, text: str) -> None:
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
     """``frame.to_csv(path, index=False)``, atomically (:func:`replace_file`)."""
     replace_file(path, lambda handle: frame.to_csv(handle, index=False))
+
+
+def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append ``rows`` (each with the columns of the file, or of the first row for a new file)
+    to the CSV at ``path`` and sync them to disk: for a file that grows while the run goes, so
+    that a crash loses none of the rows already appended."""
+    path = Path(path)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
+    if not path.exists() or path.stat().st_size == 0:
+        writer.writeheader()
+    writer.writerows(rows)
+    try:
+        with open(path, "a", encoding="utf-8", newline="") as handle:
+            handle.write(text.getvalue())  # one write: a killed process leaves whole rows
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as err:
+        raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}") from err
+
+
+def this_process() -> dict[str, Any]:
+    """The process writing a run directory, as summary.json records it while the run goes:
+    :func:`is_alive` tells a run still going from one whose coordinator died."""
+    me = psutil.Process()
+    return {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}
+
+
+def is_alive(process: Any) -> bool:
+    """Whether the process :func:`this_process` described still runs; a reused pid has another
+    start time. One on another host (a cluster job seen from the login node) cannot be asked:
+    it reads as still running rather than as crashed, and its summary names the host."""
+    try:
+        if process["host"] != socket.gethostname():
+            return True
+        proc = psutil.Process(process["pid"])
+        return (abs(proc.create_time() - process["started"]) < 0.01
+                and proc.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
 
 
 def environment() -> dict[str, Any]:

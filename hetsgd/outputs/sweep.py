@@ -1,7 +1,9 @@
 """The end of a Hydra multirun: the sweep's ``summary.csv``, report and figures, table printed.
 
-Hydra calls :meth:`SweepReport.on_multirun_end` once the sweeper has run every job. It is
-registered in the primary config::
+Hydra calls :meth:`SweepReport.on_multirun_end` once the sweeper has run every job, in the process
+that started the sweep, whichever launcher ran the jobs (with submitit they run in other processes
+or on other machines, so all it knows of them is their folders). It is registered in the primary
+config::
 
     hydra:
       callbacks:
@@ -28,7 +30,7 @@ from omegaconf import DictConfig
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.figure_style import check_formats
-from hetsgd.outputs.index import find_runs, index_dirs, is_run_dir
+from hetsgd.outputs.index import find_runs, index_dirs, is_run_dir, read_summary
 from hetsgd.outputs.plots import plot_comparison
 from hetsgd.outputs.report import write_report
 from hetsgd.outputs.run_directory import write_csv, write_text
@@ -44,6 +46,9 @@ SUMMARY_COLUMNS = (
     "utilization.workers_cpu_cores_mean", "utilization.workers_cpu_share_mean",
     "utilization.host_cpu_percent_mean", "utilization.gpu_util_mean", "run_dir",
 )
+#: The folder of each sweep this process started, recorded as it starts: the command that
+#: started it reads how its jobs ended from there.
+sweeps_started: list[Path] = []
 
 
 def _job_number(job_dir: Path) -> int | None:
@@ -57,6 +62,11 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
     in job order."""
     found = [d for d in Path(sweep_dir).iterdir() if d.is_dir() and is_run_dir(d)]
     return sorted(found, key=lambda d: (_job_number(d) is None, _job_number(d) or 0, d.name))
+
+
+def job_statuses(sweep_dir: Path) -> list[str]:
+    """How each job ended, in job order, as its folder says (``crashed`` without a final summary)."""
+    return [read_summary(d)["status"] for d in job_dirs(sweep_dir)]
 
 
 def sweep_summary(sweep_dir: Path) -> pd.DataFrame:
@@ -108,6 +118,9 @@ class SweepReport(Callback):
         self.baseline = baseline
         listed = formats.split(",") if isinstance(formats, str) else [str(f) for f in formats]
         self.formats = check_formats(listed)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweeps_started.append(Path(str(config.hydra.sweep.dir)))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec, expand
+from hetsgd.engines import device_ops
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import Worker
@@ -38,6 +39,7 @@ def _measure(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedSt
         for batch_size in batch_sizes:
             def step(i: int, size: int = batch_size) -> None:
                 worker.step(0, i * size % (n - size + 1), size)
+                device_ops.synchronize(worker.device)  # the step's time includes the device's
 
             times = timer.times(step, spec)
             elapsed = sum(times)

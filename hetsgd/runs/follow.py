@@ -35,7 +35,7 @@ def follow() -> int:
     plan = handoff.plan
     hooks = algorithms.get(plan.cfg.algo.name).hooks(plan)
     assert isinstance(hooks, algorithms.base.DistributedHooks), "torchrun runs distributed algorithms"
-    data = load_run_data(plan.cfg, progress=False)
+    data = load_run_data(plan.cfg, progress=False, workers=plan.workers)
     master = SharedMaster.initial(plan.cfg.model, data.problem, plan.cfg.seed)
     state = SharedState.create(data.train, master, plan.cfg.budget.epochs, len(plan.workers),
                                mp.get_context("spawn"))

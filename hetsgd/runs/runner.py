@@ -2,7 +2,9 @@
 -> files.
 
 Whatever happens, the run directory ends with a ``summary.json`` whose ``status`` says how the
-run ended and, if it failed, why.
+run ended and, if it failed, why. While it trains, what it measures goes to disk as it is
+measured (:class:`RunJournal`), so that a run whose process is killed can still be evaluated
+(:mod:`hetsgd.runs.recover`).
 """
 
 from __future__ import annotations
@@ -25,31 +27,36 @@ from hetsgd.engines.distributed.handoff import hand_off
 from hetsgd.engines.distributed.torchrun import torchrun
 from hetsgd.engines.shared_memory.coordinator import Training
 from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.engines.shared_memory.snapshots import Snapshot
 from hetsgd.errors import UserError
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
 from hetsgd.observe.progress import TrainingProgress
+from hetsgd.outputs.index import RUNNING
+from hetsgd.outputs.journal import RunJournal, remove_snapshots, workers_table
 from hetsgd.outputs.metrics import target_losses, time_to_losses
-from hetsgd.outputs.run_directory import RunDirectory, environment
-from hetsgd.runs.setup import Handoff, load_run_data
+from hetsgd.outputs.run_directory import RunDirectory, environment, this_process
+from hetsgd.runs.resume import resume
+from hetsgd.runs.setup import Handoff, RunData, load_run_data
 
 log = logging.getLogger("hetsgd")
 
 
 def _identity(cfg: RunConfig) -> dict[str, Any]:
-    return {"status": "running", "error": None, "algo": cfg.algo.name, "dataset": cfg.dataset.name,
+    return {"status": RUNNING, "error": None, "algo": cfg.algo.name, "dataset": cfg.dataset.name,
             "model": cfg.model.name, "devices": cfg.devices.name, "seed": cfg.seed}
 
 
-def _convergence(training: Training, metrics: list, specs: list[WorkerSpec],
+def _convergence(snapshots: list[Snapshot], metrics: list, workers: list[dict[str, Any]],
                  num_examples: int) -> pd.DataFrame:
-    groups = list(dict.fromkeys(spec.group for spec in specs))
+    groups = list(dict.fromkeys(w["group"] for w in workers))
     rows = []
-    for snap, m in zip(training.snapshots, metrics):
+    for snap, m in zip(snapshots, metrics):
         row = {"time_s": snap.time_s, "epoch": snap.examples / num_examples,
                "updates": sum(snap.updates)}
         for group in groups:
-            row[f"updates_{group}"] = sum(u for u, s in zip(snap.updates, specs) if s.group == group)
+            row[f"updates_{group}"] = sum(u for u, w in zip(snap.updates, workers)
+                                          if w["group"] == group)
         row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -67,21 +74,13 @@ def _mix(specs: list[WorkerSpec]) -> dict[str, dict[str, Any]]:
     return mix
 
 
-def _workers_table(training: Training, specs: list[WorkerSpec]) -> list[dict[str, Any]]:
-    return [{"worker": s.rank, "group": s.group, "device": s.device, "kind": s.label,
-             "threads": s.threads, "first_batch": int(c["first_batch"]),
-             "last_batch": int(c["batch_size"]), "updates": int(c["updates"]),
-             "examples": int(c["examples"]), "busy_s": c["busy_s"], "wait_s": c["wait_s"],
-             "comm_s": c["comm_s"]} for s, c in zip(specs, training.counters)]
-
-
-def _results(training: Training, convergence: pd.DataFrame, specs: list[WorkerSpec],
+def _results(training: Training, convergence: pd.DataFrame, workers: list[dict[str, Any]],
              num_examples: int, stated_targets: list[float]) -> dict[str, Any]:
     by_group: dict[str, int] = {}
-    for spec, counters in zip(specs, training.counters):
-        by_group[spec.group] = by_group.get(spec.group, 0) + int(counters["updates"])
+    for worker in workers:
+        by_group[worker["group"]] = by_group.get(worker["group"], 0) + int(worker["updates"])
     updates = sum(by_group.values())
-    examples = int(sum(c["examples"] for c in training.counters))
+    examples = int(sum(w["examples"] for w in workers))
     first, last = convergence.iloc[0], convergence.iloc[-1]
     targets, reference = target_losses(stated_targets, float(first["train_loss"]))
     loss = convergence["train_loss"]
@@ -99,21 +98,69 @@ def _results(training: Training, convergence: pd.DataFrame, specs: list[WorkerSp
         "target_losses": {"losses": targets, "reference": reference},
         "time_to_loss": time_to_losses(convergence["time_s"], loss, targets),
         "epochs_to_loss": time_to_losses(convergence["epoch"], loss, targets),
-        "utilization": summarize(training.utilization, cores_given=sum(s.threads for s in specs)),
+        "utilization": summarize(training.utilization,
+                                 cores_given=int(sum(w["threads"] for w in workers))),
     }
+
+
+def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Training,
+             workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Evaluate the snapshots into convergence.csv; return the results for summary.json.
+
+    ``workers`` are the rows of workers.csv, which say each worker's group. A run that ended
+    and a crashed run being recovered both end here; each then writes its summary and only then
+    removes the raw snapshots, so that a crash in between leaves them for recovery."""
+    evaluator = Evaluator(cfg, data.problem, data.train, data.test)
+    metrics = [evaluator(s.params, s.buffers) for s in track(
+        training.snapshots, description="evaluating snapshots", disable=not cfg.progress,
+        console=Console(stderr=True), transient=True)]
+    convergence = _convergence(training.snapshots, metrics, workers, data.train.num_examples)
+    out.write_table("convergence", convergence)
+    return _results(training, convergence, workers, data.train.num_examples,
+                    cfg.eval.target_losses)
+
+
+def _failed(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, error: str
+            ) -> dict[str, Any]:
+    """The summary of a run that failed before it could start, written as any failure's."""
+    out = RunDirectory(run_dir)
+    out.write_config(resolved_config)
+    summary = {**_identity(cfg), "status": "failed", "error": error}
+    out.write_summary(summary)
+    return summary
 
 
 def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
     """Run one experiment into `run_dir` and return its summary (also on failure). A composed
-    config (`hetsgd run`'s) is checked here, so an out-of-range value ends like any failure."""
+    config (`hetsgd run`'s) is checked here, so an out-of-range value ends like any failure.
+
+    With ``resume=RUN_DIR`` the run continues that run's checkpoint (:mod:`.resume`) in
+    `run_dir`, which may be RUN_DIR itself: a resume that cannot be is then a
+    :class:`UserError` raised before anything is written over it."""
+    resumption = None
+    if cfg.resume is not None:
+        try:
+            resumption = resume(Path(cfg.resume), run_dir)
+        except UserError as exc:
+            if Path(cfg.resume).resolve() == run_dir.resolve():
+                raise
+            return _failed(run_dir, cfg, resolved_config, str(exc))
+        cfg = resolved_config = resumption.cfg
+        resumption.start_in(run_dir)
     out = RunDirectory(run_dir)
     summary = _identity(cfg)
-    handed_off = False
+    if resumption is not None:
+        summary["resumed_from"] = resumption.summary()
+    running = {"coordinator": this_process()}  # tells a run still going from a crashed one
+    handed_off = evaluated = False
     try:
         out.write_config(resolved_config)
-        out.write_summary(summary)  # status: running, until the finally block rewrites it
+        out.write_summary({**summary, **running})  # until the finally block rewrites it
         if isinstance(cfg, DictConfig):
             cfg = to_run_config(cfg)
+        if torchrun() is not None and cfg.checkpoint.every_s is not None:
+            raise UserError("checkpoint.every_s is not supported under torchrun: the other "
+                            "nodes' ranks cannot send their parts; set checkpoint.every_s=null")
         summary["environment"] = environment()
         specs = expand(cfg.devices)
         summary["emulated"] = any(spec.emulated for spec in specs)
@@ -125,7 +172,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
         cfg, specs = plan.cfg, plan.workers
         summary["plan"] = plan.settled
         summary["mix"] = _mix(specs)
-        data = load_run_data(cfg, progress=cfg.progress)
+        data = load_run_data(cfg, progress=cfg.progress, workers=specs)
         summary["dataset_source"] = data.source
         summary["synthetic"] = data.synthetic
         summary["scaling"] = data.scaling
@@ -133,28 +180,27 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
                  ", ".join(f"{s.group}:{s.device}{' (emulated)' if s.emulated else ''}"
                            for s in specs))
         master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
-        with TrainingProgress(cfg, specs, data.train.num_examples) as progress:
+        out.write_summary({**summary, **running})  # what recovery after a crash starts from
+        with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
+              RunJournal(out, specs) as journal):
             engine = coordinator(plan, algorithm.hooks(plan), data.problem, data.train, master,
-                                 progress.update)
+                                 progress.update,
+                                 resumption.checkpoint if resumption is not None else None)
+            engine.journal = journal
             training = engine.run(lambda pids: UtilizationMonitor(
-                cfg.monitor.interval_s, pids, devices=[s.device for s in specs]))
+                cfg.monitor.interval_s, pids, devices=[s.device for s in specs],
+                on_sample=journal.utilization))
         summary.update(status=training.status, error=training.error)
-        out.write_table("utilization", training.utilization)
-        out.write_table("workers", _workers_table(training, specs))
+        workers = workers_table(specs, training.counters)
+        out.write_table("workers", workers)
         if training.batches:
             out.write_table("batches", training.batches)
         if not training.snapshots and training.status == "interrupted":
             return summary  # stopped before the clock started: nothing was measured
         if not training.snapshots:
             raise RuntimeError(training.error or "training ended before the first snapshot")
-        evaluator = Evaluator(cfg, data.problem, data.train, data.test)
-        metrics = [evaluator(s.params, s.buffers) for s in track(
-            training.snapshots, description="evaluating snapshots", disable=not cfg.progress,
-            console=Console(stderr=True), transient=True)]
-        convergence = _convergence(training, metrics, specs, data.train.num_examples)
-        out.write_table("convergence", convergence)
-        summary.update(_results(training, convergence, specs, data.train.num_examples,
-                                cfg.eval.target_losses), **training.extra)
+        summary.update(evaluate(out, cfg, data, training, workers), **training.extra)
+        evaluated = True
     except KeyboardInterrupt:  # during setup or evaluation: the files written so far stay
         summary.update(status="interrupted", error="interrupted by the user")
     except (UserError, ConfigError) as exc:
@@ -164,6 +210,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
         (run_dir / "error.log").write_text(traceback.format_exc())
     finally:
         out.write_summary(summary)
+        if evaluated and not cfg.eval.keep_snapshots:
+            remove_snapshots(run_dir)
         if torchrun() is not None and not handed_off:  # the other ranks would wait for a plan
             hand_off(Handoff(error=summary["error"]))
     return summary

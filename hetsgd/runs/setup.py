@@ -3,13 +3,16 @@ it poses to the model."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig
 from hetsgd.data import load_dataset
 from hetsgd.data.augment import check_augment
-from hetsgd.engines.shared_memory.memory import SharedData
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.shared_memory.memory import SharedArena, SharedData
+from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 
 
@@ -31,12 +34,31 @@ class RunData:
                 f"{self.problem.num_features} features)")
 
 
-def load_run_data(cfg: RunConfig, progress: bool) -> RunData:
-    dataset = load_dataset(cfg.dataset, cfg.seed, progress=progress)
-    check_augment(cfg.data.augment, dataset.image_shape)  # before any worker starts
-    return RunData(Problem.of(dataset), SharedData.from_arrays(dataset.x_train, dataset.y_train),
-                   SharedData.from_arrays(dataset.x_test, dataset.y_test), dataset.name,
+def load_run_data(cfg: RunConfig, progress: bool,
+                  workers: Sequence[WorkerSpec] = ()) -> RunData:
+    """The run's data, prepared straight into shared memory (dense sets are never copied there),
+    and checked before any worker starts: the training set must fill a batch of each of
+    ``workers`` (a calibration, which sizes its batches to the data, passes none)."""
+    arena = SharedArena()
+    dataset = load_dataset(cfg.dataset, cfg.seed, progress=progress, allocate=arena.empty)
+    check_augment(cfg.data.augment, dataset.image_shape)
+    check_fills_a_batch(dataset.num_train, workers)
+    return RunData(Problem.of(dataset), arena.data(dataset.x_train, dataset.y_train),
+                   arena.data(dataset.x_test, dataset.y_test), dataset.name,
                    dataset.source, dataset.synthetic, dataset.scaling)
+
+
+def check_fills_a_batch(num_train: int, workers: Sequence[WorkerSpec]) -> None:
+    """A training set smaller than a worker's batch would be trained on as if it were a dataset,
+    and the run would report ``completed``: a UserError instead."""
+    if not workers:
+        return
+    smallest = min(workers, key=lambda spec: spec.batch_size)
+    if num_train < smallest.batch_size:
+        raise UserError(
+            f"the training set has {num_train} example(s), fewer than one batch of group "
+            f"'{smallest.group}' ({smallest.batch_size}): train on more data or set "
+            f"devices.groups.{smallest.group}.batch_size to at most {num_train}")
 
 
 @dataclass(frozen=True)

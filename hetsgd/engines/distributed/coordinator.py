@@ -19,6 +19,7 @@ import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.distributed.group import free_port, torchrun
 from hetsgd.engines.distributed.rank import RankLoop, rank_process
 from hetsgd.engines.shared_memory.coordinator import Coordinator, OnTick, Training
@@ -55,7 +56,7 @@ class DistributedCoordinator(Coordinator):
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster, on_tick: OnTick | None,
                  loop_type: type[RankLoop], publishing: bool,
-                 setup_summary: SetupSummary) -> None:
+                 setup_summary: SetupSummary, resume: Checkpoint | None = None) -> None:
         started_here, launch = specs, torchrun()
         if launch is not None:
             started_here = [specs[launch.rank]]  # global rank 0: the other ranks follow()
@@ -67,7 +68,7 @@ class DistributedCoordinator(Coordinator):
                                 dtype=torch.float64).share_memory_()
         super().__init__(cfg, started_here, problem, data, master, on_tick,
                          target=partial(rank_process, world=specs, loop_type=loop_type,
-                                        setup=self.setup))
+                                        setup=self.setup), resume=resume)
         self.world, self.setup_summary = specs, setup_summary
         self.state.counters = WorkerCounters(len(specs))
         self.publishers = [0] if publishing else []

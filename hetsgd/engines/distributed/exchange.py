@@ -14,6 +14,8 @@ import torch
 from hetsgd.engines.distributed.group import Group
 from hetsgd.engines.shared_memory.counters import COUNTERS, CounterRow, WorkerCounters
 
+FLAGS = 3  # stop, diverged, checkpoint: summed, so any rank raises each for all
+
 
 class Ledger(CounterRow):
     """This rank's counters (a row of ``shared.COUNTERS``), and every rank's as last exchanged.
@@ -42,6 +44,7 @@ class Verdict:
 
     stop: bool
     diverged: bool
+    checkpoint: bool  # every rank takes its part of a checkpoint after this exchange
     seconds: float
 
 
@@ -50,18 +53,19 @@ class Exchange:
 
     The payload is a weighted flat state, two vectors (gradients and floating buffers, or
     parameters and floating buffers), summed over the ranks; the tail holds a stop flag, a
-    divergence flag and every rank's counters (each rank fills its own row; the sum is the table).
+    divergence flag, a checkpoint flag and every rank's counters (each rank fills its own row;
+    the sum is the table).
     """
 
     def __init__(self, group: Group, ledger: Ledger, sizes: tuple[int, int]) -> None:
         self.group, self.ledger = group, ledger
         self.sizes = sizes
-        tail = 2 + group.world_size * len(COUNTERS)
+        tail = FLAGS + group.world_size * len(COUNTERS)
         self.buffer = group.buffer(sum(sizes) + tail)
         self.tail = torch.zeros(tail, dtype=torch.float32)
 
     def __call__(self, first: torch.Tensor, second: torch.Tensor, weight: float, stop: bool,
-                 diverged: bool) -> Verdict:
+                 diverged: bool, checkpoint: bool) -> Verdict:
         """Sum `weight * (first, second)` over the ranks, in place, and agree on the flags."""
         started = time.perf_counter()
         payload = self.buffer[:sum(self.sizes)]
@@ -70,14 +74,15 @@ class Exchange:
             part.copy_(values)
         payload.mul_(weight)
         self.tail.zero_()
-        self.tail[0], self.tail[1] = float(stop), float(diverged)
+        self.tail[:FLAGS] = torch.tensor([stop, diverged, checkpoint], dtype=torch.float32)
         columns = len(COUNTERS)
-        start = 2 + self.ledger.rank * columns
+        start = FLAGS + self.ledger.rank * columns
         self.tail[start:start + columns] = self.ledger.row
         self.buffer[sum(self.sizes):].copy_(self.tail)
         self.group.all_reduce_(self.buffer)
         for part, values in zip(parts, (first, second)):
             values.copy_(part)
         tail = self.buffer[sum(self.sizes):].to("cpu")
-        self.ledger.publish(tail[2:].view(self.group.world_size, columns))
-        return Verdict(bool(tail[0] > 0), bool(tail[1] > 0), time.perf_counter() - started)
+        self.ledger.publish(tail[FLAGS:].view(self.group.world_size, columns))
+        return Verdict(bool(tail[0] > 0), bool(tail[1] > 0), bool(tail[2] > 0),
+                       time.perf_counter() - started)

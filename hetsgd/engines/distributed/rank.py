@@ -11,6 +11,9 @@ unchanged. Two rules keep every rank out of a collective that will never come:
   a NaN loss) travels as a flag in the step's or round's all-reduce, so every rank learns it at
   the same exchange and leaves after it.
 
+A checkpoint request travels the same way, so every rank takes its part of a checkpoint after
+the same exchange (:meth:`Rank.checkpoint`), and of a resumed run every rank starts from it.
+
 The algorithm provides the per-rank loop (a :class:`RankLoop`), bound into the process entry
 by the coordinator, so this module never looks an algorithm up.
 """
@@ -19,6 +22,9 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
+from collections.abc import Callable
+from functools import partial
 from typing import ClassVar, Protocol, TypeVar
 
 import torch
@@ -26,18 +32,25 @@ import torch
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines import device_ops
+from hetsgd.engines.checkpoint import (
+    WorkerState,
+    augment_generator,
+    cpu_copy,
+    restore_rng,
+    rng_state,
+)
 from hetsgd.engines.distributed.exchange import Exchange, Ledger, Verdict
 from hetsgd.engines.distributed.group import Group
 from hetsgd.engines.shared_memory.batches import Batches, training_augment
 from hetsgd.engines.shared_memory.counters import COUNTERS
 from hetsgd.engines.shared_memory.links import Link, default_link
 from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.engines.shared_memory.worker import reporting
+from hetsgd.engines.shared_memory.worker import reporting, send_checkpoint
 from hetsgd.engines.step_timing import StepTimer
 from hetsgd.model.flat import FlatModel
-from hetsgd.model.losses import loss_fn, per_sample_loss
+from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
-from hetsgd.model.sgd import SGD
+from hetsgd.model.step import build_step
 
 B = TypeVar("B", bound=Batches)
 
@@ -64,13 +77,20 @@ class Rank:
         self.link: Link | None = (default_link(spec, self.module, state)
                                   if linked and spec.rank == 0 else None)
         self.flat = self.link.flat if self.link is not None else FlatModel(self.module)
+        if spec.rank == 0:  # the master: the run's initial model, or a checkpoint's
+            self.flat.load_(state.master.params, state.master.buffers)
         group.broadcast_from_0(self.flat.params)
         group.broadcast_from_0(self.flat.buffers)
-        self.sgd = SGD(cfg.optim, self.flat)
+        # local SGD trains with the step (fused where the model allows); sync needs the
+        # gradient itself, for the all-reduce, then updates with the same SGD
+        self.train_step = build_step(cfg.optim.step, self.flat, cfg.optim, problem.task)
+        self.sgd = self.train_step.sgd
         self.loss = loss_fn(problem.task)
         self.ledger = Ledger(spec.rank, spec.batch_size, state.counters)
         self._exchange = Exchange(group, self.ledger,
                                   (self.flat.params.numel(), self.flat.buffers.numel()))
+        self.restored = state.restored[spec.rank] if state.restored is not None else None
+        self.augment: torch.Generator | None = None  # set by batches()
 
     def _model(self) -> torch.nn.Module:
         cfg, problem = self.cfg, self.problem
@@ -83,44 +103,71 @@ class Rank:
     def batches(self, kind: type[B] = Batches) -> B:  # type: ignore[assignment]
         data = self.cfg.data
         augment = training_augment(data, self.problem, self.cfg.seed, self.spec.rank)
+        self.augment = augment_generator(augment)
         return kind(self.state.data, self.device, data.shuffle, self.cfg.seed, data.on_device,
                     augment=augment)
 
-    def gradient(self, x: torch.Tensor, y: torch.Tensor, per_sample: bool = False
-                 ) -> tuple[float, torch.Tensor | None]:
-        """Forward and backward on one batch: the mean loss, and the per-sample losses if asked
-        (biased sampling ranks examples by them)."""
+    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Forward and backward on one batch into the flat gradient: the mean loss."""
         self.flat.zero_grad()
-        out = self.module(x)
-        losses = per_sample_loss(self.problem.task, out, y) if per_sample else None
-        loss = losses.mean() if losses is not None else self.loss(out, y)
+        loss = self.loss(self.module(x), y)
         loss.backward()
-        return loss.item(), (losses.detach() if losses is not None else None)
+        return loss.item()
 
     def exchange(self, first: torch.Tensor, second: torch.Tensor, weight: float,
                  loss: float | None) -> Verdict:
-        verdict = self._exchange(first, second, weight, self.state.signals.stop.is_set(),
-                                 loss is not None and not math.isfinite(loss))
+        signals = self.state.signals
+        verdict = self._exchange(first, second, weight, signals.stop.is_set(),
+                                 loss is not None and not math.isfinite(loss),
+                                 self.state.checkpointing
+                                 and signals.checkpoint_asked(self.spec.rank))
         self.ledger.add("comm_s", verdict.seconds)
         return verdict
 
-    def step_times(self, batches: Batches) -> list[float]:
+    def step_times(self, batches: Batches, kind: str) -> list[float]:
         """Every rank's seconds per training step at its own batch size, the emulated slowdown
-        included: a few steps on a throwaway copy of the model, not counted as training."""
-        module = self._model()
-        flat = FlatModel(module)
-        sgd = SGD(self.cfg.optim, flat)
+        included: a few steps of ``kind`` (``optim.step``; ``autograd`` for sync, whose ranks
+        exchange gradients) on a throwaway copy of the model, not counted as training."""
+        train_step = build_step(kind, FlatModel(self._model()), self.cfg.optim, self.problem.task)
         size = min(self.spec.batch_size, self.num_examples)
 
         def step(i: int) -> None:
             x, y = batches.get(0, i * size % (self.num_examples - size + 1), size)
-            flat.zero_grad()
-            self.loss(module(x), y).backward()
-            with torch.no_grad():
-                sgd.step(0.0, size)
+            train_step(x, y, 0.0, size)
             device_ops.synchronize(self.device)
 
         return self.group.gather(statistics.median(SPEED_TIMER.times(step, self.spec)))
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.state.checkpointing
+
+    @property
+    def restored_loop(self) -> dict[str, torch.Tensor]:
+        """The loop's own state in the checkpoint this run resumes ({} for a fresh run)."""
+        return self.restored.loop if self.restored is not None else {}
+
+    def restore(self) -> None:
+        """Before the first step of a resumed run: this rank's momentum, counters and random
+        streams as the checkpoint left them (after any speed measurement, which draws too)."""
+        if self.restored is None:
+            return
+        if self.sgd.momentum_buffer is not None and self.restored.momentum is not None:
+            self.sgd.momentum_buffer.copy_(self.restored.momentum)
+        self.ledger.row.copy_(self.restored.counters)
+        restore_rng(self.restored.rng, self.device, self.augment)
+
+    def checkpoint(self, position: int, loop: dict[str, torch.Tensor]) -> WorkerState:
+        """This rank's part of a checkpoint at ``position`` (the same on every rank), with the
+        loop's own state; rank 0's holds the model. Answers the coordinator's request."""
+        self.state.signals.answer_checkpoint(self.spec.rank)
+        model = None
+        if self.spec.rank == 0:
+            model = (cpu_copy(self.flat.params), cpu_copy(self.flat.buffers))
+        momentum = self.sgd.momentum_buffer
+        return WorkerState(position, time.perf_counter(), cpu_copy(self.ledger.row),
+                           None if momentum is None else cpu_copy(momentum),
+                           rng_state(self.device, self.augment), loop, model)
 
     def write_master(self) -> None:
         """Rank 0: the current model into the coordinator's master (a snapshot may land during
@@ -152,7 +199,10 @@ class RankLoop(Protocol):
 
     def setup(self) -> dict[str, list[float]]: ...
 
-    def run(self) -> None: ...
+    def run(self, on_checkpoint: Callable[[WorkerState], None]) -> None:
+        """Train; hand ``on_checkpoint`` this rank's part after each exchange that agreed on a
+        checkpoint and, with checkpoints on, at the end."""
+        ...
 
 
 def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
@@ -175,7 +225,7 @@ def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Shar
                                          dtype=torch.float64).T)
             reports.put(("ready", spec.rank, ""))
             state.signals.go.wait()
-            loop.run()
+            loop.run(partial(send_checkpoint, reports, spec.rank))
             loop.rank.finish()
         finally:
             if group is not None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 # Per-worker counters: one row per worker, columns below (float64, written by the worker only).
-# `loss` is a running average of recent mini-batch losses, for the progress display only;
-# LOSS_SMOOTHING is the weight of the newest loss in it.
+# `loss` is a running average of the mini-batch losses the worker read (a few per second), for
+# the progress display only; LOSS_SMOOTHING is the weight of the newest one in it.
 LOSS_SMOOTHING = 0.1
 COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "first_batch",
             "loss")
@@ -15,35 +15,55 @@ COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "
 
 class CounterRow:
     """One worker's counters (a row of ``COUNTERS``): the row of the shared table that a worker
-    owns, or a rank's private row that rank 0 later copies into the table."""
+    owns, or a rank's private row that rank 0 later copies into the table. Written every step,
+    through a numpy view of the row (see :mod:`.numpy_views`)."""
 
     COLUMN = {name: i for i, name in enumerate(COUNTERS)}
 
     def __init__(self, row: torch.Tensor, batch_size: int) -> None:
         self.row = row
-        self.row[self.COLUMN["batch_size"]] = self.row[self.COLUMN["first_batch"]] = batch_size
+        self.values = row.numpy()
+        self.values[self.COLUMN["batch_size"]] = self.values[self.COLUMN["first_batch"]] = batch_size
 
     def __getitem__(self, column: str) -> float:
-        return float(self.row[self.COLUMN[column]])
+        return float(self.values[self.COLUMN[column]])
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size to claim next: a controller (Adaptive Hogbatch) may change it."""
+        return int(self.values[self.COLUMN["batch_size"]])
 
     def add(self, column: str, amount: float) -> None:
-        self.row[self.COLUMN[column]] += amount
+        self.values[self.COLUMN[column]] += amount
 
-    def step(self, examples: int, busy_s: float, loss: float | None) -> None:
-        """One update; `loss` feeds the running average the progress display shows."""
-        self.add("updates", 1)
-        self.add("examples", examples)
-        self.add("busy_s", busy_s)
-        if loss is not None:
-            column = self.COLUMN["loss"]
-            first = self["updates"] == 1
-            self.row[column] = loss if first else (
-                (1 - LOSS_SMOOTHING) * float(self.row[column]) + LOSS_SMOOTHING * loss)
+    def step(self, examples: int, busy_s: float, wait_s: float = 0.0, comm_s: float = 0.0) -> None:
+        """One update: its examples, and the seconds spent computing, waiting for the cursor
+        and copying to or from the master."""
+        values, column = self.values, self.COLUMN
+        values[column["updates"]] += 1
+        values[column["examples"]] += examples
+        values[column["busy_s"]] += busy_s
+        values[column["wait_s"]] += wait_s
+        values[column["comm_s"]] += comm_s
+
+    def record_loss(self, loss: float) -> None:
+        """A mini-batch loss read after a step, into the running average the progress shows."""
+        values, column = self.values, self.COLUMN["loss"]
+        first = values[self.COLUMN["updates"]] <= 1
+        values[column] = loss if first else (1 - LOSS_SMOOTHING) * values[column] + LOSS_SMOOTHING * loss
+
+
+# Each worker's row gets 128 bytes of its own: workers write their rows every step, and two rows
+# in one cache line (or in the pair the adjacent-line prefetcher fetches together) would make the
+# workers' cores take the line from each other on every write (false sharing).
+ROW_BYTES = 128
 
 
 class WorkerCounters:
     def __init__(self, num_workers: int) -> None:
-        self.table = torch.zeros(num_workers, len(COUNTERS), dtype=torch.float64).share_memory_()
+        stride = max(len(COUNTERS), ROW_BYTES // 8)
+        padded = torch.zeros(num_workers, stride, dtype=torch.float64).share_memory_()
+        self.table = padded[:, :len(COUNTERS)]  # [workers, COUNTERS], rows ROW_BYTES apart
 
     def column(self, name: str) -> torch.Tensor:
         return self.table[:, COUNTERS.index(name)]

@@ -21,8 +21,29 @@ from hetsgd.model.problem import Problem
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 
-def _shared(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array)).share_memory_()
+class SharedArena:
+    """Hands out numpy arrays whose memory is a tensor in shared memory (``empty``), so that data
+    prepared into them is handed to the workers as it is: ``share`` returns that very tensor, and
+    copies into shared memory only an array the arena did not hand out."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[int, torch.Tensor] = {}
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        # the pages are untouched until written: nothing is resident for an array not yet filled
+        tensor = torch.from_numpy(np.empty(0, dtype)).new_empty(shape).share_memory_()
+        array = tensor.numpy()
+        self._tensors[array.__array_interface__["data"][0]] = tensor
+        return array
+
+    def share(self, array: np.ndarray) -> torch.Tensor:
+        tensor = self._tensors.get(array.__array_interface__["data"][0])
+        if tensor is not None and tensor.shape == array.shape and tensor.numpy().dtype == array.dtype:
+            return tensor
+        return torch.from_numpy(np.ascontiguousarray(array)).share_memory_()
+
+    def data(self, x: np.ndarray | sp.csr_matrix, y: np.ndarray) -> SharedData:
+        return SharedData(SharedRows.from_array(x, self), self.share(y))
 
 
 @dataclass
@@ -36,12 +57,15 @@ class SharedRows:
     num_features: int
 
     @classmethod
-    def from_array(cls, x: np.ndarray | sp.csr_matrix) -> SharedRows:
+    def from_array(cls, x: np.ndarray | sp.csr_matrix,
+                   arena: SharedArena | None = None) -> SharedRows:
+        """Dense float32 features from ``arena`` are taken as they are; others are copied once."""
+        share = (arena or SharedArena()).share
         if sp.issparse(x):
             x = sp.csr_matrix(x, dtype=np.float32)
-            return cls(None, _shared(x.indptr.astype(np.int64)), _shared(x.indices.astype(np.int64)),
-                       _shared(x.data.astype(np.float32)), x.shape[1])
-        return cls(_shared(np.asarray(x, dtype=np.float32)), None, None, None, x.shape[1])
+            return cls(None, share(np.asarray(x.indptr, dtype=np.int64)),
+                       share(np.asarray(x.indices, dtype=np.int64)), share(x.data), x.shape[1])
+        return cls(share(np.asarray(x, dtype=np.float32)), None, None, None, x.shape[1])
 
     @property
     def sparse(self) -> bool:
@@ -84,7 +108,8 @@ class SharedData:
 
     @classmethod
     def from_arrays(cls, x: np.ndarray | sp.csr_matrix, y: np.ndarray) -> SharedData:
-        return cls(SharedRows.from_array(x), _shared(y))
+        """A shared copy of ``x`` and ``y``."""
+        return SharedArena().data(x, y)
 
     @property
     def num_examples(self) -> int:

@@ -17,14 +17,14 @@ class Snapshot:
     buffers: torch.Tensor
 
 
-
 class Snapshots:
     """When to copy the master, and the copies kept.
 
     A snapshot is due every ``every_s`` seconds and every ``every_epochs`` epochs, whichever
     comes first. Past the count or memory cap, every other snapshot is dropped (keeping the
     first and the newest) and both spacings double, so a long run stays evenly covered at a
-    bounded evaluation cost.
+    bounded evaluation cost. :meth:`add` returns the snapshots it dropped, so that whoever
+    keeps copies of them elsewhere (the run directory's ``snapshots/``) drops those too.
     """
 
     def __init__(self, every_s: float, every_epochs: float | None, max_count: int,
@@ -38,11 +38,14 @@ class Snapshots:
     def due(self, time_s: float, epoch: float) -> bool:
         return time_s >= self.next_time or epoch >= self.next_epoch
 
-    def add(self, snapshot: Snapshot, epoch: float) -> None:
+    def add(self, snapshot: Snapshot, epoch: float) -> list[Snapshot]:
         self.items.append(snapshot)
+        dropped = []
         if len(self.items) > self.capacity:
+            dropped = self.items[1:-1:2]
             self.items = self.items[:-1:2] + [self.items[-1]]
             self.every_s *= 2
             self.every_epochs *= 2
         self.next_time = snapshot.time_s + self.every_s
         self.next_epoch = (math.floor(epoch / self.every_epochs) + 1) * self.every_epochs
+        return dropped

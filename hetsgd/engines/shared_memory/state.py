@@ -7,49 +7,76 @@ from multiprocessing.synchronize import Event
 
 import torch
 
+from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.shared_memory.counters import WorkerCounters
 from hetsgd.engines.shared_memory.cursor import EpochCursor
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.shared_memory.numpy_views import SharedFlag, SharedViews
 
 # A worker that has left its loop answers every publish request from then on.
 RETIRED = torch.iinfo(torch.int64).max
 
 
 @dataclass
-class Signals:
+class Signals(SharedViews):
     """Coordinator <-> worker flags.
 
-    ``go``: every worker is set up, the clock starts. ``stop``: training ends (time budget,
-    failure, divergence). ``publish_request`` (a counter) and ``publish_done`` (one entry per
-    worker): before a snapshot the coordinator raises the request and waits until every
-    accelerator worker has answered it, so the master holds their latest step: a resident
-    replica copies itself in, a merging replica answers after its next merge.
+    ``go``: every worker is set up, the clock starts (waited for once). ``stop``: training ends
+    (time budget, failure, divergence); workers read it every step. ``publish_request`` (a
+    counter) and ``publish_done`` (one entry per worker): before a snapshot the coordinator
+    raises the request and waits until every accelerator worker has answered it, so the master
+    holds their latest step: a resident replica copies itself in, a merging replica answers
+    after its next merge. ``checkpoint_request`` and ``checkpoint_done`` work the same way for
+    checkpoints, without the coordinator waiting: each worker answers at its next consistent point
+    by sending its part (:mod:`hetsgd.engines.checkpoint`). Workers read and write them through
+    numpy views (every step).
     """
 
     go: Event
-    stop: Event
+    stop: SharedFlag
     publish_request: torch.Tensor
     publish_done: torch.Tensor
+    checkpoint_request: torch.Tensor
+    checkpoint_done: torch.Tensor
+
+    VIEWS = {"_request": "publish_request", "_done": "publish_done",
+             "_checkpoint_request": "checkpoint_request", "_checkpoint_done": "checkpoint_done"}
+
+    def __post_init__(self) -> None:
+        self._build_views()
 
     @classmethod
     def create(cls, ctx, num_workers: int) -> Signals:  # ctx: a multiprocessing context
-        return cls(ctx.Event(), ctx.Event(), torch.zeros(1, dtype=torch.int64).share_memory_(),
-                   torch.zeros(num_workers, dtype=torch.int64).share_memory_())
+        def counter(size: int) -> torch.Tensor:
+            return torch.zeros(size, dtype=torch.int64).share_memory_()
+
+        return cls(ctx.Event(), SharedFlag(), counter(1), counter(num_workers), counter(1),
+                   counter(num_workers))
 
     def answer(self, rank: int) -> None:
         """Worker ``rank``: the master holds everything it has done up to now."""
-        self.publish_done[rank] = self.publish_request[0]
+        self._done[rank] = self._request[0]
 
     def retire(self, rank: int) -> None:
         """Worker ``rank`` left its loop after its final publish: never wait for it again."""
-        self.publish_done[rank] = RETIRED
+        self._done[rank] = RETIRED
 
     def asked(self, rank: int) -> bool:
-        """Whether worker ``rank`` has a publish request to answer (once per step: no list)."""
-        return int(self.publish_done[rank]) < int(self.publish_request[0])
+        """Whether worker ``rank`` has a publish request to answer (checked every step)."""
+        return bool(self._done[rank] < self._request[0])
 
     def answered(self, ranks: list[int]) -> bool:
         return not any(self.asked(r) for r in ranks)
+
+    def request_checkpoint(self) -> None:
+        self._checkpoint_request[0] += 1
+
+    def checkpoint_asked(self, rank: int) -> bool:
+        """Whether worker ``rank`` has a checkpoint request to answer (checked every step)."""
+        return bool(self._checkpoint_done[rank] < self._checkpoint_request[0])
+
+    def answer_checkpoint(self, rank: int) -> None:
+        self._checkpoint_done[rank] = self._checkpoint_request[0]
 
 
 @dataclass
@@ -61,9 +88,20 @@ class SharedState:
     cursor: EpochCursor
     counters: WorkerCounters
     signals: Signals
+    checkpointing: bool = False  # workers send their part of a checkpoint when asked, and at the end
+    restored: list[WorkerState] | None = None  # by rank: each worker's part, when resuming
 
     @classmethod
     def create(cls, data: SharedData, master: SharedMaster, epochs: float | None,
                num_workers: int, ctx) -> SharedState:  # ctx: a multiprocessing context
         return cls(data, master, EpochCursor(data.num_examples, epochs, ctx.Lock()),
                    WorkerCounters(num_workers), Signals.create(ctx, num_workers))
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Start where ``checkpoint`` left: the model, the counters, the cursor's hand-out and
+        every worker's own part (which each worker takes back as it sets up)."""
+        self.master.params.copy_(checkpoint.params)
+        self.master.buffers.copy_(checkpoint.buffers)
+        self.counters.table.copy_(checkpoint.counters)
+        self.cursor.handed_out = checkpoint.position
+        self.restored = checkpoint.workers

@@ -2,7 +2,10 @@
 
 The loop reads top to bottom: claim -> gather -> copy in -> step -> merge -> count -> (emulated)
 sleep. The batch size is re-read every step, so a controller (Adaptive Hogbatch) can change it.
-How the step's result reaches the master is the worker's link (:mod:`.links`).
+What a step computes is :mod:`hetsgd.model.step`; how its result reaches the master is the
+worker's link (:mod:`.links`). Everything else in the loop (claiming, counting, the stop flag)
+costs about a microsecond a step: shared scalars are read through numpy views, and the loss is
+read only a few times a second.
 """
 
 from __future__ import annotations
@@ -13,19 +16,30 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines.checkpoint import (
+    WorkerState,
+    augment_generator,
+    cpu_copy,
+    restore_rng,
+    rng_state,
+)
 from hetsgd.engines.shared_memory.batches import Batches, training_augment
 from hetsgd.engines.shared_memory.counters import CounterRow
 from hetsgd.engines.shared_memory.links import LinkFactory, default_link
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import Diverged, UserError
-from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
-from hetsgd.model.sgd import SGD
+from hetsgd.model.step import build_step
+
+# How often a worker reads its latest mini-batch loss: reading it waits for a GPU to finish the
+# step, so it is not read every step.
+LOSS_READ_S = 0.1
 
 
 @dataclass
@@ -48,47 +62,82 @@ class Worker:
         module = problem.build_model(cfg.model, cfg.seed).to(self.device)
         self.module = module.train()
         self.link = (link_factory or default_link)(spec, module, state)
-        self.sgd = SGD(cfg.optim, self.link.flat)
-        self.loss = loss_fn(problem.task)
+        self.train_step = build_step(cfg.optim.step, self.link.flat, cfg.optim, problem.task)
         self.batches = Batches(state.data, self.device, cfg.data.shuffle, cfg.seed,
                                cfg.data.on_device,
                                training_augment(cfg.data, problem, cfg.seed, spec.rank))
+        if state.restored is not None:
+            self._restore(state.restored[spec.rank])
 
-    def step(self, epoch: int, start: int, size: int) -> tuple[float, float]:
-        """One SGD step on a chunk of the epoch's order; returns (loss, seconds spent copying
-        to or from the master)."""
+    def step(self, epoch: int, start: int, size: int) -> tuple[torch.Tensor, float]:
+        """One SGD step on a chunk of the epoch's order; returns (the loss, not yet read;
+        seconds spent copying to or from the master)."""
         x, y = self.batches.get(epoch, start, size)
         comm = self.link.before_step()
-        self.link.flat.zero_grad()
-        loss = self.loss(self.module(x), y)
-        loss.backward()
-        with torch.no_grad():
-            self.sgd.step(epoch + start / self.batches.n, size)
-        loss_value = loss.item()
-        return loss_value, comm + self.link.after_step()
+        loss, _ = self.train_step(x, y, epoch + start / self.batches.n, size)
+        return loss, comm + self.link.after_step()
 
-    def run(self, observe: Callable[[StepRecord], None] | None = None) -> None:
-        state = self.state
-        counters = CounterRow(state.counters.table[self.spec.rank], self.spec.batch_size)
-        n = state.data.num_examples
-        while not state.signals.stop.is_set():
+    def run(self, observe: Callable[[StepRecord], None] | None = None,
+            on_checkpoint: Callable[[WorkerState], None] | None = None) -> None:
+        """Train until the cursor or the stop flag ends it. With ``on_checkpoint`` (and
+        checkpointing on), the worker hands it its part of a checkpoint after the step that
+        follows each request, and at the end."""
+        state, emulate, rank = self.state, self.spec.emulate, self.spec.rank
+        counters = CounterRow(state.counters.table[rank], self.spec.batch_size)
+        stop, cursor = state.signals.stop, state.cursor
+        checkpoints = state.signals if state.checkpointing and on_checkpoint else None
+        loss: torch.Tensor | None = None
+        next_read = 0.0
+        while not stop.is_set():
             waited = time.perf_counter()
-            claim = state.cursor.claim(int(counters["batch_size"]))
+            claim = cursor.claim(counters.batch_size)
             started = time.perf_counter()
             if claim is None:
                 break
             epoch, start, size = claim
-            loss_value, comm = self.step(epoch, start, size)
+            loss, comm = self.step(epoch, start, size)
             finished = time.perf_counter()
-            counters.step(size, finished - started - comm, loss_value)
-            counters.add("wait_s", started - waited)
-            counters.add("comm_s", comm)
+            counters.step(size, finished - started - comm, started - waited, comm)
             if observe is not None:
-                observe(StepRecord(epoch, start, size, loss_value))
-            if not math.isfinite(loss_value):
-                raise Diverged(f"training loss became {loss_value} at epoch {epoch + start / n:.3f}")
-            self.spec.emulate(finished - started)
+                observe(StepRecord(epoch, start, size, float(loss)))
+            if finished >= next_read:
+                self._read_loss(loss, counters, epoch + start / self.batches.n)
+                next_read = finished + LOSS_READ_S
+            emulate(finished - started, stop.is_set)
+            if checkpoints is not None and checkpoints.checkpoint_asked(rank):
+                on_checkpoint(self.checkpoint(counters))
+                checkpoints.answer_checkpoint(rank)
+        if loss is not None:
+            self._read_loss(loss, counters, counters["examples"] / self.batches.n)
+        if checkpoints is not None:
+            on_checkpoint(self.checkpoint(counters))
         counters.add("comm_s", self.link.finish())
+
+    def checkpoint(self, counters: CounterRow) -> WorkerState:
+        """This worker's whole state between two steps: with one worker, the cursor's hand-out
+        is exactly the examples it has trained on."""
+        flat = self.link.flat
+        momentum = self.train_step.sgd.momentum_buffer
+        return WorkerState(self.state.cursor.handed_out, time.perf_counter(),
+                           cpu_copy(counters.row), None if momentum is None else cpu_copy(momentum),
+                           rng_state(self.device, augment_generator(self.batches.augment)),
+                           model=(cpu_copy(flat.params), cpu_copy(flat.buffers)))
+
+    def _restore(self, part: WorkerState) -> None:
+        momentum = self.train_step.sgd.momentum_buffer
+        if momentum is not None and part.momentum is not None:
+            momentum.copy_(part.momentum)
+        restore_rng(part.rng, self.device, augment_generator(self.batches.augment))
+
+    @staticmethod
+    def _read_loss(loss: torch.Tensor, counters: CounterRow, epoch: float) -> None:
+        """Read a step's loss (on a GPU: wait for the device) for the progress display; a
+        non-finite one ends the run. A diverged model keeps giving non-finite losses, so reading
+        only every LOSS_READ_S still catches it, a fraction of a second later."""
+        value = float(loss)
+        if not math.isfinite(value):
+            raise Diverged(f"training loss became {value} at epoch {epoch:.3f}")
+        counters.record_loss(value)
 
 
 def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
@@ -99,7 +148,12 @@ def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Sh
         worker = Worker(spec, cfg, problem, state, link_factory)
         reports.put(("ready", spec.rank, ""))
         state.signals.go.wait()
-        worker.run()
+        worker.run(on_checkpoint=partial(send_checkpoint, reports, spec.rank))
+
+
+def send_checkpoint(reports, rank: int, part: WorkerState) -> None:
+    """A worker's part of a checkpoint, to its coordinator (which assembles and writes it)."""
+    reports.put(("checkpoint", rank, part.to_bytes()))
 
 
 @contextmanager

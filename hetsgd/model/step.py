@@ -1,0 +1,157 @@
+"""One SGD step on a batch: the loss, and the update applied to the model's parameters.
+
+Two implementations with the same result (``optim.step``):
+
+- :class:`AutogradStep`, any model: autograd accumulates into the flat gradient, then one vector
+  update. Per step it writes the gradient three times over (zeroing, accumulating, reading it back
+  for the update), which dominates a small batch on a wide network, where a step is memory-bound.
+- :class:`FusedMlpStep`, the MLP family (linear layers with sigmoid, ReLU or tanh between them):
+  the forward pass without autograd, keeping each layer's input; then backward by hand, layer by
+  layer from the top, updating each weight in place right after its input gradient is computed
+  (``W -= lr * g^T a`` as one ``addmm_``, and a bias as ``ones @ g``), so no gradient of a
+  parameter is ever materialised. Backward starts from the loss's gradient w.r.t. the logits in
+  closed form (:func:`hetsgd.model.losses.logits_gradient`). Every weight is still updated from
+  the parameters as they were when the step began, as ``torch.optim.SGD`` does.
+
+Both update in place whatever the parameters are bound to: the shared master (Hogwild) or a
+replica (Hogbatch's accelerator). A step returns the loss as a tensor, without reading it, so a
+GPU worker does not wait for its device on every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from hetsgd.config import OptimConfig
+from hetsgd.errors import UserError
+from hetsgd.model.flat import FlatModel
+from hetsgd.model.losses import logits_gradient, loss_fn, per_sample_loss
+from hetsgd.model.sgd import SGD
+
+Forward = Callable[[torch.Tensor], torch.Tensor]
+# Backward of an activation from its output `a`: the gradient `g` arriving at that output becomes,
+# in place, the gradient at its input. These are the kernels autograd itself runs for these
+# activations (one pass each; composing them from mul and sub takes three, and a masked fill is
+# several times slower still), writing into `g` instead of a new tensor.
+Backward = Callable[[torch.Tensor, torch.Tensor], object]
+_ACTIVATIONS: dict[type[nn.Module], tuple[Forward, Backward]] = {
+    nn.Sigmoid: (torch.sigmoid_, lambda g, a: torch.ops.aten.sigmoid_backward.grad_input(
+        g, a, grad_input=g)),
+    nn.ReLU: (torch.relu_, lambda g, a: torch.ops.aten.threshold_backward.grad_input(
+        g, a, 0.0, grad_input=g)),  # the output is > 0 exactly where the input was
+    nn.Tanh: (torch.tanh_, lambda g, a: torch.ops.aten.tanh_backward.grad_input(
+        g, a, grad_input=g)),
+}
+
+
+class Step(Protocol):
+    sgd: SGD
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
+                 per_sample: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Train on one batch; the mean loss (a 0-dim tensor, not read) and, if asked, the
+        per-example losses (biased sampling ranks examples by them)."""
+        ...
+
+
+class AutogradStep:
+    def __init__(self, flat: FlatModel, sgd: SGD, task: str) -> None:
+        self.flat, self.sgd, self.task = flat, sgd, task
+        self.loss = loss_fn(task)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
+                 per_sample: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.flat.zero_grad()
+        out = self.flat.module(x)
+        losses = per_sample_loss(self.task, out, y) if per_sample else None
+        loss = losses.mean() if losses is not None else self.loss(out, y)
+        loss.backward()
+        with torch.no_grad():
+            self.sgd.step(epoch, batch_size)
+        return loss.detach(), (losses.detach() if losses is not None else None)
+
+
+Activation = tuple[Forward, Backward]
+
+
+def mlp_layers(module: nn.Module) -> list[tuple[nn.Linear, Activation | None]] | None:
+    """``module``'s linear layers, each with the activation that follows it (None after the
+    last), when it is an MLP the fused step can run; None otherwise."""
+    if not isinstance(module, nn.Sequential):
+        return None
+    children = list(module)
+    linears, activations = children[0::2], children[1::2]
+    if not linears or len(linears) != len(activations) + 1:
+        return None
+    if not all(type(m) is nn.Linear for m in linears):
+        return None
+    if not all(type(a) in _ACTIVATIONS for a in activations):
+        return None
+    return list(zip(linears, [_ACTIVATIONS[type(a)] for a in activations] + [None]))
+
+
+class FusedMlpStep:
+    def __init__(self, flat: FlatModel, sgd: SGD, task: str,
+                 layers: list[tuple[nn.Linear, Activation | None]]) -> None:
+        self.sgd, self.task = sgd, task
+        self.loss = loss_fn(task)
+        self.activations = [activation for _, activation in layers]
+        momentum = dict(zip((id(p) for p in flat.module.parameters()), sgd.momentum_views()))
+        # per layer: (weight, its momentum slice, bias as a row or None, its momentum slice)
+        self.layers = [(linear.weight, momentum[id(linear.weight)], *self._row(linear.bias, momentum))
+                       for linear, _ in layers]
+        self.ones = torch.ones(1, 0, device=flat.params.device)  # a bias gradient is ones @ g
+
+    @staticmethod
+    def _row(bias: torch.Tensor | None, momentum: dict[int, torch.Tensor | None]
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if bias is None:
+            return None, None
+        slot = momentum[id(bias)]
+        return bias.view(1, -1), (slot.view(1, -1) if slot is not None else None)
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
+                 per_sample: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        inputs: list[torch.Tensor] = []
+        h = x
+        for (weight, _, bias, _), activation in zip(self.layers, self.activations):
+            inputs.append(h)
+            h = torch.nn.functional.linear(h, weight, bias)  # a bias row broadcasts
+            if activation is not None:
+                h = activation[0](h)
+        losses = per_sample_loss(self.task, h, y) if per_sample else None
+        loss = losses.mean() if losses is not None else self.loss(h, y)
+        grad = logits_gradient(self.task, h, y)
+        lr = self.sgd.lr(epoch, batch_size)
+        if self.ones.shape[1] < len(grad):
+            self.ones = grad.new_ones(1, len(grad))
+        for i in range(len(self.layers) - 1, -1, -1):
+            weight, weight_momentum, bias, bias_momentum = self.layers[i]
+            a = inputs[i]
+            below = grad @ weight if i > 0 else None  # before this layer's update
+            self.sgd.apply_product(weight, weight_momentum, grad.t(), a, lr)
+            if bias is not None:
+                self.sgd.apply_product(bias, bias_momentum, self.ones[:, :len(grad)], grad, lr)
+            if below is not None:
+                self.activations[i - 1][1](below, a)
+                grad = below
+        return loss, losses
+
+
+def build_step(kind: str, flat: FlatModel, optim: OptimConfig, task: str) -> Step:
+    """The step ``optim.step`` (one of ``config.schema.STEP_KINDS``) asks for: ``fused`` where
+    the model allows it under ``auto``."""
+    sgd = SGD(optim, flat)
+    layers = mlp_layers(flat.module) if kind != "autograd" else None
+    if layers is not None:
+        return FusedMlpStep(flat, sgd, task, layers)
+    if kind == "fused":
+        raise UserError(f"optim.step=fused needs an MLP (linear layers with sigmoid, relu or tanh "
+                        f"between them); this model is a {type(flat.module).__name__}: use "
+                        "optim.step=auto")
+    return AutogradStep(flat, sgd, task)

@@ -1,0 +1,128 @@
+"""Resuming a run from its checkpoint: ``hetsgd run resume=RUN_DIR [overrides]``.
+
+The resumed run trains the model, data, algorithm and mix of the checkpointed one: its config is
+the checkpoint's, composed as recovery does (:mod:`hetsgd.runs.recover`), with this command's
+overrides on top; these may extend or change the budget, evaluation, checkpoints, monitoring,
+torch.distributed and progress, and nothing else. Its clock, counters and snapshots continue the
+checkpoint's: what the run measured after the checkpoint is left out, so the resumed run's
+curves continue the old ones as one run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
+from hetsgd.engines.checkpoint import Checkpoint
+from hetsgd.engines.shared_memory.counters import COUNTERS
+from hetsgd.errors import UserError
+from hetsgd.outputs.checkpoint import latest_checkpoint, read_checkpoint, run_config
+from hetsgd.outputs.index import OVERRIDES, is_run_dir, read_overrides
+from hetsgd.outputs.journal import remove_snapshots
+from hetsgd.outputs.run_directory import write_csv, write_text
+
+# What a resumed run must keep: anything else would train another model than the checkpoint's.
+KEPT = ("algo", "dataset", "model", "devices", "optim", "data", "seed")
+
+
+@dataclass
+class Resumption:
+    cfg: DictConfig  # the resumed run's config
+    overrides: list[str]  # those it is composed from
+    checkpoint: Checkpoint
+    source: Path  # the run directory it continues
+
+    def summary(self) -> dict:
+        """summary.json's ``resumed_from``."""
+        examples = self.checkpoint.counters[:, COUNTERS.index("examples")].sum()
+        return {"run_dir": str(self.source), "time_s": self.checkpoint.time_s,
+                "examples": float(examples)}
+
+    def start_in(self, run_dir: Path) -> None:
+        """Make ``run_dir`` (the checkpointed run's own, or a new one) hold what the resumed
+        run continues: the overrides of its config, the utilization samples up to the
+        checkpoint, no snapshots yet (the coordinator writes the checkpoint's first)."""
+        (run_dir / OVERRIDES).parent.mkdir(parents=True, exist_ok=True)
+        write_text(run_dir / OVERRIDES, yaml.safe_dump(self.overrides))
+        utilization = self.source / "utilization.csv"
+        if utilization.is_file():
+            rows = pd.read_csv(utilization)
+            write_csv(run_dir / "utilization.csv", rows[rows["time_s"] <= self.checkpoint.time_s])
+        remove_snapshots(run_dir)
+
+
+def _keys(overrides: list[str]) -> list[str]:
+    return [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)]
+
+
+def _without_resume(overrides: list[str]) -> list[str]:
+    return [o for o, key in zip(overrides, _keys(overrides)) if key != "resume"]
+
+
+@contextmanager
+def _hydra_to_ourselves() -> Iterator[None]:
+    """Composing needs Hydra's global state, which `hetsgd run`'s own job holds: set it aside
+    while composing, then give it back."""
+    hydra = GlobalHydra.instance()
+    held = hydra.hydra
+    hydra.clear()
+    try:
+        yield
+    finally:
+        hydra.hydra = held
+
+
+def _config(config: DictConfig, recorded: list[str], now: list[str]
+            ) -> tuple[DictConfig, RunConfig]:
+    """The resumed config (the checkpointed run's ``config`` composed from its ``recorded``
+    overrides, with ``now`` on top) and the checkpointed run's own, as typed objects."""
+    try:
+        with _hydra_to_ourselves():
+            composed, composed_old = compose_run([*recorded, *now]), compose_run(recorded)
+        resumed = OmegaConf.merge(composed, config)
+        for key in _keys(now):
+            OmegaConf.update(resumed, key, OmegaConf.select(composed, key), merge=False)
+        old = to_run_config(OmegaConf.merge(composed_old, config))
+        assert isinstance(resumed, DictConfig)
+        return resumed, old
+    except (OSError, HydraException, OmegaConfBaseException, ConfigError) as err:
+        raise UserError(f"cannot rebuild the config to resume: {err}".splitlines()[0]) from err
+
+
+def resume(source: Path, run_dir: Path) -> Resumption:
+    """Check that ``source`` can be resumed with the overrides Hydra recorded in ``run_dir``
+    and read its checkpoint; a one-line :class:`UserError` says why not."""
+    if not source.is_dir():
+        raise UserError(f"resume={source}: no such directory")
+    if not is_run_dir(source):
+        raise UserError(f"resume={source} is not a run directory")
+    version = latest_checkpoint(source)
+    if version is None:
+        raise UserError(f"resume={source}: the run left no checkpoint (checkpoints are taken "
+                        "with checkpoint.every_s=SECONDS)")
+    try:
+        config, recorded = run_config(version)
+    except (OSError, yaml.YAMLError, OmegaConfBaseException) as err:
+        raise UserError(f"resume={source}: cannot read its checkpoint: {err}".splitlines()[0]
+                        ) from err
+    recorded, now = _without_resume(recorded), _without_resume(read_overrides(run_dir))
+    cfg, old = _config(config, recorded, now)
+    cfg.resume = str(source)
+    new = to_run_config(cfg)
+    for key in KEPT:
+        if getattr(new, key) != getattr(old, key):
+            raise UserError(f"resume={source}: a resumed run trains what its checkpoint did, "
+                            f"so {key} cannot change (only budget, eval, checkpoint, monitor, "
+                            "dist and progress can)")
+    return Resumption(cfg, [*recorded, *now], read_checkpoint(version), source)

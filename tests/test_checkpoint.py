@@ -1,0 +1,140 @@
+"""Checkpoint and resume: a run stopped at a checkpoint and resumed ends where one straight run
+ends, its curves continue the old ones, and a resume that cannot be says why in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from hetsgd.errors import UserError
+from hetsgd.outputs.checkpoint import latest_checkpoint, read_checkpoint
+from hetsgd.outputs.index import read_summary
+from hetsgd.runs.resume import resume
+
+SYNC = ("algo=sync", "dataset=digits", "model=mlp", "optim.momentum=0.9", "optim.lr=0.05")
+LOCAL = ("algo=local_sgd", "dataset=digits", "model=mlp", "devices=cpu",
+         "devices.groups.cpu.count=2", "devices.groups.cpu.batch_size=16", "algo.tau=3",
+         "optim.momentum=0.9", "optim.lr=0.05")
+# every_s longer than the run: the one checkpoint is the one taken at its end, a fixed point
+CHECKPOINTS = ("checkpoint.every_s=600", "progress=false")
+
+
+def _hetsgd(results: Path, *args: str) -> subprocess.CompletedProcess:
+    """`hetsgd run ARGS` with results under `results`."""
+    env = {**os.environ, "HETSGD_RESULTS": str(results)}
+    return subprocess.run([sys.executable, "-m", "hetsgd", "run", *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _new_run(results: Path, *args: str) -> Path:
+    """Run `hetsgd run ARGS`; the new run directory."""
+    before = set((results / "runs").glob("*")) if (results / "runs").exists() else set()
+    done = _hetsgd(results, *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, = set((results / "runs").glob("*")) - before
+    return run_dir
+
+
+def _final_model(run_dir: Path) -> torch.Tensor:
+    version = latest_checkpoint(run_dir)
+    assert version is not None
+    return read_checkpoint(version).params
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("algo", [SYNC, LOCAL], ids=["sync", "local_sgd"])
+def test_a_resumed_run_ends_where_a_straight_run_ends(results_dir: Path,
+                                                      algo: tuple[str, ...]) -> None:
+    straight = _new_run(results_dir, *algo, *CHECKPOINTS, "budget.epochs=2")
+    first = _new_run(results_dir, *algo, *CHECKPOINTS, "budget.epochs=1")
+    old, before = read_summary(first), pd.read_csv(first / "convergence.csv")
+    checkpointed = _final_model(first)
+    runs = set((results_dir / "runs").iterdir())
+    done = _hetsgd(results_dir, f"resume={first}", "budget.epochs=2", "progress=false")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set((results_dir / "runs").iterdir()) == runs  # it continued in its own directory
+
+    assert torch.allclose(_final_model(first), _final_model(straight), atol=1e-6)
+    assert not torch.equal(checkpointed, _final_model(straight))
+    summary = read_summary(first)
+    assert summary["status"] == "completed" and summary["algo"] == old["algo"]
+    assert summary["epochs"] == pytest.approx(2.0, abs=0.01)
+    assert summary["resumed_from"]["examples"] == old["examples"]
+
+    after = pd.read_csv(first / "convergence.csv")
+    kept = before[before["time_s"] <= summary["resumed_from"]["time_s"]]
+    assert len(kept) >= 1
+    pd.testing.assert_frame_equal(after.iloc[:len(kept)], kept)  # the old curve, unchanged
+    assert after["time_s"].is_monotonic_increasing
+    assert after["epoch"].iloc[-1] == pytest.approx(2.0, abs=0.01)
+    assert after["time_s"].iloc[len(kept)] >= summary["resumed_from"]["time_s"]
+
+
+@pytest.mark.integration
+def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(results_dir: Path) -> None:
+    env = {**os.environ, "HETSGD_RESULTS": str(results_dir)}
+    proc = subprocess.Popen([sys.executable, "-m", "hetsgd", "run", *SYNC, "budget.epochs=null",
+                             "budget.seconds=120", "checkpoint.every_s=0.3", "eval.every_s=0.1",
+                             "eval.every_epochs=null", "progress=false"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    while not list(results_dir.glob("runs/*/checkpoint/[0-9]*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # a few more snapshots past the checkpoint, which the resume must drop
+    proc.kill()
+    proc.wait(timeout=30)
+    run_dir, = (results_dir / "runs").iterdir()
+    version = latest_checkpoint(run_dir)
+    assert version is not None and read_summary(run_dir)["status"] == "crashed"
+    checkpoint_s = read_checkpoint(version).time_s
+
+    done = _hetsgd(results_dir, f"resume={run_dir}", f"budget.seconds={checkpoint_s + 1}",
+                   "progress=false")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed"
+    assert summary["resumed_from"]["time_s"] == pytest.approx(checkpoint_s)
+    curve = pd.read_csv(run_dir / "convergence.csv")
+    assert curve["time_s"].is_monotonic_increasing and curve["time_s"].iloc[0] < 0.1
+    assert (curve["time_s"] <= checkpoint_s).sum() >= 2  # the old curve, up to the checkpoint
+    assert curve["time_s"].iloc[-1] >= checkpoint_s + 1 - 0.05
+    assert curve["train_loss"].iloc[-1] < curve["train_loss"].iloc[0]
+
+
+@pytest.mark.integration
+def test_bad_resumes_are_one_line_errors(results_dir: Path, tmp_path: Path) -> None:
+    no_checkpoint = _new_run(results_dir, *SYNC, "budget.epochs=0.2", "progress=false")
+    with_checkpoint = _new_run(results_dir, *SYNC, *CHECKPOINTS, "budget.epochs=0.2")
+    nowhere = tmp_path / "nowhere"
+    done = _hetsgd(results_dir, f"resume={nowhere}", "progress=false")
+    assert done.returncode == 1 and "no such directory" in done.stderr, done.stderr
+    assert not nowhere.exists()  # a mistyped path creates nothing there
+    here = tmp_path / "here"
+    (here / ".hydra").mkdir(parents=True)
+    cases = {tmp_path / "nowhere": "no such directory", tmp_path: "not a run directory",
+             no_checkpoint: "left no checkpoint"}
+    for source, message in cases.items():
+        with pytest.raises(UserError, match=message) as raised:
+            resume(source, here)
+        assert "\n" not in str(raised.value)
+    (here / ".hydra" / "overrides.yaml").write_text("- optim.lr=0.5\n")
+    with pytest.raises(UserError, match="optim cannot change") as raised:
+        resume(with_checkpoint, here)
+    assert "\n" not in str(raised.value)
+    (here / ".hydra" / "overrides.yaml").write_text("- budget.epochs=3\n")
+    assert resume(with_checkpoint, here).cfg.budget.epochs == 3
+
+
+def test_checkpoints_need_sync_or_local_sgd() -> None:
+    from hetsgd.config import ConfigError
+    from tests.conftest import run_config
+
+    with pytest.raises(ConfigError, match="checkpoint.every_s"):
+        run_config("algo=hogwild", "checkpoint.every_s=5")

@@ -1,0 +1,105 @@
+"""The data exists once: prepared block by block straight into shared memory, never copied there."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hetsgd.config import DatasetConfig
+from hetsgd.config.schema import SyntheticConfig
+from hetsgd.data import dataset, load_dataset
+from hetsgd.data.cache import NpyRows
+from hetsgd.data.dataset import Parsed
+from hetsgd.data.prepare import column_moments, prepare
+from hetsgd.data.synthetic import TeacherInputs
+from hetsgd.engines.shared_memory.memory import SharedArena
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of a few rows, so that small arrays span many of them."""
+    monkeypatch.setattr(dataset, "BLOCK_BYTES", 7 * 4 * 5)
+
+
+def test_prepared_arrays_are_shared_as_they_are_and_others_are_copied() -> None:
+    arena = SharedArena()
+    data = load_dataset(DatasetConfig(name="digits"), seed=0, progress=False,
+                        allocate=arena.empty)
+    shared = arena.data(data.x_train, data.y_train)
+    assert shared.x.dense.is_shared() and shared.y.is_shared()
+    assert shared.x.dense.data_ptr() == data.x_train.ctypes.data
+    assert shared.y.data_ptr() == data.y_train.ctypes.data
+    copy = arena.share(data.x_train.copy())
+    assert copy.is_shared() and copy.data_ptr() != data.x_train.ctypes.data
+
+
+def test_teacher_inputs_read_the_same_whatever_the_slicing(small_blocks: None) -> None:
+    x = TeacherInputs(40, 5, seed=3)
+    whole = x[0:40]
+    np.testing.assert_array_equal(np.concatenate([x[0:3], x[3:17], x[17:40]]), whole)
+    assert whole.dtype == np.float32 and whole.shape == (40, 5)
+    assert not np.array_equal(TeacherInputs(40, 5, seed=4)[0:40], whole)
+    assert len({row.tobytes() for row in whole}) == 40  # no block repeats another
+
+
+def test_npy_rows_read_blocks_of_the_cached_array(tmp_path: Path) -> None:
+    array = np.arange(60, dtype=np.float32).reshape(12, 5)
+    np.save(tmp_path / "a.npy", array)
+    rows = NpyRows.open(tmp_path / "a.npy")
+    assert rows.shape == (12, 5) and rows.dtype == np.float32
+    np.testing.assert_array_equal(rows[3:8], array[3:8])
+    np.testing.assert_array_equal(rows[10:20], array[10:])
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "a.npy").read_bytes()[:-4])
+    with pytest.raises(ValueError, match="truncated"):
+        NpyRows.open(tmp_path / "cut.npy")
+
+
+@pytest.mark.parametrize("scaling", ["standard", "maxabs", "none"])
+def test_prepare_reads_rows_block_by_block_as_it_reads_an_array(
+        tmp_path: Path, small_blocks: None, scaling: str) -> None:
+    rng = np.random.default_rng(0)
+    x = (rng.normal(5, 3, (50, 7)) * (rng.random((50, 7)) < 0.7)).astype(np.float32)
+    y = (np.arange(50) % 2).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    cfg = DatasetConfig(name="libsvm", limit=30)
+    in_memory = prepare(Parsed("binary", 2, x, y, None, None, "s"), cfg, 0, scaling)
+    from_file = prepare(Parsed("binary", 2, NpyRows.open(tmp_path / "x.npy"), y, None, None, "s"),
+                        cfg, 0, scaling)
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        np.testing.assert_array_equal(getattr(in_memory, name), getattr(from_file, name))
+    assert in_memory.num_train == 30 and in_memory.num_test == 10
+    rows = {r.tobytes() for r in x}
+    if scaling == "none":  # every row is a row of the file, in file order
+        assert all(r.tobytes() in rows for r in in_memory.x_train)
+
+
+def test_column_moments_over_many_blocks(small_blocks: None) -> None:
+    x = np.random.default_rng(1).normal(1000, 2, (101, 7)).astype(np.float32)
+    mean, var = column_moments(x)
+    np.testing.assert_allclose(mean, x.astype(np.float64).mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(var, x.astype(np.float64).var(axis=0), rtol=1e-4)
+
+
+def test_a_load_into_shared_memory_holds_no_second_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tracemalloc sees numpy's allocations, not the arena's shared tensors: what it sees at the
+    peak is what the load held besides its result (blocks of 64 KiB here)."""
+    monkeypatch.setattr(dataset, "BLOCK_BYTES", 1 << 16)
+    config = SyntheticConfig(name="synthetic", n_samples=60000, n_features=100)
+    data_bytes = 60000 * 100 * 4
+    tracemalloc.start()
+    try:
+        data = load_dataset(config, seed=0, progress=False, allocate=SharedArena().empty)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert data.num_train + data.num_test == 60000 and data.scaling == "standard"
+    assert peak < data_bytes / 4
