@@ -7,7 +7,8 @@ go to ``bench.json`` too, labelled with the machine. Nothing here is a threshold
 a. hetsgd's worker step vs a plain ``torch.optim.SGD`` loop (in-process, one thread, mlp_paper and
    mlp at batch 1/16/256/4096; goals 1.5/1.2/1.0/1.0x the plain loop's examples/s)
 b. the loop around the step: claiming, counting, the stop flag (goal: under 5 µs a step)
-c. Hogwild over 1 and 2 worker processes (examples/s; goal: 2 workers >= 1.8x one)
+c. Hogwild over 1 and 2 worker processes (examples/s; goal: 2 workers >= 1.8x one), beside
+   2 lone workers with a model each and on one shared model (what sharing the weights costs)
 d. memory: the data and the master exist once, however many workers (USS per process; goal:
    the coordinator's rise while loading and evaluating <= 1.5x the training data)
 e. time to a common training loss for each algorithm, as a ratio to sync
@@ -372,25 +373,79 @@ def bench_loop(jobs: Jobs, _seconds: float) -> Section:
 
 SCALING_ROUNDS = 2  # 1 worker, 2 workers, 1, 2, ...: the spread between rounds shows the noise
 SCALING_GOAL = 1.8  # 2 workers' examples/s over one worker's
+SCALING_RUN = ("algo=hogwild", "devices=cpu", "devices.groups.cpu.threads=1",
+               "devices.groups.cpu.batch_size=32", "model=mlp", "model.hidden=[256,256]")
+
+
+def _scaling_config(data: tuple[str, ...], epochs: float) -> RunConfig:
+    return to_run_config(compose_config(*data, *SCALING_RUN, "devices.groups.cpu.count=1",
+                                        f"budget.epochs={epochs}"))
+
+
+def _lone_worker(data: tuple[str, ...], epochs: float, master: SharedMaster | None, start: Any,
+                 done: Any) -> None:
+    """A Hogwild worker with a cursor and data of its own, in a process of its own, on
+    ``master`` (shared with other lone workers) or, if None, a model of its own. Waits at
+    ``start``; puts (end time, examples) on ``done``."""
+    torch.set_num_threads(1)
+    cfg = _scaling_config(data, epochs)
+    dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
+    problem = Problem.of(dataset)
+    shared = SharedData.from_arrays(dataset.x_train, dataset.y_train)
+    master = master or SharedMaster.initial(cfg.model, problem, cfg.seed)
+    state = SharedState.create(shared, master, cfg.budget.epochs, 1, mp.get_context("spawn"))
+    spec, = expand(cfg.devices)
+    worker = Worker(spec, cfg, problem, state)
+    start.wait()
+    worker.run()
+    done.put((time.monotonic(), int(state.counters.row(0)["examples"])))
+
+
+def _lone_workers(data: tuple[str, ...], count: int, epochs: float, share_model: bool) -> float:
+    """Examples/s of ``count`` lone workers run at once, ``epochs`` each: every example they
+    trained over the time from their common start to the last one's end. Copies that share
+    nothing show what the machine gives that many processes (cores that share caches, memory
+    bandwidth or a physical core); copies that share only the model show what Hogwild's writes
+    to the same weights from several cores cost."""
+    master = None
+    if share_model:
+        cfg = _scaling_config(data, epochs)
+        problem = Problem.of(load_dataset(cfg.dataset, cfg.seed, progress=False))
+        master = SharedMaster.initial(cfg.model, problem, cfg.seed)
+    context = mp.get_context("spawn")
+    start, done = context.Barrier(count + 1), context.Queue()
+    processes = [context.Process(target=_lone_worker, args=(data, epochs, master, start, done))
+                 for _ in range(count)]
+    for process in processes:
+        process.start()
+    start.wait()
+    began = time.monotonic()
+    ends = [done.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join()
+    return sum(examples for _, examples in ends) / (max(end for end, _ in ends) - began)
 
 
 def bench_hogwild(jobs: Jobs, seconds: float) -> Section:
     section = Section(
         "Hogwild scaling over worker processes",
         "examples/s of algo=hogwild devices=cpu with 1 and 2 single-threaded workers (mlp "
-        f"[256,256], batch 32, same time budget), {SCALING_ROUNDS} interleaved rounds. busy / "
-        "wait: share of the training time each worker spent in its step / waiting for the "
-        "cursor's lock. others' CPU: share of the CPUs other processes used during that run.",
+        f"[256,256], batch 32, same time budget), {SCALING_ROUNDS} interleaved rounds; and of "
+        "2 lone workers at once (no coordinator; each its own cursor and data, the epochs one "
+        "worker trains in that budget), with a model each (what this machine gives two "
+        "processes that share nothing) and on one shared model (what Hogwild's writes to the "
+        "same weights from two cores cost). busy / wait: share of the training time each "
+        "worker spent in its step / waiting for the cursor's lock. others' CPU: share of the "
+        "CPUs other processes used during that run.",
         ["round", "workers", "examples/s", "vs 1 worker", "busy per worker", "wait per worker",
          "others' CPU"])
-    rounds = []
+    rounds: list[float | None] = []
+    lone: dict[str, list[float | None]] = {}
     for round_ in range(1, SCALING_ROUNDS + 1):
         speeds = {}
         for count in (1, 2):
-            job = jobs.run("algo=hogwild", "devices=cpu", f"devices.groups.cpu.count={count}",
-                           "devices.groups.cpu.threads=1", "devices.groups.cpu.batch_size=32",
-                           "model=mlp", "model.hidden=[256,256]", "budget.epochs=null",
-                           f"budget.seconds={seconds}", *FAST_EVAL)
+            job = jobs.run(*SCALING_RUN, f"devices.groups.cpu.count={count}",
+                           "budget.epochs=null", f"budget.seconds={seconds}", *FAST_EVAL)
             eps, time_s = job.summary["examples_per_s"], job.summary["time_s"]
             speeds[count] = eps
             section.rows.append([str(round_), str(count), f"{eps:,.0f}",
@@ -401,11 +456,20 @@ def bench_hogwild(jobs: Jobs, seconds: float) -> Section:
             section.data[f"round{round_}_workers{count}"] = {
                 "examples_per_s": eps, "time_s": time_s, "others_cpu_share": job.others,
                 "workers": job.workers.to_dict("records")}
+        train_size = job.summary["examples"] / job.summary["epochs"]
+        for label, share_model in (("2 lone, own models", False), ("2 lone, one model", True)):
+            eps = _lone_workers(jobs.data, 2, speeds[1] * seconds / train_size, share_model)
+            section.rows.append([str(round_), label, f"{eps:,.0f}",
+                                 f"{_ratio(eps, speeds[1]):.2f}x", "", "", ""])
+            lone.setdefault(label, []).append(_ratio(eps, speeds[1]))
         rounds.append(_ratio(speeds[2], speeds[1]))
     met = min(r or 0.0 for r in rounds) >= SCALING_GOAL
     section.notes.append(f"2 workers over 1: {', '.join(f'{r:.2f}x' for r in rounds if r)}; goal "
-                         f">= {SCALING_GOAL:g}x in every round: {'met' if met else 'NOT met'}.")
-    section.data.update(ratio_2_over_1=rounds, goal=SCALING_GOAL, met=met)
+                         f">= {SCALING_GOAL:g}x in every round: {'met' if met else 'NOT met'}. "
+                         + "; ".join(f"{label} over 1 worker: "
+                                     f"{', '.join(f'{r:.2f}x' for r in ratios if r)}"
+                                     for label, ratios in lone.items()) + ".")
+    section.data.update(ratio_2_over_1=rounds, lone_2_over_1=lone, goal=SCALING_GOAL, met=met)
     return section
 
 
