@@ -227,22 +227,16 @@ def test_a_killed_rank_fails_the_run_within_the_collective_timeout() -> None:
     assert "worker 1" in training.error or "collective failed" in training.error
 
 
-@pytest.mark.integration
-def test_two_torchrun_nodes_on_one_machine_leave_one_run_directory(tmp_path: Path) -> None:
-    """Node 1 is given other overrides on purpose: followers train with the plan rank 0
-    resolved and handed over, never with a config of their own."""
+def _torchrun_nodes(tmp_path: Path, overrides: dict[int, list[str]]) -> tuple[list[int], str]:
+    """`hetsgd run` as node 0 and node 1 of a two-node torchrun launch on this machine, each with
+    its overrides: the nodes' exit codes and their output."""
     port = free_port("127.0.0.1")
-    results = tmp_path / "results"
-    env = dict(os.environ, HETSGD_RESULTS=str(results), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, HETSGD_RESULTS=str(tmp_path / "results"), PYTHONPATH=str(ROOT))
     torchrun = Path(sys.executable).with_name("torchrun")
-    overrides = {0: ["algo=local_sgd", "algo.tau=2", *TWO_RANKS, "budget.epochs=1",
-                     "progress=false"],
-                 1: ["algo=local_sgd", "algo.tau=5", *TWO_RANKS, "budget.epochs=3",
-                     "progress=false"]}
     nodes = [subprocess.Popen(
         [str(torchrun), "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node}",
          "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "hetsgd", "run",
-         *overrides[node]],
+         *overrides[node], "progress=false"],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for node in (0, 1)]
     try:
@@ -250,14 +244,37 @@ def test_two_torchrun_nodes_on_one_machine_leave_one_run_directory(tmp_path: Pat
     finally:
         for node in nodes:
             node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
-    runs = list((results / "runs").iterdir())
+    return [node.returncode for node in nodes], "\n".join(outputs)
+
+
+@pytest.mark.integration
+def test_two_torchrun_nodes_on_one_machine_leave_one_run_directory(tmp_path: Path) -> None:
+    """Node 1 is given other overrides on purpose: followers train with the plan rank 0
+    resolved and handed over, never with a config of their own."""
+    codes, output = _torchrun_nodes(tmp_path, {
+        0: ["algo=local_sgd", "algo.tau=2", *TWO_RANKS, "budget.epochs=1"],
+        1: ["algo=local_sgd", "algo.tau=5", *TWO_RANKS, "budget.epochs=3"]})
+    assert codes == [0, 0], output
+    runs = list((tmp_path / "results" / "runs").iterdir())
     assert len(runs) == 1, runs
     summary = json.loads((runs[0] / "summary.json").read_text())
     assert summary["status"] == "completed", summary["error"]
     assert 1 <= summary["epochs"] < 1.5
     assert summary["updates_by_group"]["cpu"] > 0
     assert summary["local_sgd"]["tau"] == {"cpu": 2}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("checkpoints", ["checkpoint.every_s=1", "resume=results/runs/x"])
+def test_checkpoints_under_torchrun_are_a_one_line_error_on_every_node(
+        tmp_path: Path, checkpoints: str) -> None:
+    args = ["algo=local_sgd", *TWO_RANKS, "budget.epochs=1", checkpoints]
+    codes, output = _torchrun_nodes(tmp_path, {0: args, 1: args})
+    assert codes[0] != 0 and codes[1] != 0, output
+    assert output.count("checkpoints are not supported under torchrun") == 2, output
+    assert f'File "{ROOT / "hetsgd"}' not in output, output  # torchrun's own traceback only
+    run_dir, = (tmp_path / "results" / "runs").iterdir()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
 
 
 @pytest.mark.integration

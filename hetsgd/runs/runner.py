@@ -137,6 +137,11 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
     With ``resume=RUN_DIR`` the run continues that run's checkpoint (:mod:`.resume`) in
     `run_dir`, which may be RUN_DIR itself: a resume that cannot be is then a
     :class:`UserError` raised before anything is written over it."""
+    if torchrun() is not None and (cfg.resume is not None or cfg.checkpoint.every_s is not None):
+        error = ("checkpoints are not supported under torchrun (the other nodes' ranks can neither "
+                 "send their parts nor read them): set checkpoint.every_s=null, without resume")
+        hand_off(Handoff(error=error))  # the other ranks wait for a plan: they fail with this
+        return _failed(run_dir, cfg, resolved_config, error)
     resumption = None
     if cfg.resume is not None:
         try:
@@ -158,9 +163,6 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
         out.write_summary({**summary, **running})  # until the finally block rewrites it
         if isinstance(cfg, DictConfig):
             cfg = to_run_config(cfg)
-        if torchrun() is not None and cfg.checkpoint.every_s is not None:
-            raise UserError("checkpoint.every_s is not supported under torchrun: the other "
-                            "nodes' ranks cannot send their parts; set checkpoint.every_s=null")
         summary["environment"] = environment()
         specs = expand(cfg.devices)
         summary["emulated"] = any(spec.emulated for spec in specs)
