@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -49,7 +50,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetsgd.config import RunConfig, compose_run, to_run_config
-from hetsgd.data import load_dataset, source_info
+from hetsgd.data import source_info
 from hetsgd.devices import expand
 from hetsgd.engines.shared_memory.batches import EPOCH_SEED_STRIDE
 from hetsgd.engines.shared_memory.cursor import EpochCursor
@@ -62,6 +63,7 @@ from hetsgd.model.problem import Problem
 from hetsgd.outputs.metrics import crossing, normalized_loss
 from hetsgd.outputs.run_directory import environment
 from hetsgd.runs import runner
+from hetsgd.runs.setup import load_run_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_W8A = ROOT.parent / "shared" / "data" / "w8a.xz"
@@ -225,18 +227,32 @@ def _step_config(data: tuple[str, ...], model: str, batch: int, steps: int,
         f"budget.epochs={steps * batch / num_examples}"))
 
 
+def _training_data(data: tuple[str, ...]) -> tuple[Problem, SharedData]:
+    """The bench's training set in shared memory, as a run loads it."""
+    run_data = load_run_data(to_run_config(compose_config(*data)), progress=False)
+    return run_data.problem, run_data.train
+
+
+def _worker(cfg: RunConfig, problem: Problem, data: SharedData,
+            master: SharedMaster | None = None) -> Worker:
+    """The one worker of ``cfg``'s mix, in this process, with a cursor of its own over ``data``
+    (``cfg.budget.epochs`` of it), on ``master`` (by default a fresh initial model)."""
+    master = master or SharedMaster.initial(cfg.model, problem, cfg.seed)
+    state = SharedState.create(data, master, cfg.budget.epochs, 1, mp.get_context("spawn"))
+    spec, = expand(cfg.devices)
+    return Worker(spec, cfg, problem, state)
+
+
 def _hetsgd_loop(cfg: RunConfig, problem: Problem, data: SharedData,
                  around: AbstractContextManager = nullcontext()) -> tuple[float, int, torch.Tensor]:
     """Time ``Worker.run`` in-process over a fresh master and cursor (inside ``around``, e.g.
     a profiler): (seconds, steps, params)."""
-    state = SharedState.create(data, SharedMaster.initial(cfg.model, problem, cfg.seed),
-                               cfg.budget.epochs, 1, mp.get_context("spawn"))
-    spec, = expand(cfg.devices)
-    worker = Worker(spec, cfg, problem, state)
+    worker = _worker(cfg, problem, data)
     with around:
         start = time.perf_counter()
         worker.run()
         seconds = time.perf_counter() - start
+    state = worker.state
     return seconds, int(state.counters.row(0)["updates"]), state.master.params.clone()
 
 
@@ -300,10 +316,7 @@ def bench_step(jobs: Jobs, seconds: float) -> Section:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        dataset = load_dataset(to_run_config(compose_config(*jobs.data)).dataset, 0,
-                               progress=False)
-        problem = Problem.of(dataset)
-        shared = SharedData.from_arrays(dataset.x_train, dataset.y_train)
+        problem, shared = _training_data(jobs.data)
         for model in STEP_MODELS:
             for batch, goal in STEP_GOALS.items():
                 steps = _steps_for(timing_s, jobs.data, model, batch, problem, shared)
@@ -348,20 +361,15 @@ def bench_loop(jobs: Jobs, _seconds: float) -> Section:
         "(claiming a chunk from the cursor under its lock, the counters, the stop flag, the "
         "clock, the periodic loss read).",
         ["steps", "µs/step", "goal"])
-    dataset = load_dataset(to_run_config(compose_config(*jobs.data)).dataset, 0, progress=False)
-    problem = Problem.of(dataset)
-    shared = SharedData.from_arrays(dataset.x_train, dataset.y_train)
+    problem, shared = _training_data(jobs.data)
     cfg = _step_config(jobs.data, "logreg", 1, LOOP_STEPS, shared.num_examples)
-    state = SharedState.create(shared, SharedMaster.initial(cfg.model, problem, cfg.seed),
-                               cfg.budget.epochs, 1, mp.get_context("spawn"))
-    spec, = expand(cfg.devices)
-    worker = Worker(spec, cfg, problem, state)
+    worker = _worker(cfg, problem, shared)
     loss = torch.zeros(())
     worker.step = lambda epoch, start, size: (loss, 0.0)  # type: ignore[method-assign]
     started = time.perf_counter()
     worker.run()
     seconds = time.perf_counter() - started
-    steps = int(state.counters.row(0)["updates"])
+    steps = int(worker.state.counters.row(0)["updates"])
     per_step = seconds / steps * 1e6
     section.rows.append([f"{steps:,}", f"{per_step:.2f}", f"< {LOOP_GOAL_US:g}"
                          + ("" if per_step < LOOP_GOAL_US else ", not met")])
@@ -388,17 +396,11 @@ def _lone_worker(data: tuple[str, ...], epochs: float, master: SharedMaster | No
     ``master`` (shared with other lone workers) or, if None, a model of its own. Waits at
     ``start``; puts (end time, examples) on ``done``."""
     torch.set_num_threads(1)
-    cfg = _scaling_config(data, epochs)
-    dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
-    problem = Problem.of(dataset)
-    shared = SharedData.from_arrays(dataset.x_train, dataset.y_train)
-    master = master or SharedMaster.initial(cfg.model, problem, cfg.seed)
-    state = SharedState.create(shared, master, cfg.budget.epochs, 1, mp.get_context("spawn"))
-    spec, = expand(cfg.devices)
-    worker = Worker(spec, cfg, problem, state)
+    problem, shared = _training_data(data)
+    worker = _worker(_scaling_config(data, epochs), problem, shared, master)
     start.wait()
     worker.run()
-    done.put((time.monotonic(), int(state.counters.row(0)["examples"])))
+    done.put((time.monotonic(), int(worker.state.counters.row(0)["examples"])))
 
 
 def _lone_workers(data: tuple[str, ...], count: int, epochs: float, share_model: bool) -> float:
@@ -410,8 +412,7 @@ def _lone_workers(data: tuple[str, ...], count: int, epochs: float, share_model:
     master = None
     if share_model:
         cfg = _scaling_config(data, epochs)
-        problem = Problem.of(load_dataset(cfg.dataset, cfg.seed, progress=False))
-        master = SharedMaster.initial(cfg.model, problem, cfg.seed)
+        master = SharedMaster.initial(cfg.model, _training_data(data)[0], cfg.seed)
     context = mp.get_context("spawn")
     start, done = context.Barrier(count + 1), context.Queue()
     processes = [context.Process(target=_lone_worker, args=(data, epochs, master, start, done))
@@ -533,15 +534,25 @@ def runtime_floor() -> int:
 
 
 def bench_memory(jobs: Jobs, seconds: float) -> Section:
+    """Measured in a process of its own: the coordinator's USS before the run, which the goal
+    counts from, must not depend on what earlier sections allocated and freed."""
+    context = mp.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(_memory_here, Jobs(jobs.folder / "memory", jobs.data),
+                           seconds).result()
+
+
+def _memory_here(jobs: Jobs, seconds: float) -> Section:
     section = Section(
         "memory: one copy of the data and the master, whatever the worker count",
-        "Hogwild, 2 workers, on a large synthetic set. USS counts the pages only this process "
-        "maps: shared data a worker reads is mapped by the coordinator too, so it is not in a "
-        "worker's USS, and a worker holding its own copy of the data would show it. Floor: USS "
-        "of a fresh interpreter that imported torch and hetsgd's worker. The coordinator's USS "
-        "holds the loaded arrays and shared pages no worker has touched yet. System view: peak "
-        "rise over the run's start of used memory (psutil: shared memory not in it; other "
-        "processes' too) and of shared memory.",
+        "Hogwild, 2 workers, on a large synthetic set, in a process of its own (its USS before "
+        "the run is a bare runtime's, whatever earlier sections left). USS counts the pages "
+        "only this process maps: shared data a worker reads is mapped by the coordinator too, "
+        "so it is not in a worker's USS, and a worker holding its own copy of the data would "
+        "show it. Floor: USS of a fresh interpreter that imported torch and hetsgd's worker. "
+        "The coordinator's USS holds the loaded arrays and shared pages no worker has touched "
+        "yet. System view: peak rise over the run's start of used memory (psutil: shared memory"
+        " not in it; other processes' too) and of shared memory.",
         ["what", "MiB", "vs data"])
     available = psutil.virtual_memory().available
     if available < MEMORY_NEEDS_BYTES:

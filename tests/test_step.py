@@ -42,8 +42,8 @@ def _batch(task: str, step: int, sparse: bool = False) -> tuple[torch.Tensor, to
 
 
 def _reference(module: nn.Module, task: str, momentum: float, weight_decay: float,
-               sparse: bool = False) -> list[torch.Tensor]:
-    optimizer = torch.optim.SGD(module.parameters(), lr=LR, momentum=momentum,
+               sparse: bool = False, lr: float = LR) -> list[torch.Tensor]:
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum,
                                 weight_decay=weight_decay)
     for step in range(STEPS):
         x, y = _batch(task, step, sparse)
@@ -55,14 +55,14 @@ def _reference(module: nn.Module, task: str, momentum: float, weight_decay: floa
 
 def _ours(module: nn.Module, kind: str, task: str, momentum: float, weight_decay: float,
           sparse: bool = False, params: torch.Tensor | None = None,
-          device: str = "cpu") -> FlatModel:
+          device: str = "cpu", schedule: tuple[str, ...] = (), epoch: float = 0.0) -> FlatModel:
     cfg = run_config(f"optim.lr={LR}", f"optim.momentum={momentum}",
-                     f"optim.weight_decay={weight_decay}").optim
+                     f"optim.weight_decay={weight_decay}", *schedule).optim
     flat = FlatModel(module, params, torch.zeros(0) if params is not None else None)
     step = build_step(kind, flat, cfg, task)
     for i in range(STEPS):
         x, y = _batch(task, i, sparse)
-        step(x.to(device), y.to(device), epoch=0.0, batch_size=8)
+        step(x.to(device), y.to(device), epoch=epoch, batch_size=8)
     return flat
 
 
@@ -82,6 +82,17 @@ def test_a_step_gives_torch_optim_sgds_parameters(kind: str, activation: type[nn
     expected = _reference(_mlp(activation, bias, outputs), task, momentum, weight_decay)
     module = _mlp(activation, bias, outputs)
     _ours(module, kind, task, momentum, weight_decay)
+    for ours, theirs in zip(module.parameters(), expected):
+        torch.testing.assert_close(ours.detach(), theirs, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["fused", "autograd"])
+def test_a_step_takes_the_learning_rate_of_the_schedule(kind: str) -> None:
+    """Past a milestone (x0.1) with linear scaling from batch 4 to 8 (x2): lr = LR / 5."""
+    expected = _reference(_mlp(nn.ReLU, True, 3), "multiclass", 0.9, 0.01, lr=LR * 2 * 0.1)
+    module = _mlp(nn.ReLU, True, 3)
+    _ours(module, kind, "multiclass", 0.9, 0.01, epoch=1.5,
+          schedule=("optim.lr_scaling=linear", "optim.base_batch=4", "optim.milestones=[1.0]"))
     for ours, theirs in zip(module.parameters(), expected):
         torch.testing.assert_close(ours.detach(), theirs, rtol=0, atol=1e-6)
 
