@@ -103,6 +103,19 @@ def test_xc_header_dimensions_are_bounded(home: Path) -> None:
         load_dataset(DatasetConfig(name="delicious"), seed=0, progress=False)
 
 
+@pytest.mark.parametrize(("line", "problem"), [
+    ("0 0:nan", "has a value that is not a finite number: 0:nan"),
+    ("0,nan 0:1", "has a label that is not a finite number: nan"),
+])
+def test_xc_values_are_checked_as_libsvm_values_are(home: Path, line: str, problem: str) -> None:
+    home.mkdir()
+    path = home / "Delicious_data.txt"
+    path.write_text(f"3 4 3\n0 0:1\n{line}\n1 1:1\n")
+    with pytest.raises(UserError) as caught:
+        load_dataset(DatasetConfig(name="delicious"), seed=0, progress=False)
+    assert str(caught.value).startswith(f"{path}: line 3 {problem}")
+
+
 def test_a_class_too_small_to_split_is_an_error(tmp_path: Path) -> None:
     two = tmp_path / "two.svm"
     two.write_text("1 1:1\n-1 2:1\n")
@@ -137,6 +150,17 @@ def test_the_smallest_batch_of_the_mix_decides() -> None:
     with pytest.raises(UserError, match=rf"fewer than one batch of group '\w+' \({batches[0]}\)"):
         check_fills_a_batch(batches[0] - 1, specs)
     check_fills_a_batch(0, [])  # a calibration sizes its batches to the data
+    with pytest.raises(UserError, match=r"batch of group 'cpu' \(8\): .*cpu\.batch_size to at"):
+        check_fills_a_batch(7, specs)
+
+
+def test_the_smallest_batch_decides_wherever_its_group_is_in_the_mix() -> None:
+    specs = expand(run_config("devices=emulated", "devices.groups.accel.batch_size=4").devices)
+    groups = [(spec.group, spec.batch_size) for spec in specs]
+    assert groups[0] == ("accel", 4) and groups[-1] == ("cpu", 8)  # the smallest batch first
+    check_fills_a_batch(4, specs)
+    with pytest.raises(UserError, match=r"batch of group 'accel' \(4\): .*accel\.batch_size to"):
+        check_fills_a_batch(3, specs)
 
 
 def test_good_file_still_loads(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from hetsgd.config.schema import SyntheticConfig
 from hetsgd.data import dataset, load_dataset
 from hetsgd.data.cache import NpyRows
 from hetsgd.data.dataset import Parsed
-from hetsgd.data.prepare import column_moments, prepare
+from hetsgd.data.prepare import column_moments, fit_scaler, prepare, split_rows
 from hetsgd.data.synthetic import TeacherInputs
 from hetsgd.engines.shared_memory.memory import SharedArena
 
@@ -40,6 +41,23 @@ def test_prepared_arrays_are_shared_as_they_are_and_others_are_copied() -> None:
     assert shared.y.data_ptr() == data.y_train.ctypes.data
     copy = arena.share(data.x_train.copy())
     assert copy.is_shared() and copy.data_ptr() != data.x_train.ctypes.data
+
+
+def _resident_shared_bytes() -> int:
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines()
+                if line.startswith("RssShmem:")) * 1024
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads RssShmem from /proc/self/status")
+def test_an_arena_array_is_resident_only_once_written() -> None:
+    """Allocated shared rather than copied there: not a page is touched before the load fills it."""
+    size = 200 << 20
+    before = _resident_shared_bytes()
+    array = SharedArena().empty((size // 4,), np.dtype(np.float32))
+    assert _resident_shared_bytes() - before < 4 << 20
+    array.fill(1.0)
+    assert _resident_shared_bytes() - before > size // 2
 
 
 def test_teacher_inputs_read_the_same_whatever_the_slicing(small_blocks: None) -> None:
@@ -71,12 +89,22 @@ def test_prepare_reads_rows_block_by_block_as_it_reads_an_array(
     y = (np.arange(50) % 2).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     cfg = DatasetConfig(name="libsvm", limit=30)
-    in_memory = prepare(Parsed("binary", 2, x, y, None, None, "s"), cfg, 0, scaling)
+    parsed = Parsed("binary", 2, x, y, None, None, "s")
+    in_memory = prepare(parsed, cfg, 0, scaling)
     from_file = prepare(Parsed("binary", 2, NpyRows.open(tmp_path / "x.npy"), y, None, None, "s"),
                         cfg, 0, scaling)
     for name in ("x_train", "y_train", "x_test", "y_test"):
         np.testing.assert_array_equal(getattr(in_memory, name), getattr(from_file, name))
     assert in_memory.num_train == 30 and in_memory.num_test == 10
+    # the rows prepare picks, taken by numpy indexing rather than by copy_rows
+    train, test, _ = split_rows(y, "binary", 0, test_size=cfg.test_fraction)
+    keep, _, _ = split_rows(y[train], "binary", 0, train_size=30)
+    train = train[keep]
+    scaler = fit_scaler(x[train], parsed, scaling)
+    np.testing.assert_array_equal(in_memory.x_train, scaler.apply(x[train]))
+    np.testing.assert_array_equal(in_memory.x_test, scaler.apply(x[test]))
+    np.testing.assert_array_equal(in_memory.y_train, y[train])
+    np.testing.assert_array_equal(in_memory.y_test, y[test])
     rows = {r.tobytes() for r in x}
     if scaling == "none":  # every row is a row of the file, in file order
         assert all(r.tobytes() in rows for r in in_memory.x_train)

@@ -89,8 +89,13 @@ def open_data(path: Path, decompress: bool = True) -> Iterator[IO[bytes]]:
         with (opener or open)(path, "rb") as f:
             yield f
     except _READ_ERRORS as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise UserError(f"cannot read {path}: {reason}") from exc
+        raise UserError(f"cannot read {path}: {_reason(exc)}") from exc
+
+
+def _reason(exc: Exception) -> str:
+    """An OS error's own words (``No space left on device``, without its number and the path the
+    message names already), else the exception's message."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def content_hash(path: Path, algorithm: str = "sha256", decompress: bool = False) -> str:
@@ -168,8 +173,8 @@ def load_or_parse(name: str, files: list[Path], params: dict[str, Any],
     try:
         _write(path, parsed)
     except OSError as exc:  # a full disk or read-only cache costs speed later, not this run
-        reason = exc.strerror or exc
-        console.print(f"could not cache the parsed arrays at {path}: {reason}", soft_wrap=True)
+        console.print(f"could not cache the parsed arrays at {path}: {_reason(exc)}",
+                      soft_wrap=True)
         return parsed
     del parsed
     return _read(path)

@@ -22,11 +22,12 @@ NUM_FEATURES = 54
 
 
 def read_covtype(path: Path, source: str) -> Parsed:
-    """Parse the UCI file (54 feature columns and the class, comma-separated)."""
+    """Parse the UCI file (54 feature columns and the class, comma-separated); ``open_data``
+    names the file in an error reading it, so only the parser's errors are caught here."""
     try:
         with open_data(path) as f:
             table = pd.read_csv(f, header=None, dtype=np.float32).to_numpy()
-    except (ValueError, OSError, EOFError, pd.errors.ParserError) as exc:
+    except (ValueError, pd.errors.ParserError) as exc:
         raise UserError(f"cannot parse {path} as the UCI covtype CSV: {exc}") from exc
     if table.ndim != 2 or table.shape[1] != NUM_FEATURES + 1:
         raise UserError(f"{path} has {table.shape[1] if table.ndim == 2 else 0} columns; the UCI "

@@ -83,12 +83,21 @@ def _parse(path: Path, multilabel: bool) -> tuple[sp.csr_matrix, list | np.ndarr
                                       zero_based=True)
         except ValueError as exc:
             raise corrupt_error(path, multilabel, exc) from exc
-    labels = np.asarray([v for labels in y for v in labels] if multilabel else y, dtype=float)
-    if x.shape[1] > MAX_FEATURES + 1:
-        raise corrupt_error(path, multilabel, ValueError(f"a feature index past {MAX_FEATURES:,}"))
-    if not (np.isfinite(x.data).all() and np.isfinite(labels).all()):
-        raise corrupt_error(path, multilabel, ValueError("a value that is not a finite number"))
+    check_parsed(path, multilabel, x, y)
     return x, y
+
+
+def check_parsed(path: Path, multilabel: bool, x: sp.csr_matrix, y: list | np.ndarray,
+                 skip_lines: int = 0) -> None:
+    """What scikit-learn's loader lets through but training cannot take, a feature index past
+    ``MAX_FEATURES`` or a value that is not a finite number, as an error naming the line."""
+    labels = np.asarray([v for labels in y for v in labels] if multilabel else y, dtype=float)
+    if x.shape[1] > MAX_FEATURES + 1:  # + 1: the width of a 1-based file counts index 0
+        raise corrupt_error(path, multilabel,
+                            ValueError(f"a feature index past {MAX_FEATURES:,}"), skip_lines)
+    if not (np.isfinite(x.data).all() and np.isfinite(labels).all()):
+        raise corrupt_error(path, multilabel,
+                            ValueError("a value that is not a finite number"), skip_lines)
 
 
 def _looks_multilabel(path: Path) -> bool:

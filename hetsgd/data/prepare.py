@@ -60,7 +60,7 @@ def prepare(parsed: Parsed, cfg: DatasetConfig, seed: int, scaling: str,
     y_train, y_test = (_take(y, rows, allocate) for y, rows in
                        ((parsed.y_train, train), (y_test_from, test)))
     if sp.issparse(parsed.x_train):
-        x_train, x_test = parsed.x_train[train], x_test_from[test]
+        x_train, x_test = _select(parsed.x_train, train), _select(x_test_from, test)
     else:
         x_train, x_test = (allocate((len(rows), parsed.x_train.shape[1]), np.dtype(np.float32))
                            for rows in (train, test))
@@ -86,16 +86,26 @@ def _take(y: np.ndarray, rows: np.ndarray, allocate: Allocate) -> np.ndarray:
     return out
 
 
+def _select(x: sp.csr_matrix, rows: np.ndarray) -> sp.csr_matrix:
+    """``x[rows]``, or ``x`` itself rather than a copy where ``rows`` are all its rows (a part's
+    row numbers are ascending and distinct, so there are as many only when they are all)."""
+    return x if len(rows) == x.shape[0] else x[rows]
+
+
 def copy_rows(x: Rows, copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
-    """``out[i] = x[rows[i]]`` for every (rows, out), rows ascending, reading ``x`` once, a block
-    of rows at a time: a generated or cached ``Rows`` is never held whole."""
+    """``out[i] = x[rows[i]]`` for every (rows, out), rows ascending and distinct, reading ``x``
+    once, a block of rows at a time: a generated or cached ``Rows`` is never held whole."""
     for start, stop in row_blocks(x):
         block = None
         for rows, out in copies:
             lo, hi = np.searchsorted(rows, (start, stop))
             if lo < hi:
                 block = x[start:stop] if block is None else block
-                out[lo:hi] = block[rows[lo:hi] - start]
+                first, last = rows[lo] - start, rows[hi - 1] - start
+                if last - first == hi - lo - 1:  # a run of consecutive rows: no gathered copy
+                    out[lo:hi] = block[first:last + 1]
+                else:
+                    out[lo:hi] = block[rows[lo:hi] - start]
 
 
 def check_two_per_class(y: np.ndarray, task: str, where: str) -> None:
@@ -142,8 +152,10 @@ class Scaler:
             return x
         if sp.issparse(x):  # zeros stay zeros: a shift would densify, so sparse sets have none
             x = sp.csr_matrix(x, dtype=np.float32)
-            x.data /= self.divisor[x.indices]
-            return x
+            # new values, not ``x.data`` divided in place: ``x`` may be the parsed matrix itself
+            scaled = self.divisor[x.indices]
+            np.divide(x.data, scaled, out=scaled)
+            return sp.csr_matrix((scaled, x.indices, x.indptr), shape=x.shape)
         if self.shift is not None:
             x -= self.shift
         x /= self.divisor
@@ -198,14 +210,15 @@ def column_moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, squares / n
 
 
-def channel_stats(pixels: np.ndarray, channels: int,
-                  top: float = 255.0) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel (mean, std) of [0, 1] pixels, from pixels in 0..``top`` (raw: 255), pooled
-    from the moments of each pixel position (every position has the same count)."""
+def channel_stats(pixels: np.ndarray,
+                  channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel (mean, std) of [0, 1] pixels, from raw pixels in 0..255, pooled from the
+    moments of each pixel position (every position has the same count)."""
     mean, var = (m.reshape(channels, -1) for m in column_moments(pixels))
     channel_mean = mean.mean(axis=1)
     channel_var = (var + np.square(mean - channel_mean[:, None])).mean(axis=1)
-    return tuple((channel_mean / top).tolist()), tuple((np.sqrt(channel_var) / top).tolist())
+    return (tuple((channel_mean / 255.0).tolist()),
+            tuple((np.sqrt(channel_var) / 255.0).tolist()))
 
 
 def pixel_zero(parsed: Parsed, scaler: Scaler) -> tuple[float, ...] | None:

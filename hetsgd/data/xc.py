@@ -21,7 +21,7 @@ from hetsgd.data.cache import data_home, existing_file, find_local, load_or_pars
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download_progress import status
 from hetsgd.data.labels import multi_hot
-from hetsgd.data.libsvm import DENSE_MAX_FEATURES, MAX_FEATURES, corrupt_error
+from hetsgd.data.libsvm import DENSE_MAX_FEATURES, MAX_FEATURES, check_parsed, corrupt_error
 from hetsgd.data.source import Source, SourceInfo
 from hetsgd.errors import UserError
 
@@ -50,6 +50,7 @@ def read_xc(path: Path, splits: tuple[Path, Path] | None, source: str) -> Parsed
                                       zero_based=True)
         except ValueError as exc:
             raise corrupt_error(path, True, exc, skip_lines=1) from exc
+    check_parsed(path, True, x, y, skip_lines=1)
     if x.shape[0] != n:
         raise UserError(f"{path}: the header says {n} examples but the file holds {x.shape[0]}")
     _, (labels,) = multi_hot([y], str(path), num_classes=num_labels)

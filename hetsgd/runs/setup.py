@@ -37,7 +37,7 @@ class RunData:
 def load_run_data(cfg: RunConfig, progress: bool,
                   workers: Sequence[WorkerSpec] = ()) -> RunData:
     """The run's data, prepared straight into shared memory (dense sets are never copied there),
-    and checked before any worker starts: the training set must fill a batch of each of
+    and checked before any worker starts: the training set must fill the smallest batch of
     ``workers`` (a calibration, which sizes its batches to the data, passes none)."""
     arena = SharedArena()
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=progress, allocate=arena.empty)
@@ -49,8 +49,8 @@ def load_run_data(cfg: RunConfig, progress: bool,
 
 
 def check_fills_a_batch(num_train: int, workers: Sequence[WorkerSpec]) -> None:
-    """A training set smaller than a worker's batch would be trained on as if it were a dataset,
-    and the run would report ``completed``: a UserError instead."""
+    """A training set smaller than every worker's batch would be trained on as if it were a
+    dataset, and the run would report ``completed``: a UserError instead."""
     if not workers:
         return
     smallest = min(workers, key=lambda spec: spec.batch_size)

@@ -6,6 +6,7 @@ without copying.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -30,8 +31,11 @@ class SharedArena:
         self._tensors: dict[int, torch.Tensor] = {}
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        # the pages are untouched until written: nothing is resident for an array not yet filled
-        tensor = torch.from_numpy(np.empty(0, dtype)).new_empty(shape).share_memory_()
+        # allocated shared, not shared after (``share_memory_`` would copy, touching every page):
+        # the pages are untouched until written, so nothing is resident for an array not yet filled
+        storage = torch.UntypedStorage._new_shared(math.prod(shape) * np.dtype(dtype).itemsize)
+        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+        tensor = torch.empty(0, dtype=torch_dtype).set_(storage, 0, shape)
         array = tensor.numpy()
         self._tensors[array.__array_interface__["data"][0]] = tensor
         return array
