@@ -169,13 +169,13 @@ def run(ctx: typer.Context) -> None:
     argv, sys.argv = sys.argv, ["hetsgd run", *with_first_group_choices(ctx.args),
                                 *_continue_in_place(ctx.args)]
     sigterm_handler = signal.signal(signal.SIGTERM, _terminate)
-    interrupted = False
+    interrupted, statuses = False, []  # statuses: read once, on an interrupt
     handlers = list(logging.root.handlers)
     try:
         _hydra_run()
     except KeyboardInterrupt:
-        interrupted = True
-        _close_interrupted_sweep()
+        interrupted, statuses = True, _statuses()
+        _close_interrupted_sweep(len(statuses))
     except (UserError, ConfigError) as exc:
         _fail(str(exc))
     except MissingConfigException as exc:  # e.g. algo=nope
@@ -189,7 +189,7 @@ def run(ctx: typer.Context) -> None:
         _detach_log_handlers(keep=handlers)
         sys.argv = argv
         signal.signal(signal.SIGTERM, sigterm_handler)
-    code = _exit_code(_statuses() + ["interrupted"] * interrupted)
+    code = _exit_code([*statuses, "interrupted"] if interrupted else _statuses())
     if code:
         raise typer.Exit(code)
 
@@ -198,9 +198,10 @@ def _continue_in_place(args: list[str]) -> list[str]:
     """`resume=RUN_DIR` continues in RUN_DIR itself, so that one run directory holds the whole
     run; only an existing run directory, so that a mistyped path creates no folder outside the
     results (the runner then reports it in a fresh run directory)."""
-    from hetsgd.outputs.index import is_run_dir
+    from hetsgd.outputs.index import is_run_dir, override_key
 
-    source = next((a.split("=", 1)[1] for a in args if a.startswith("resume=")), None)
+    source = next((a.split("=", 1)[1] for a in args
+                   if "=" in a and override_key(a) == "resume"), None)
     if source is None or not is_run_dir(Path(source)):
         return []
     quoted = str(Path(source).resolve()).replace("\\", "\\\\").replace("'", "\\'")
@@ -242,16 +243,16 @@ def _statuses() -> list[str]:
     return job_statuses(sweep_dir) if sweep_dir else run_statuses
 
 
-def _close_interrupted_sweep() -> None:
-    """After Ctrl-C (or SIGTERM) in a sweep: its summary and report of the jobs that ran, and a
-    line saying the others did not."""
+def _close_interrupted_sweep(jobs: int) -> None:
+    """After Ctrl-C (or SIGTERM) in a sweep of which ``jobs`` ran: its summary and report of
+    those, and a line saying the others did not."""
     from hetsgd.outputs.sweep import finalize_sweep
 
     sweep_dir = _started_sweep()
     if sweep_dir is None:
         return
     finalize_sweep(sweep_dir)
-    err.print(f"hetsgd: sweep interrupted after {len(_statuses())} job(s); the others did not run "
+    err.print(f"hetsgd: sweep interrupted after {jobs} job(s); the others did not run "
               f"(summary and report of those that ran in {sweep_dir})", highlight=False,
               soft_wrap=True)
 

@@ -138,3 +138,16 @@ def test_checkpoints_need_sync_or_local_sgd() -> None:
 
     with pytest.raises(ConfigError, match="checkpoint.every_s"):
         run_config("algo=hogwild", "checkpoint.every_s=5")
+
+
+def test_composing_inside_a_hydra_job_gives_the_job_its_hydra_back() -> None:
+    """A resume composes the checkpoint's config from inside `hetsgd run`'s own Hydra job."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from hetsgd.config import CONF_DIR, compose_run
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        held = GlobalHydra.instance().hydra
+        assert compose_run(["seed=3"]).seed == 3
+        assert GlobalHydra.instance().hydra is held

@@ -13,8 +13,9 @@ import torch
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines.shared_memory.snapshots import Snapshot, Snapshots
 from hetsgd.observe.monitor import UtilizationMonitor
+from hetsgd.outputs.checkpoint import snapshot_file
 from hetsgd.outputs.index import CRASHED, RUNNING, read_summary
-from hetsgd.outputs.journal import RunJournal, read_snapshots, snapshot_file
+from hetsgd.outputs.journal import RunJournal, read_snapshots
 from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, this_process
 
 SPECS = [WorkerSpec(rank, "cpu", "cpu", "cpu", 1, 8, 1.0, False) for rank in range(2)]
@@ -79,9 +80,14 @@ def test_a_failed_write_stops_the_journal_and_raises_at_the_next_snapshot(tmp_pa
     (out.path / SNAPSHOTS).write_text("a file where the folder goes")
     journal = RunJournal(out, SPECS)
     journal.snapshot(_snapshot(0.0), _counters(updates=0))
+    journal._writer.submit(lambda: None).result()  # one writer thread: the snapshot's write is done
+    with pytest.raises(FileExistsError):
+        journal.snapshot(_snapshot(1.0), _counters(updates=1))
+    journal.utilization({"time_s": 1.0, "host_cpu_percent": 50.0})
     with pytest.raises(FileExistsError):
         journal.close()
     assert not (out.path / "workers.csv").exists()
+    assert not (out.path / "utilization.csv").exists()  # nothing is written after the failure
 
 
 def test_a_running_summary_reads_as_running_while_its_process_lives(tmp_path: Path) -> None:

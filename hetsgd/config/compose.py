@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep
 from hydra.errors import HydraException
@@ -25,6 +26,7 @@ from hetsgd.config.schema import (
     RunConfig,
     SyntheticConfig,
 )
+from hetsgd.errors import UserError
 from hetsgd.machine import cuda_devices, usable_cores
 
 # The config tree ships inside the package; HETSGD_CONF points elsewhere (e.g. a copy with your
@@ -59,13 +61,21 @@ def register_configs() -> None:
 
 
 def compose_run(overrides: Sequence[str]) -> DictConfig:
-    """The config that `hetsgd run OVERRIDES` composes, for code that is not itself a Hydra job
-    (calibration, torchrun followers, tests, benchmarks)."""
+    """The config that `hetsgd run OVERRIDES` composes, for code outside Hydra's own composition
+    (calibration, torchrun followers, recovery, tests, benchmarks), or inside a `hetsgd run` job
+    (resuming): Hydra has one global state, which the job holds, so it is set aside while
+    composing and given back after."""
     from hydra import compose, initialize_config_dir
 
     register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    held = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="config", overrides=list(overrides))
+    finally:
+        # on the instance that is global now: initialize_config_dir leaves a copy of the old one
+        GlobalHydra.instance().hydra = held
 
 
 def with_first_group_choices(args: Sequence[str]) -> list[str]:
@@ -121,3 +131,28 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         raise ConfigError(" ".join(str(exc).split())) from exc
     assert isinstance(run, RunConfig)
     return run
+
+
+def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failure: str,
+                   now: Sequence[str] = ()) -> tuple[DictConfig, RunConfig]:
+    """A past run's config, for recovery and resuming: composed from its ``overrides`` as
+    `hetsgd run` did, then every value it ``recorded`` in config.yaml (or that file), so that
+    later changes to the defaults do not count. Returned as composed, with ``now`` (a resume's
+    overrides) composed on top and kept over the recorded values (the resume checks it), and
+    typed, without ``now``. A config that cannot be rebuilt (e.g. with a key this version no
+    longer has) is a one-line :class:`UserError` after ``failure``."""
+    try:
+        if isinstance(recorded, Path):
+            recorded = OmegaConf.load(recorded)
+        config = OmegaConf.merge(compose_run(overrides), recorded)
+        run = to_run_config(config)
+        if now:
+            composed = compose_run([*overrides, *now])
+            config = OmegaConf.merge(composed, recorded)
+            for override in OverridesParser.create().parse_overrides(list(now)):
+                key = override.key_or_group
+                OmegaConf.update(config, key, OmegaConf.select(composed, key), merge=False)
+        assert isinstance(config, DictConfig)
+        return config, run
+    except (OSError, HydraException, OmegaConfBaseException, ConfigError) as err:
+        raise UserError(f"{failure}: {err}".splitlines()[0]) from err

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from contextlib import suppress
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.shared_memory.snapshots import Snapshot
 from hetsgd.outputs.index import CONFIG, OVERRIDES
-from hetsgd.outputs.run_directory import SNAPSHOTS, replace_file
+from hetsgd.outputs.run_directory import SNAPSHOTS, replace_file, sync_folder
 
 CHECKPOINT = "checkpoint"
 STATE = "state.pt"
@@ -32,12 +31,30 @@ PARTIAL = ".partial"
 RUN_FILES = {"run_config.yaml": CONFIG, "run_overrides.yaml": OVERRIDES}
 
 
-def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, files: list[str]) -> None:
-    """Make ``checkpoint`` the run's latest; ``files`` name its snapshots in ``snapshots/``."""
+def time_name(time_s: float) -> str:
+    """The name of what a run writes at ``time_s`` (a snapshot, a checkpoint version): the time
+    in microseconds, unique within a run, and sorting as the times do."""
+    return f"{round(time_s * 1e6):012d}"
+
+
+def snapshot_file(snapshot: Snapshot) -> str:
+    """The name of a snapshot's file, in ``snapshots/`` and in a checkpoint version."""
+    return f"{time_name(snapshot.time_s)}.pt"
+
+
+def load_snapshot(file: Path, time_s: float, examples: float, updates: list[float]) -> Snapshot:
+    """A snapshot from its file (parameters and buffers) and the row that indexes it."""
+    tensors = torch.load(file, weights_only=True)
+    return Snapshot(time_s, examples, updates, tensors["params"], tensors["buffers"])
+
+
+def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
+    """Make ``checkpoint`` the run's latest; its snapshots' files are those in ``snapshots/``."""
     folder = Path(run_dir) / CHECKPOINT
     partial = folder / PARTIAL
     shutil.rmtree(partial, ignore_errors=True)  # left by a crash mid-write
     partial.mkdir(parents=True)
+    files = [snapshot_file(s) for s in checkpoint.snapshots]
     for name in files:
         os.link(Path(run_dir) / SNAPSHOTS / name, partial / name)
     for name, source in RUN_FILES.items():
@@ -50,10 +67,10 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint, files: list[str]) ->
                             "updates": s.updates} for s, name in zip(checkpoint.snapshots, files)],
              "snapshot_spacing": checkpoint.snapshot_spacing}
     replace_file(partial / STATE, lambda handle: torch.save(state, handle), binary=True)
-    version = folder / f"{round(checkpoint.time_s * 1e6):012d}"
+    version = folder / time_name(checkpoint.time_s)
     shutil.rmtree(version, ignore_errors=True)
     os.rename(partial, version)
-    _sync(folder)
+    sync_folder(folder)
     for old in _versions(folder):
         if old != version:
             shutil.rmtree(old, ignore_errors=True)
@@ -68,11 +85,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def read_checkpoint(version: Path) -> Checkpoint:
     """The checkpoint in a version folder (:func:`latest_checkpoint`)."""
     state = torch.load(version / STATE, weights_only=True)
-    snapshots = []
-    for row in state["snapshots"]:
-        tensors = torch.load(version / row["file"], weights_only=True)
-        snapshots.append(Snapshot(row["time_s"], row["examples"], row["updates"],
-                                  tensors["params"], tensors["buffers"]))
+    snapshots = [load_snapshot(version / row["file"], row["time_s"], row["examples"],
+                               row["updates"]) for row in state["snapshots"]]
     return Checkpoint(state["time_s"], state["params"], state["buffers"],
                       [WorkerState(**worker) for worker in state["workers"]], snapshots,
                       tuple(state["snapshot_spacing"]))
@@ -85,16 +99,6 @@ def run_config(version: Path) -> tuple[DictConfig, list[str]]:
     config = OmegaConf.load(version / "run_config.yaml")
     assert isinstance(config, DictConfig)
     return config, [str(o) for o in overrides or []]
-
-
-def _sync(folder: Path) -> None:
-    """Make the rename durable where the system allows syncing a folder."""
-    with suppress(OSError):
-        handle = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(handle)
-        finally:
-            os.close(handle)
 
 
 def _versions(folder: Path) -> list[Path]:

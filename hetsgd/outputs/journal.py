@@ -28,7 +28,7 @@ import torch
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.shared_memory.snapshots import Snapshot
-from hetsgd.outputs.checkpoint import write_checkpoint
+from hetsgd.outputs.checkpoint import load_snapshot, snapshot_file, write_checkpoint
 from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, append_rows, replace_file
 
 INDEX = "index.csv"
@@ -42,11 +42,6 @@ def workers_table(specs: list[WorkerSpec], counters: list[dict[str, float]]
              "last_batch": int(c["batch_size"]), "updates": int(c["updates"]),
              "examples": int(c["examples"]), "busy_s": c["busy_s"], "wait_s": c["wait_s"],
              "comm_s": c["comm_s"]} for s, c in zip(specs, counters)]
-
-
-def snapshot_file(snapshot: Snapshot) -> str:
-    """The name of a snapshot's file: its time in microseconds, unique within a run."""
-    return f"{round(snapshot.time_s * 1e6):012d}.pt"
 
 
 class RunJournal:
@@ -70,8 +65,7 @@ class RunJournal:
 
     def checkpoint(self, checkpoint: Checkpoint) -> None:
         self._raise_failure()
-        self._writer.submit(self._write, write_checkpoint, self.out.path, checkpoint,
-                            [snapshot_file(s) for s in checkpoint.snapshots])
+        self._writer.submit(self._write, write_checkpoint, self.out.path, checkpoint)
 
     def utilization(self, row: dict[str, float | None]) -> None:
         self._writer.submit(self._write, append_rows, self.out.path / "utilization.csv", [row])
@@ -122,10 +116,8 @@ def read_snapshots(run_dir: Path) -> list[Snapshot]:
     for row in index.to_dict("records"):
         file = folder / row["file"]
         if file.is_file():
-            tensors = torch.load(file, weights_only=True)
-            snapshots.append(Snapshot(row["time_s"], row["examples"],
-                                      [row[column] for column in updates],
-                                      tensors["params"], tensors["buffers"]))
+            snapshots.append(load_snapshot(file, row["time_s"], row["examples"],
+                                           [row[column] for column in updates]))
     return snapshots
 
 

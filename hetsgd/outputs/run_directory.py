@@ -50,12 +50,17 @@ def replace_file(path: Path, write: Callable[[IO], None], binary: bool = False) 
         if tmp is not None:
             with suppress(OSError):
                 os.unlink(tmp)
-    with suppress(OSError):  # make the rename itself durable
-        folder = os.open(path.parent, os.O_RDONLY)
+    sync_folder(path.parent)
+
+
+def sync_folder(folder: Path) -> None:
+    """Make a rename into ``folder`` durable, where the system allows syncing a folder."""
+    with suppress(OSError):
+        handle = os.open(folder, os.O_RDONLY)
         try:
-            os.fsync(folder)
+            os.fsync(handle)
         finally:
-            os.close(folder)
+            os.close(handle)
 
 
 def write_text(path: Path, text: str) -> None:

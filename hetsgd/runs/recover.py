@@ -14,11 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from hydra.errors import HydraException
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
+from hetsgd.config.compose import rebuild_config
 from hetsgd.engines.shared_memory.coordinator import Training
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import (
@@ -33,17 +30,6 @@ from hetsgd.outputs.journal import read_snapshots, remove_snapshots
 from hetsgd.outputs.run_directory import RunDirectory
 from hetsgd.runs.runner import evaluate
 from hetsgd.runs.setup import load_run_data
-
-
-def _run_config(run_dir: Path) -> RunConfig:
-    """The run's config: composed from its overrides as `hetsgd run` did, then every value the
-    run recorded in config.yaml, so that later changes to the defaults do not count."""
-    try:
-        recorded = OmegaConf.load(run_dir / CONFIG)
-        return to_run_config(OmegaConf.merge(compose_run(read_overrides(run_dir)), recorded))
-    except (OSError, HydraException, OmegaConfBaseException, ConfigError) as err:
-        # e.g. a key that this version of hetsgd no longer has
-        raise UserError(f"cannot rebuild the config of {run_dir}: {err}".splitlines()[0]) from err
 
 
 def _rows(frame: pd.DataFrame | None) -> list[dict[str, Any]]:
@@ -68,13 +54,14 @@ def recover(run_dir: Path) -> dict[str, Any]:
     if not snapshots or workers is None:
         raise UserError(f"{run_dir} left no snapshot to recover: it crashed before training "
                         "started, or was recovered already")
-    cfg = _run_config(run_dir)
+    _, cfg = rebuild_config(run_dir / CONFIG, read_overrides(run_dir),
+                            f"cannot rebuild the config of {run_dir}")
     data = load_run_data(cfg, progress=cfg.progress)
     training = Training(status=CRASHED, time_s=snapshots[-1].time_s, snapshots=snapshots,
                         utilization=_rows(load_csv(run_dir, "utilization")))
     out = RunDirectory(run_dir)
     summary.pop("coordinator", None)
-    summary.update(status=CRASHED, error=(
+    summary.update(error=(
         f"the run was killed or crashed after {training.time_s:.1f} s of training; these "
         f"results were recovered from the {len(snapshots)} snapshot(s) it left"))
     summary.update(evaluate(out, cfg, data, training, _rows(workers)))

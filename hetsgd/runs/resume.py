@@ -10,25 +10,20 @@ curves continue the old ones as one run's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import yaml
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
+from hetsgd.config import to_run_config
+from hetsgd.config.compose import rebuild_config
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.shared_memory.counters import COUNTERS
 from hetsgd.errors import UserError
 from hetsgd.outputs.checkpoint import latest_checkpoint, read_checkpoint, run_config
-from hetsgd.outputs.index import OVERRIDES, is_run_dir, read_overrides
+from hetsgd.outputs.index import OVERRIDES, is_run_dir, load_csv, override_key, read_overrides
 from hetsgd.outputs.journal import remove_snapshots
 from hetsgd.outputs.run_directory import write_csv, write_text
 
@@ -55,49 +50,10 @@ class Resumption:
         checkpoint, no snapshots yet (the coordinator writes the checkpoint's first)."""
         (run_dir / OVERRIDES).parent.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / OVERRIDES, yaml.safe_dump(self.overrides))
-        utilization = self.source / "utilization.csv"
-        if utilization.is_file():
-            rows = pd.read_csv(utilization)
+        rows = load_csv(self.source, "utilization")
+        if rows is not None:
             write_csv(run_dir / "utilization.csv", rows[rows["time_s"] <= self.checkpoint.time_s])
         remove_snapshots(run_dir)
-
-
-def _keys(overrides: list[str]) -> list[str]:
-    return [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)]
-
-
-def _without_resume(overrides: list[str]) -> list[str]:
-    return [o for o, key in zip(overrides, _keys(overrides)) if key != "resume"]
-
-
-@contextmanager
-def _hydra_to_ourselves() -> Iterator[None]:
-    """Composing needs Hydra's global state, which `hetsgd run`'s own job holds: set it aside
-    while composing, then give it back."""
-    hydra = GlobalHydra.instance()
-    held = hydra.hydra
-    hydra.clear()
-    try:
-        yield
-    finally:
-        hydra.hydra = held
-
-
-def _config(config: DictConfig, recorded: list[str], now: list[str]
-            ) -> tuple[DictConfig, RunConfig]:
-    """The resumed config (the checkpointed run's ``config`` composed from its ``recorded``
-    overrides, with ``now`` on top) and the checkpointed run's own, as typed objects."""
-    try:
-        with _hydra_to_ourselves():
-            composed, composed_old = compose_run([*recorded, *now]), compose_run(recorded)
-        resumed = OmegaConf.merge(composed, config)
-        for key in _keys(now):
-            OmegaConf.update(resumed, key, OmegaConf.select(composed, key), merge=False)
-        old = to_run_config(OmegaConf.merge(composed_old, config))
-        assert isinstance(resumed, DictConfig)
-        return resumed, old
-    except (OSError, HydraException, OmegaConfBaseException, ConfigError) as err:
-        raise UserError(f"cannot rebuild the config to resume: {err}".splitlines()[0]) from err
 
 
 def resume(source: Path, run_dir: Path) -> Resumption:
@@ -116,8 +72,9 @@ def resume(source: Path, run_dir: Path) -> Resumption:
     except (OSError, yaml.YAMLError, OmegaConfBaseException) as err:
         raise UserError(f"resume={source}: cannot read its checkpoint: {err}".splitlines()[0]
                         ) from err
-    recorded, now = _without_resume(recorded), _without_resume(read_overrides(run_dir))
-    cfg, old = _config(config, recorded, now)
+    # the checkpointed run's overrides never name resume: start_in wrote them without it
+    now = [o for o in read_overrides(run_dir) if override_key(o) != "resume"]
+    cfg, old = rebuild_config(config, recorded, "cannot rebuild the config to resume", now)
     cfg.resume = str(source)
     new = to_run_config(cfg)
     for key in KEPT:
