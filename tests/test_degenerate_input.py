@@ -57,9 +57,9 @@ def test_an_index_at_the_bound_is_accepted(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("name", "content"), [
     ("plain.svm.gz", GOOD.encode()),  # named .gz, not gzip
-    ("cut.svm.gz", gzip.compress(GOOD.encode())[:-12]),  # truncated
+    ("cut.svm.gz", gzip.compress(GOOD.encode(), mtime=0)[:-12]),  # truncated
     ("cut.svm.xz", lzma.compress(GOOD.encode())[:-30]),
-])
+], ids=["plain.svm.gz", "cut.svm.gz", "cut.svm.xz"])  # xdist workers must collect equal ids
 def test_unreadable_file_is_named(tmp_path: Path, name: str, content: bytes) -> None:
     path = tmp_path / name
     path.write_bytes(content)
