@@ -362,11 +362,12 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
     except (UserError, RuntimeError) as exc:
         _fail(str(exc))
     table = Table("group", "device", "kind", "threads", "batch", "examples/s", "ms/step",
+                  "comm ms/step",
                   title=f"{cfg.model.name} on {cfg.dataset.name}, devices={cfg.devices.name}")
     for row in rows:
         table.add_row(row["group"], row["device"], row["kind"], str(row["threads"]),
                       str(row["batch_size"]), f"{row['examples_per_s']:,.0f}",
-                      f"{row['ms_per_step']:.3f}")
+                      f"{row['ms_per_step']:.3f}", f"{row['comm_ms_per_step']:.3f}")
     console.print(table)
     console.print(f"saved: {save(rows, cfg)}")
 
@@ -375,8 +376,9 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
 def devices(ctx: typer.Context,
             as_json: bool = typer.Option(False, "--json", help="Print JSON."),
             calibrate: bool = typer.Option(False, "--calibrate", help=(
-                "Measure examples/s of each group of the mix over batch sizes 1..1024 for the "
-                "configured model and dataset; extra arguments are run overrides, e.g. "
+                "Measure examples/s and ms/step of each group of the mix over batch sizes 1..1024 "
+                "for the configured model and dataset, and the part of a step spent copying the "
+                "model to or from the master (comm ms/step); extra arguments are run overrides, e.g. "
                 "`hetsgd devices --calibrate model=mlp_paper dataset=w8a devices=auto`.")),
             seconds: float = typer.Option(0.5, help="Measuring time per batch size.")) -> None:
     """List this machine's CPU, cores and the CUDA GPUs torch can use; --calibrate measures them."""

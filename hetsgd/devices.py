@@ -30,16 +30,19 @@ class WorkerSpec:
     batch_size: int
     slowdown: float
     accel: bool  # trains a replica and merges it (the GPU's path), else updates the master in place
+    # on the virtual clock: its math runs on this machine's CPU, its time comes from its profile
+    # (scaled by ``slowdown``), and it never sleeps
+    simulated: bool = False
 
     @property
     def emulated(self) -> bool:
         """A CPU worker standing in for an accelerator, or one slowed down on purpose."""
-        return self.slowdown > 1.0 or (self.accel and self.kind == "cpu")
+        return not self.simulated and (self.slowdown > 1.0 or (self.accel and self.kind == "cpu"))
 
     def emulate(self, compute_s: float, stopped: Callable[[], bool] | None = None) -> None:
         """An emulated slow device: sleep (slowdown - 1) x the compute time just spent, in
         slices, so that a long sleep ends as soon as ``stopped()`` says training has."""
-        if self.slowdown <= 1.0:
+        if not self.emulated or self.slowdown <= 1.0:
             return
         deadline = time.perf_counter() + (self.slowdown - 1.0) * compute_s
         while (left := deadline - time.perf_counter()) > 0:
@@ -49,18 +52,19 @@ class WorkerSpec:
 
     @property
     def label(self) -> str:
-        return "emulated" if self.emulated else self.kind
+        return "simulated" if self.simulated else "emulated" if self.emulated else self.kind
 
 
 def expand(mix: DevicesConfig) -> list[WorkerSpec]:
-    """The workers of a mix, ranked in group order; CUDA where there is none is an error."""
-    gpus = cuda_devices()
+    """The workers of a mix, ranked in group order; CUDA where there is none is an error,
+    except in a simulated mix, whose workers all compute on this machine's CPU."""
+    gpus = [] if mix.simulated else cuda_devices()
     specs: list[WorkerSpec] = []
     for group_name, group in mix.groups.items():
         if mix.only and group_name not in mix.only:
             continue
         for i in range(group.count):
-            if group.kind == "cuda":
+            if group.kind == "cuda" and not mix.simulated:
                 index = group.index + i
                 if index >= len(gpus):
                     raise UserError(
@@ -71,7 +75,8 @@ def expand(mix: DevicesConfig) -> list[WorkerSpec]:
             else:
                 device = "cpu"
             specs.append(WorkerSpec(len(specs), group_name, group.kind, device, group.threads,
-                                    group.batch_size, group.slowdown, group.accel))
+                                    group.batch_size, group.slowdown, group.accel,
+                                    mix.simulated))
     return specs
 
 

@@ -58,7 +58,7 @@ def test_flat_sgd_matches_torch_optim_sgd(momentum: float, weight_decay: float) 
         flat.zero_grad()
         ours(x).square().mean().backward()
         with torch.no_grad():
-            sgd.step(epoch=0.0, batch_size=16)
+            sgd.step(sgd.lr(epoch=0.0, batch_size=16))
         reference.zero_grad()
         theirs(x).square().mean().backward()
         reference.step()

@@ -11,8 +11,9 @@ an engine its hooks:
 - :class:`DistributedHooks` for torch.distributed ranks (sync on several workers, local SGD):
   the algorithm's :class:`RankLoop`, and how what rank 0 settled at setup reads in summary.json.
 
-Engines consume hooks, never algorithm names, so a further engine (e.g. simulated hardware) can
-schedule the same steps and landings without a second copy of any algorithm.
+Engines consume hooks, never algorithm names, so the virtual-clock engine
+(:mod:`hetsgd.engines.virtual`) schedules the same steps and landings without a second copy of any
+algorithm.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from hetsgd.engines.shared_memory.coordinator import Controller, Coordinator, On
 from hetsgd.engines.shared_memory.links import LinkFactory
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.worker import worker_process
+from hetsgd.engines.virtual.coordinator import VirtualCoordinator
+from hetsgd.engines.virtual.mix import profiles_for
+from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 
 
@@ -78,7 +82,18 @@ class Algorithm(Protocol):
 def coordinator(plan: Plan, hooks: Hooks, problem: Problem, data: SharedData,
                 master: SharedMaster, on_tick: OnTick | None,
                 resume: Checkpoint | None = None) -> Coordinator:
-    """The engine that runs ``plan``'s workers with ``hooks``, from ``resume`` if given."""
+    """The engine that runs ``plan``'s workers with ``hooks``, from ``resume`` if given: the
+    virtual clock for a simulated mix, else processes."""
+    if plan.cfg.devices.simulated:
+        if isinstance(hooks, DistributedHooks):
+            raise UserError(f"algo={plan.cfg.algo.name} on {len(plan.workers)} workers runs on "
+                            "torch.distributed, which the virtual clock does not simulate yet: "
+                            "simulated mixes run hogwild, hogbatch, adaptive and one-worker sync")
+        if resume is not None:
+            raise UserError("a simulated run cannot be resumed (it is deterministic: run it again)")
+        return VirtualCoordinator(plan.cfg, plan.workers, problem, data, master, on_tick,
+                                  hooks.link, hooks.controller,
+                                  profiles_for(plan.cfg, plan.workers, problem))
     if isinstance(hooks, DistributedHooks):
         return DistributedCoordinator(plan.cfg, plan.workers, problem, data, master, on_tick,
                                       hooks.loop, hooks.publishing, hooks.setup_summary, resume)

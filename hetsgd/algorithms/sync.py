@@ -139,7 +139,7 @@ class RankLoop:
             verdict = rank.exchange(rank.flat.grads, rank.flat.buffers, sizes[me] / size, loss)
             stepped = time.perf_counter()
             with torch.no_grad():
-                rank.sgd.step(epoch + start / n, size)
+                rank.sgd.step(rank.sgd.lr(epoch + start / n, size))
             rank.ledger.step(sizes[me], computed - started + time.perf_counter() - stepped)
             if loss is not None:
                 rank.ledger.record_loss(loss)

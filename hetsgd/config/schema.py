@@ -249,6 +249,9 @@ class GroupConfig:
     batch_size: int = 32
     slowdown: float = 1.0  # emulated: sleep (slowdown - 1) x compute time after each step
     role: str = "auto"
+    # simulated mixes: the named device whose roofline times this group's steps (see
+    # hetsgd/engines/virtual/devices.yaml); null: the group's row of devices.calibration
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         one_of("devices.groups.*.kind", self.kind, KINDS)
@@ -275,6 +278,11 @@ class DevicesConfig:
     # train on these groups only (empty: all); e.g. [accel] runs a mix's accelerator alone, so
     # the baseline of a comparison keeps the same mix, and its name, as the other runs
     only: list[str] = field(default_factory=list)
+    # run on the virtual clock (hetsgd/engines/virtual): every step's time comes from its group's
+    # device profile, and the run says `simulated` everywhere; no GPU is needed for cuda groups
+    simulated: bool = False
+    # a `hetsgd devices --calibrate` CSV: measured profiles, by group name, for groups without one
+    calibration: str | None = None
 
     def __post_init__(self) -> None:
         require(len(self.groups) > 0, "devices.groups", "at least one worker group",

@@ -64,7 +64,6 @@ class SGD:
             momentum.add_(param, alpha=decay)
         param.add_(momentum, alpha=-lr)
 
-    def step(self, epoch: float, batch_size: int) -> None:
+    def step(self, lr: float) -> None:
         """Update every parameter from the flat gradient that backward filled."""
-        self.apply(self.flat.params, self.momentum_buffer, self.flat.grads,
-                   self.lr(epoch, batch_size))
+        self.apply(self.flat.params, self.momentum_buffer, self.flat.grads, lr)

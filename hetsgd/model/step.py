@@ -16,12 +16,18 @@ Two implementations with the same result (``optim.step``):
 Both update in place whatever the parameters are bound to: the shared master (Hogwild) or a
 replica (Hogbatch's accelerator). A step returns the loss as a tensor, without reading it, so a
 GPU worker does not wait for its device on every step.
+
+A step is two halves: :meth:`compute` reads the parameters and leaves a :class:`Pending` update
+(the fused step's per-layer gradient factors, or the autograd step's flat gradient), and
+:meth:`land` applies it. The real engines run them back to back; the virtual-clock engine
+computes at a step's virtual start and lands at its virtual end, so another worker's update can
+land in between, as it would on real hardware.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -48,31 +54,64 @@ _ACTIVATIONS: dict[type[nn.Module], tuple[Forward, Backward]] = {
 }
 
 
-class Step(Protocol):
+# One deferred product update: (parameter, its momentum slice or None, left, right), the gradient
+# being left @ right (see SGD.apply_product).
+Product = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Pending:
+    """A computed step not yet applied: its losses, its learning rate and, for the fused step,
+    the gradient factors of every layer (the autograd step keeps its gradient in the flat
+    gradient vector, which nothing else writes before the step lands)."""
+
+    loss: torch.Tensor
+    losses: torch.Tensor | None
+    lr: float
+    products: list[Product] = field(default_factory=list)
+
+
+class Step:
+    """A training step: ``compute`` then ``land``; calling it does both."""
+
     sgd: SGD
+
+    def compute(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
+                per_sample: bool = False) -> Pending:
+        """Read the parameters, and leave the update for :meth:`land`."""
+        raise NotImplementedError
+
+    def land(self, pending: Pending) -> None:
+        """Apply a computed update to the parameters as they are now."""
+        raise NotImplementedError
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
                  per_sample: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Train on one batch; the mean loss (a 0-dim tensor, not read) and, if asked, the
         per-example losses (biased sampling ranks examples by them)."""
-        ...
+        pending = self.compute(x, y, epoch, batch_size, per_sample)
+        self.land(pending)
+        return pending.loss, pending.losses
 
 
-class AutogradStep:
+class AutogradStep(Step):
     def __init__(self, flat: FlatModel, sgd: SGD, task: str) -> None:
         self.flat, self.sgd, self.task = flat, sgd, task
         self.loss = loss_fn(task)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
-                 per_sample: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def compute(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
+                per_sample: bool = False) -> Pending:
         self.flat.zero_grad()
         out = self.flat.module(x)
         losses = per_sample_loss(self.task, out, y) if per_sample else None
         loss = losses.mean() if losses is not None else self.loss(out, y)
         loss.backward()
-        with torch.no_grad():
-            self.sgd.step(epoch, batch_size)
-        return loss.detach(), (losses.detach() if losses is not None else None)
+        return Pending(loss.detach(), losses.detach() if losses is not None else None,
+                       self.sgd.lr(epoch, batch_size))
+
+    @torch.no_grad()
+    def land(self, pending: Pending) -> None:
+        self.sgd.step(pending.lr)
 
 
 Activation = tuple[Forward, Backward]
@@ -94,7 +133,7 @@ def mlp_layers(module: nn.Module) -> list[tuple[nn.Linear, Activation | None]] |
     return list(zip(linears, [_ACTIVATIONS[type(a)] for a in activations] + [None]))
 
 
-class FusedMlpStep:
+class FusedMlpStep(Step):
     def __init__(self, flat: FlatModel, sgd: SGD, task: str,
                  layers: list[tuple[nn.Linear, Activation | None]]) -> None:
         self.sgd, self.task = sgd, task
@@ -115,8 +154,11 @@ class FusedMlpStep:
         return bias.view(1, -1), (slot.view(1, -1) if slot is not None else None)
 
     @torch.no_grad()
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
-                 per_sample: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def compute(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
+                per_sample: bool = False) -> Pending:
+        """Forward, then backward from the top; each layer's weight gradient stays two factors
+        (its output gradient and its input), applied by :meth:`land`. Every weight is read
+        before any is updated, as ``torch.optim.SGD`` reads them."""
         inputs: list[torch.Tensor] = []
         h = x
         for (weight, _, bias, _), activation in zip(self.layers, self.activations):
@@ -127,20 +169,25 @@ class FusedMlpStep:
         losses = per_sample_loss(self.task, h, y) if per_sample else None
         loss = losses.mean() if losses is not None else self.loss(h, y)
         grad = logits_gradient(self.task, h, y)
-        lr = self.sgd.lr(epoch, batch_size)
         if self.ones.shape[1] < len(grad):
             self.ones = grad.new_ones(1, len(grad))
+        products: list[Product] = []
         for i in range(len(self.layers) - 1, -1, -1):
             weight, weight_momentum, bias, bias_momentum = self.layers[i]
             a = inputs[i]
-            below = grad @ weight if i > 0 else None  # before this layer's update
-            self.sgd.apply_product(weight, weight_momentum, grad.t(), a, lr)
+            products.append((weight, weight_momentum, grad.t(), a))
             if bias is not None:
-                self.sgd.apply_product(bias, bias_momentum, self.ones[:, :len(grad)], grad, lr)
-            if below is not None:
+                products.append((bias, bias_momentum, self.ones[:, :len(grad)], grad))
+            if i > 0:
+                below = grad @ weight  # a new tensor: `grad` stays this layer's factor
                 self.activations[i - 1][1](below, a)
                 grad = below
-        return loss, losses
+        return Pending(loss, losses, self.sgd.lr(epoch, batch_size), products)
+
+    @torch.no_grad()
+    def land(self, pending: Pending) -> None:
+        for param, momentum, left, right in pending.products:
+            self.sgd.apply_product(param, momentum, left, right, pending.lr)
 
 
 def build_step(kind: str, flat: FlatModel, optim: OptimConfig, task: str) -> Step:

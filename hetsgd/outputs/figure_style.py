@@ -40,7 +40,18 @@ GPU_COLORS = ("tab:red", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "ta
 LINESTYLES = ("-", "--", ":", "-.")
 GRID_POINTS = 200
 #: (convergence column, axis label, figure name) of the normalized-loss figures.
-LOSS_AXES = (("time_s", "wall time [s]", "loss_vs_time"), ("epoch", "epochs", "loss_vs_epoch"))
+def time_label(simulated: Iterable[bool]) -> str:
+    """The time axis of runs: wall time, or virtual time for simulated runs (said so when a
+    figure mixes both)."""
+    kinds = {bool(s) for s in simulated}
+    if kinds == {True}:
+        return "virtual time [s]"
+    return "time [s] (virtual for simulated runs)" if kinds == {True, False} else "wall time [s]"
+
+
+def loss_axes(simulated: Iterable[bool]) -> tuple[tuple[str, str, str], ...]:
+    """(column, axis label, figure name) of the loss figures: against time, against epochs."""
+    return (("time_s", time_label(simulated), "loss_vs_time"), ("epoch", "epochs", "loss_vs_epoch"))
 BAND = "mean over seeds, band = min-max"
 
 P = ParamSpec("P")

@@ -42,7 +42,7 @@ NOT_A_SETTING = frozenset({"algo", "dataset", "model", "devices", "seed", "progr
 #: Columns each CSV must have for the report and the plots to use it.
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "convergence": ("time_s", "epoch", "train_loss"),
-    "utilization": ("time_s", "host_cpu_percent"),
+    "utilization": ("time_s",),  # a simulated run has no host-wide CPU
     "workers": ("worker", "group"),
     "batches": ("time_s", "worker", "batch_size"),
 }
@@ -175,10 +175,10 @@ def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
     rows = []
     for run_dir in run_dirs:
         row: dict[str, Any] = {key: None for key in ("algo", "dataset", "model", "devices", "seed")}
-        row.update(status="unknown", error=None, emulated=False)
+        row.update(status="unknown", error=None, emulated=False, simulated=False)
         row.update(_flatten(read_summary(run_dir)))
         row.update(run_dir=str(run_dir), overrides=tuple(read_overrides(run_dir)))
-        row["emulated"] = bool(row["emulated"])
+        row["emulated"], row["simulated"] = bool(row["emulated"]), bool(row["simulated"])
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -24,19 +24,20 @@ from hetsgd.outputs.figure_style import (
     BAND,
     GRID_POINTS,
     LINESTYLES,
-    LOSS_AXES,
     SIZE,
     SPARE_COLORS,
     check_formats,
     legend,
+    loss_axes,
     new_figure,
     normalized_axes,
     save,
     share_bars,
     styled,
+    time_label,
 )
 from hetsgd.outputs.index import find_sweeps, index_dirs, index_runs, is_run_dir
-from hetsgd.outputs.report import Comparison, aggregate, comparisons, devices_label, row_label
+from hetsgd.outputs.report import Comparison, aggregate, comparisons, mix_label, row_label
 from hetsgd.outputs.run_figures import plot_run
 
 log = logging.getLogger(__name__)
@@ -94,12 +95,12 @@ def _comparison_curves(comp: Comparison, table: pd.DataFrame, axis: str, column:
 
 def _tick_label(row: pd.Series) -> str:
     """Algorithm, device mix and each override of the variant on lines of their own."""
-    return "\n".join([row["algo"], devices_label(row["devices"], row["emulated"]),
+    return "\n".join([row["algo"], mix_label(row),
                       *row["variant"].split()])
 
 
 def _comparison_title(comp: Comparison, table: pd.DataFrame, what: str) -> str:
-    mixes = sorted({devices_label(r["devices"], r["emulated"]) for _, r in table.iterrows()})
+    mixes = sorted({mix_label(r) for _, r in table.iterrows()})
     return f"{comp.title}: {what}\ndevices: {', '.join(mixes)}; {BAND}"
 
 
@@ -110,7 +111,8 @@ def _comparison_figures(comp: Comparison) -> list[tuple[str, Figure]]:
         return []
     figures = []
     best = "—" if comp.l_best is None else f"{comp.l_best:.4g}"
-    for axis, xlabel, name in LOSS_AXES:
+    simulated = table["simulated"].tolist()
+    for axis, xlabel, name in loss_axes(simulated):
         fig, ax = new_figure()
         if _comparison_curves(comp, table, axis, "normalized", ax):
             normalized_axes(ax, xlabel, _comparison_title(
@@ -119,8 +121,9 @@ def _comparison_figures(comp: Comparison) -> list[tuple[str, Figure]]:
     fig, ax = new_figure()
     if _comparison_curves(comp, table, "time_s", "test_acc", ax):
         ax.set_xlim(left=0)
-        ax.set(xlabel="wall time [s]", ylabel="test accuracy",
-               title=_comparison_title(comp, table, "test accuracy vs wall time"))
+        xlabel = time_label(simulated)
+        ax.set(xlabel=xlabel, ylabel="test accuracy",
+               title=_comparison_title(comp, table, f"test accuracy vs {xlabel.split(' [')[0]}"))
         legend(ax)
         figures.append(("accuracy_vs_time", fig))
     if comp.groups:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -89,14 +90,17 @@ def _plain(value: object) -> str:
     return str(value)
 
 
-def devices_label(devices: object, emulated: object) -> str:
-    marked = emulated and "emulated" not in str(devices)
-    return f"{devices}{' (emulated)' if marked else ''}"
+def mix_label(run: Mapping[str, Any]) -> str:
+    """A run's (or a row's) device mix, marked ``(emulated)`` or ``(simulated)`` where its name
+    does not say so already."""
+    devices = str(run.get("devices", "?"))
+    marks = [mark for mark in ("emulated", "simulated") if run.get(mark) and mark not in devices]
+    return f"{devices}{''.join(f' ({mark})' for mark in marks)}"
 
 
 def row_label(row: pd.Series) -> str:
     """``hogbatch · cpu+gpu (emulated)``, plus the variant's overrides if any."""
-    label = f"{row['algo']} · {devices_label(row['devices'], row['emulated'])}"
+    label = f"{row['algo']} · {mix_label(row)}"
     return f"{label} [{row['variant']}]" if row["variant"] else label
 
 
@@ -148,7 +152,7 @@ def run_metrics(comp: Comparison) -> pd.DataFrame:
     """One row per run of the comparison; the metrics are NaN except for completed runs."""
     rows = []
     for _, run in comp.runs.iterrows():
-        row = {key: run[key] for key in (*ROW_KEYS, "emulated", "status")}
+        row = {key: run[key] for key in (*ROW_KEYS, "emulated", "simulated", "status")}
         if run["status"] == "completed":
             curve = comp.curves.get(run["run_dir"])
             for target in TARGETS:
@@ -189,8 +193,9 @@ def aggregate(comp: Comparison) -> pd.DataFrame:
     rows = []
     for keys, runs in metrics.groupby(list(ROW_KEYS), sort=False):
         row = dict(zip(ROW_KEYS, keys, strict=True))
-        row.update(emulated=bool(runs["emulated"].any()), n=int((runs["status"] == "completed")
-                   .sum()), runs=len(runs), status=_status_text(runs["status"]))
+        row.update(emulated=bool(runs["emulated"].any()), simulated=bool(runs["simulated"].any()),
+                   n=int((runs["status"] == "completed").sum()), runs=len(runs),
+                   status=_status_text(runs["status"]))
         for col in _metric_columns(comp):
             values = runs[col].dropna()
             row.update({f"{col}_mean": values.mean() if len(values) else math.nan,
@@ -288,7 +293,7 @@ def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: st
                *(header for _, header, _ in UTILIZATION), "speedup"]
     rows = []
     for _, row in table.iterrows():
-        rows.append([row["algo"], devices_label(row["devices"], row["emulated"]),
+        rows.append([row["algo"], mix_label(row),
                      *([row["variant"] or DASH] if with_variant else []), str(row["n"]),
                      row["status"], *(_cell(row, col, fmt) for col, _, fmt in METRICS),
                      _shares(row, comp.groups),
@@ -299,8 +304,9 @@ def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: st
         f"## {comp.title}",
         (f"Normalized loss = (L0 - L) / (L0 - L_best), L0 each run's initial training loss and "
          f"L_best = {best}, the lowest training loss reached by any completed run of this "
-         f"comparison (same dataset and model). Times are training wall time, interpolated "
-         f"between snapshots; mean ± std over the n completed runs (seeds). {baseline_text}"),
+         f"comparison (same dataset and model). Times are training wall time (virtual time for "
+         f"simulated runs), interpolated between snapshots; mean ± std over the n completed "
+         f"runs (seeds). {baseline_text}"),
         markdown_table(headers, rows)])
 
 
@@ -337,7 +343,8 @@ def build_report(index: pd.DataFrame, root: Path,
     sections.append(_failed_markdown(pd.concat([unnamed, *(c.runs for c in comps)]), root))
     numbers = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     if not numbers.empty:
-        first = ["dataset", "model", "l_best", "algo", "devices", "emulated", "variant", "n",
+        first = ["dataset", "model", "l_best", "algo", "devices", "emulated", "simulated",
+                 "variant", "n",
                  "runs", "status", "baseline", "speedup"]
         numbers = numbers[first + [c for c in numbers.columns if c not in first]]
     return "\n\n".join(s for s in sections if s) + "\n", numbers

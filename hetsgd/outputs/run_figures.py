@@ -18,21 +18,22 @@ from matplotlib.ticker import FuncFormatter
 from hetsgd.outputs.figure_style import (
     GPU_COLORS,
     GROUP_COLORS,
-    LOSS_AXES,
     check_formats,
     legend,
+    loss_axes,
     new_figure,
     save,
     styled,
+    time_label,
 )
 from hetsgd.outputs.index import load_csv, read_summary
-from hetsgd.outputs.report import devices_label
+from hetsgd.outputs.report import mix_label
 
 
 def run_title(summary: dict[str, Any]) -> str:
     """``digits · mlp: hogbatch on cpu+gpu (emulated), seed 0``, plus the status when the run
     did not complete."""
-    mix = devices_label(summary.get("devices", "?"), summary.get("emulated"))
+    mix = mix_label(summary)
     status = summary.get("status")
     return (f"{summary.get('dataset', '?')} · {summary.get('model', '?')}: "
             f"{summary.get('algo', '?')} on {mix}, seed {summary.get('seed', '?')}"
@@ -67,13 +68,13 @@ def _run_loss(conv: pd.DataFrame, axis: str, xlabel: str, title: str,
     return fig
 
 
-def _run_accuracy(conv: pd.DataFrame, title: str) -> Figure:
+def _run_accuracy(conv: pd.DataFrame, title: str, xlabel: str) -> Figure:
     fig, ax = new_figure()
     acc = conv[["time_s", "test_acc"]].dropna()
     ax.plot(acc["time_s"], acc["test_acc"], marker="o", markersize=2.5, color="tab:green")
     ax.set_xlim(left=0)
-    ax.set(xlabel="wall time [s]", ylabel="test accuracy",
-           title=f"{title}\ntest accuracy vs wall time")
+    ax.set(xlabel=xlabel, ylabel="test accuracy",
+           title=f"{title}\ntest accuracy vs {xlabel.split(' [')[0]}")
     return fig
 
 
@@ -90,10 +91,11 @@ def _cores_given(summary: dict[str, Any]) -> int | None:
 
 
 def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str,
-                     cores_given: int | None) -> Figure:
+                     cores_given: int | None, simulated: bool = False) -> Figure:
     """The workers' CPU as a percentage of the cores the mix gave them (of all the host's cores
-    when the summary does not say), the run's GPUs (``gpuN`` is ``cuda:N``), and, dashed, the
-    host's CPU, which counts every other process too."""
+    when the summary does not say), the run's GPUs (``gpuN`` is ``cuda:N``; in a simulated run
+    the N-th accelerator worker), and, dashed, the host's CPU, which counts every other process
+    too (a simulated run has none: its utilization is each device's virtual busy share)."""
     fig, ax = new_figure()
     cores = [c for c in util.columns if re.fullmatch(r"cpu\d+_percent", c)]
     if "workers_cpu_percent" in util and (cores_given or cores):
@@ -107,16 +109,17 @@ def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str,
     gpus = sorted((c for c in util.columns if re.fullmatch(r"gpu\d+_util", c)),
                   key=lambda c: int(c[3:-5]))
     for i, col in enumerate(gpus):
-        ax.plot(util["time_s"], util[col], label=f"GPU cuda:{col[3:-5]}",
+        name = f"accelerator {col[3:-5]} (simulated)" if simulated else f"GPU cuda:{col[3:-5]}"
+        ax.plot(util["time_s"], util[col], label=name,
                 color=GPU_COLORS[i % len(GPU_COLORS)])
     for k, t in enumerate(_epoch_times(conv)):
         ax.axvline(t, color="0.4", linestyle=":", linewidth=0.9,
                    label="epoch boundary" if k == 0 else None)
     ax.set_ylim(0, max(105.0, ax.get_ylim()[1]))
     ax.set_xlim(left=0)
-    gpu_note = "" if gpus else " (no GPU columns)"
-    ax.set(xlabel="wall time [s]", ylabel="utilization [%]",
-           title=f"{title}\nCPU and GPU utilization{gpu_note}")
+    note = " (virtual busy share)" if simulated else "" if gpus else " (no GPU columns)"
+    ax.set(xlabel=time_label([simulated]), ylabel="utilization [%]",
+           title=f"{title}\nCPU and GPU utilization{note}")
     legend(ax)
     return fig
 
@@ -137,7 +140,7 @@ def _run_shares(shares: dict[str, float], counts: dict[str, int], title: str) ->
     return fig
 
 
-def _run_batches(batches: pd.DataFrame, end_s: float, title: str) -> Figure:
+def _run_batches(batches: pd.DataFrame, end_s: float, title: str, xlabel: str) -> Figure:
     """Each worker's batch size as a step line, its last size held until the run's end."""
     fig, ax = new_figure()
     for i, (worker, rows) in enumerate(batches.groupby("worker", sort=True)):
@@ -150,7 +153,7 @@ def _run_batches(batches: pd.DataFrame, end_s: float, title: str) -> Figure:
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.set_xlim(left=0)
-    ax.set(xlabel="wall time [s]", ylabel="batch size [examples]",
+    ax.set(xlabel=xlabel, ylabel="batch size [examples]",
            title=f"{title}\nadaptive batch size")
     legend(ax)
     return fig
@@ -163,6 +166,7 @@ def plot_run(run_dir: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     run_dir, formats = Path(run_dir), check_formats(formats)
     summary = read_summary(run_dir)
     title = run_title(summary)
+    xlabel = time_label([bool(summary.get("simulated"))])
     conv = load_csv(run_dir, "convergence")
     util = load_csv(run_dir, "utilization")
     batches = load_csv(run_dir, "batches")
@@ -171,12 +175,13 @@ def plot_run(run_dir: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
         stated = summary.get("target_losses")
         targets = stated.get("losses", []) if isinstance(stated, dict) else []
         figures += [(name, _run_loss(conv, axis, xlabel, title, targets))
-                    for axis, xlabel, name in LOSS_AXES]
+                    for axis, xlabel, name in loss_axes([bool(summary.get("simulated"))])]
         if "test_acc" in conv and conv["test_acc"].notna().any():
-            figures.append(("accuracy_vs_time", _run_accuracy(conv, title)))
+            figures.append(("accuracy_vs_time", _run_accuracy(conv, title, xlabel)))
     if util is not None and not util.empty:
         figures.append(("utilization", _run_utilization(util, conv, title,
-                                                        _cores_given(summary))))
+                                                        _cores_given(summary),
+                                                        bool(summary.get("simulated")))))
     shares = summary.get("update_share")
     if isinstance(shares, dict) and shares:
         counts = summary.get("updates_by_group")
@@ -185,6 +190,6 @@ def plot_run(run_dir: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     if batches is not None and not batches.empty:
         end_s = max(float(summary.get("time_s") or 0.0),
                     float(conv["time_s"].max()) if conv is not None and len(conv) else 0.0)
-        figures.append(("batch_sizes", _run_batches(batches, end_s, title)))
+        figures.append(("batch_sizes", _run_batches(batches, end_s, title, xlabel)))
     return [path for name, fig in figures for path in save(fig, run_dir / "figures", name,
                                                             formats)]

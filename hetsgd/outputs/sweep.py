@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 #: update shares (``update_share.<group>``) follow.
 SUMMARY_COLUMNS = (
     "job", "overrides", "status", "error", "algo", "dataset", "model", "devices", "emulated",
-    "seed", "time_s", "epochs", "updates", "examples_per_s", "final.train_loss",
+    "simulated", "seed", "time_s", "epochs", "updates", "examples_per_s", "final.train_loss",
     "final.test_loss", "final.test_acc", "target_losses.reference",
     "utilization.workers_cpu_cores_mean", "utilization.workers_cpu_share_mean",
     "utilization.host_cpu_percent_mean", "utilization.gpu_util_mean", "run_dir",

@@ -37,20 +37,27 @@ def _measure(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedSt
         n = state.data.num_examples
         timer = StepTimer(warmup=WARMUP_STEPS, min_steps=1, min_seconds=seconds)
         for batch_size in batch_sizes:
-            def step(i: int, size: int = batch_size) -> None:
-                worker.step(0, i * size % (n - size + 1), size)
+            comm: list[float] = []  # the copy seconds of each timed step
+
+            def step(i: int, size: int = batch_size, comm: list[float] = comm) -> None:
+                _, seconds = worker.step(0, i * size % (n - size + 1), size)
                 device_ops.synchronize(worker.device)  # the step's time includes the device's
+                if i >= timer.warmup:  # the calls the timer times
+                    comm.append(seconds)
 
             times = timer.times(step, spec)
             elapsed = sum(times)
-            results.put((batch_size, len(times) * batch_size / elapsed, 1000 * elapsed / len(times)))
+            results.put((batch_size, len(times) * batch_size / elapsed, 1000 * elapsed / len(times),
+                         1000 * sum(comm) / len(times)))
         results.put(None)
     except BaseException as exc:  # the parent turns it into an error line
         results.put(f"{type(exc).__name__}: {exc}")
 
 
 def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
-    """Examples/s and ms/step per group and batch size (batch sizes up to the training set)."""
+    """Examples/s, ms/step and the part of it spent copying the model to or from the master
+    (comm ms/step: a replica's copies; 0 for a worker that steps in place) per group and batch
+    size (batch sizes up to the training set)."""
     run_data = load_run_data(cfg, progress=cfg.progress)
     problem, data = run_data.problem, run_data.train
     batch_sizes = [b for b in BATCH_SIZES if b <= data.num_examples]
@@ -71,10 +78,11 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
             if isinstance(item, str):
                 proc.join()
                 raise RuntimeError(f"calibrating group '{spec.group}' failed: {item}")
-            batch_size, per_s, ms = item
+            batch_size, per_s, ms, comm_ms = item
             rows.append({"group": spec.group, "device": spec.device, "kind": spec.label,
                          "threads": spec.threads, "batch_size": batch_size,
-                         "examples_per_s": per_s, "ms_per_step": ms})
+                         "examples_per_s": per_s, "ms_per_step": ms, "comm_ms_per_step": comm_ms,
+                         "slowdown": spec.slowdown})
         proc.join()
     return rows
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,12 @@ def _convergence(snapshots: list[Snapshot], metrics: list, workers: list[dict[st
         row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _worker_groups(specs: list[WorkerSpec]) -> Counter[tuple[str, str]]:
+    """For the log: how many workers each group has, by (group, kind: ``cuda (simulated)``)."""
+    return Counter((s.group, s.kind if s.label == s.kind else f"{s.kind} ({s.label})")
+                   for s in specs)
 
 
 def _mix(specs: list[WorkerSpec]) -> dict[str, dict[str, Any]]:
@@ -166,6 +173,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
         summary["environment"] = environment()
         specs = expand(cfg.devices)
         summary["emulated"] = any(spec.emulated for spec in specs)
+        summary["simulated"] = cfg.devices.simulated  # times are virtual (hetsgd/engines/virtual)
         algorithm = algorithms.get(cfg.algo.name)
         plan = algorithm.plan(cfg, specs)
         if torchrun() is not None:  # global rank 0: the other ranks take this plan
@@ -179,8 +187,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
         summary["synthetic"] = data.synthetic
         summary["scaling"] = data.scaling
         log.info("%s on %s, %d worker(s): %s", cfg.algo.name, data.summary_line(), len(specs),
-                 ", ".join(f"{s.group}:{s.device}{' (emulated)' if s.emulated else ''}"
-                           for s in specs))
+                 ", ".join(f"{group}: {count} x {kind}"
+                           for (group, kind), count in _worker_groups(specs).items()))
         master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
         out.write_summary({**summary, **running})  # what recovery after a crash starts from
         with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,

@@ -137,13 +137,14 @@ class Coordinator:
         while not signals.answered(running()) and time.perf_counter() < deadline:
             time.sleep(PUBLISH_POLL_S)
 
-    def _take_snapshot(self, t0: float, snapshots: Snapshots) -> None:
-        """Copy the master into ``snapshots``; the journal gets the copy with every worker's
-        counters, and drops the copies that ``snapshots`` thinned out."""
+    def _take_snapshot(self, time_s: float, snapshots: Snapshots) -> None:
+        """Copy the master, as it is at ``time_s`` of training, into ``snapshots``; the journal
+        gets the copy with every worker's counters, and drops the copies that ``snapshots``
+        thinned out."""
         counters = self.state.counters
         params, buffers = self.state.master.snapshot()
         examples = float(counters.column("examples").sum())
-        snapshot = Snapshot(time.perf_counter() - t0, examples,
+        snapshot = Snapshot(time_s, examples,
                             counters.column("updates").tolist(), params, buffers)
         dropped = snapshots.add(snapshot, examples / self.state.data.num_examples)
         if self.journal is not None:
@@ -151,6 +152,11 @@ class Coordinator:
                                              for rank in range(len(counters.table))])
             for old in dropped:
                 self.journal.drop(old)
+
+    def _new_snapshots(self) -> Snapshots:
+        evaluation = self.cfg.eval
+        return Snapshots(evaluation.every_s, evaluation.every_epochs, evaluation.max_snapshots,
+                         evaluation.max_snapshot_mb * 2**20, self.state.master.nbytes)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -204,10 +210,7 @@ class Coordinator:
                  for s in self.specs]
         monitor = monitor_factory(lambda: [p.pid for p in procs if p.pid is not None])
         finished: dict[int, tuple[str, str]] = {}
-        evaluation = self.cfg.eval
-        snapshots = Snapshots(evaluation.every_s, evaluation.every_epochs,
-                              evaluation.max_snapshots, evaluation.max_snapshot_mb * 2**20,
-                              self.state.master.nbytes)
+        snapshots = self._new_snapshots()
         examples = self.state.counters.column("examples")
         n = self.state.data.num_examples
         t0: float | None = None
@@ -220,7 +223,7 @@ class Coordinator:
             monitor.set_time_origin(t0)
             if self.resume is not None:
                 self._resume_snapshots(t0, snapshots)
-            self._take_snapshot(t0, snapshots)
+            self._take_snapshot(time.perf_counter() - t0, snapshots)
             last_request = time.perf_counter()
             self.state.signals.go.set()
             first_failure: float | None = None
@@ -239,7 +242,7 @@ class Coordinator:
                 if snapshots.due(now - t0, epoch) and len(finished) < len(procs):
                     if self.publishers:
                         self._publish(lambda: [r for r in self.publishers if r not in finished])
-                    self._take_snapshot(t0, snapshots)
+                    self._take_snapshot(time.perf_counter() - t0, snapshots)
                 if every_s is not None and now - last_request >= every_s:
                     self.state.signals.request_checkpoint()
                     last_request = now
@@ -249,14 +252,14 @@ class Coordinator:
                 if self.on_tick is not None:
                     self.on_tick(now - t0, self.state.counters)
             training.time_s = time.perf_counter() - t0
-            self._take_snapshot(t0, snapshots)
+            self._take_snapshot(time.perf_counter() - t0, snapshots)
             training.snapshots = snapshots.items
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one: keep what was measured
             training.status, training.error = "interrupted", "interrupted by the user"
             self.state.signals.stop.set()
             if t0 is not None:
                 training.time_s = time.perf_counter() - t0
-                self._take_snapshot(t0, snapshots)
+                self._take_snapshot(time.perf_counter() - t0, snapshots)
                 training.snapshots = snapshots.items
         finally:
             self.state.signals.stop.set()

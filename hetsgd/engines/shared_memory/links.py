@@ -8,7 +8,9 @@
   coordinator asks for a snapshot, and at the end. The single-device GPU baseline.
 
 What a step computes (the worker) is kept apart from how its result lands (the link), so an
-algorithm chooses only the link of each worker (a :data:`LinkFactory`).
+algorithm chooses only the link of each worker (a :data:`LinkFactory`). Each link says how many
+copies of the model it makes per step (``COPIES_PER_STEP``, which the virtual-clock engine times
+with the device's link) and can ``publish``: bring the master up to date between two steps.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from hetsgd.model.flat import FlatModel
 class InPlace:
     """Parameters are views of the shared master: every step lands in it directly."""
 
+    COPIES_PER_STEP = 0
+
     def __init__(self, spec: WorkerSpec, module: torch.nn.Module, state: SharedState) -> None:
         self.flat = FlatModel(module, state.master.params, state.master.buffers)
 
@@ -36,12 +40,17 @@ class InPlace:
     def after_step(self) -> float:
         return 0.0
 
+    def publish(self) -> float:
+        return 0.0  # every landed step is in the master already
+
     def finish(self) -> float:
         return 0.0
 
 
 class Resident:
     """A private copy on the worker's device, published into the master on request."""
+
+    COPIES_PER_STEP = 0
 
     def __init__(self, spec: WorkerSpec, module: torch.nn.Module, state: SharedState) -> None:
         self.flat = FlatModel(module)
@@ -80,6 +89,8 @@ class Replica:
     request then.
     """
 
+    COPIES_PER_STEP = 2  # in before the batch, out after it
+
     def __init__(self, spec: WorkerSpec, module: torch.nn.Module, state: SharedState,
                  merge: str) -> None:
         self.flat = FlatModel(module)
@@ -98,6 +109,7 @@ class Replica:
         return time.perf_counter() - start
 
     def after_step(self) -> float:
+        device_ops.synchronize(self.flat.params.device)  # the copies' time, not the step's
         start = time.perf_counter()
         if self.merge == "delta":
             self.host_delta.copy_(self.flat.params.sub_(self.start_params))
@@ -108,6 +120,9 @@ class Replica:
         self.master.buffers.copy_(self.host_buffers)
         self.signals.answer(self.rank)
         return time.perf_counter() - start
+
+    def publish(self) -> float:
+        return 0.0  # between two steps the master holds every merged one
 
     def finish(self) -> float:
         return 0.0

@@ -35,7 +35,7 @@ from hetsgd.engines.shared_memory.links import LinkFactory, default_link
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem
-from hetsgd.model.step import build_step
+from hetsgd.model.step import Pending, build_step
 
 # How often a worker reads its latest mini-batch loss: reading it waits for a GPU to finish the
 # step, so it is not read every step.
@@ -69,13 +69,25 @@ class Worker:
         if state.restored is not None:
             self._restore(state.restored[spec.rank])
 
-    def step(self, epoch: int, start: int, size: int) -> tuple[torch.Tensor, float]:
-        """One SGD step on a chunk of the epoch's order; returns (the loss, not yet read;
-        seconds spent copying to or from the master)."""
+    def begin(self, epoch: int, start: int, size: int) -> tuple[Pending, float]:
+        """The first half of a step on a chunk of the epoch's order: the batch, the copy in
+        (a replica's), the step computed from the model as it is now. Returns the pending
+        update and the seconds spent copying."""
         x, y = self.batches.get(epoch, start, size)
         comm = self.link.before_step()
-        loss, _ = self.train_step(x, y, epoch + start / self.batches.n, size)
-        return loss, comm + self.link.after_step()
+        return self.train_step.compute(x, y, epoch + start / self.batches.n, size), comm
+
+    def end(self, pending: Pending) -> float:
+        """The second half: the update lands, and a replica merges into the master. Returns
+        the seconds spent copying."""
+        self.train_step.land(pending)
+        return self.link.after_step()
+
+    def step(self, epoch: int, start: int, size: int) -> tuple[torch.Tensor, float]:
+        """One SGD step, both halves; returns (the loss, not yet read; seconds spent copying
+        to or from the master)."""
+        pending, comm = self.begin(epoch, start, size)
+        return pending.loss, comm + self.end(pending)
 
     def run(self, observe: Callable[[StepRecord], None] | None = None,
             on_checkpoint: Callable[[WorkerState], None] | None = None) -> None:
@@ -101,14 +113,14 @@ class Worker:
             if observe is not None:
                 observe(StepRecord(epoch, start, size, float(loss)))
             if finished >= next_read:
-                self._read_loss(loss, counters, epoch + start / self.batches.n)
+                self.read_loss(loss, counters, epoch + start / self.batches.n)
                 next_read = finished + LOSS_READ_S
             emulate(finished - started, stop.is_set)
             if checkpoints is not None and checkpoints.checkpoint_asked(rank):
                 on_checkpoint(self.checkpoint(counters))
                 checkpoints.answer_checkpoint(rank)
         if loss is not None:
-            self._read_loss(loss, counters, counters["examples"] / self.batches.n)
+            self.read_loss(loss, counters, counters["examples"] / self.batches.n)
         if checkpoints is not None:
             on_checkpoint(self.checkpoint(counters))
         counters.add("comm_s", self.link.finish())
@@ -130,7 +142,7 @@ class Worker:
         restore_rng(part.rng, self.device, augment_generator(self.batches.augment))
 
     @staticmethod
-    def _read_loss(loss: torch.Tensor, counters: CounterRow, epoch: float) -> None:
+    def read_loss(loss: torch.Tensor, counters: CounterRow, epoch: float) -> None:
         """Read a step's loss (on a GPU: wait for the device) for the progress display; a
         non-finite one ends the run. A diverged model keeps giving non-finite losses, so reading
         only every LOSS_READ_S still catches it, a fraction of a second later."""

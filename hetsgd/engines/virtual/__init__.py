@@ -1,0 +1,1 @@
+"""The virtual-clock engine: simulated devices step on a shared model in virtual time."""

@@ -1,0 +1,185 @@
+"""The virtual-clock engine: a run's workers as events in virtual time, all in one process.
+
+As federated-learning simulators do (FedScale's system traces, Flower's simulation mode), the
+real model updates run, and a virtual clock driven by each device's speed profile decides when
+they happen. The workers are the shared-memory engine's own (:class:`Worker`, with the
+algorithm's links, steps and controller), so no algorithm exists twice: only the scheduling
+differs.
+
+A step of a worker on a chunk, starting at virtual time ``t``:
+
+- at ``t`` it claims the chunk, copies the master in (a replica), and computes its update from
+  the model as it is at ``t`` (:meth:`Worker.begin`);
+- it lands at ``t + copies + compute`` (:meth:`Worker.end`): the update applied to the model as
+  it is then, a replica merged back. The worker starts its next step at once.
+
+``compute`` is the group's :class:`~.profiles.DeviceProfile` time for the step's batch size,
+``copies`` the link's copies per step times the profile's copy time, both times the group's
+``slowdown`` (the real engine's emulated worker sleeps (slowdown - 1) x its whole step). So
+staleness, update interleaving, shares and idle time follow from the devices' relative speeds,
+as on real hardware. Events run in (time, rank) order. After each landing the budget
+and the snapshot spacing are checked, at the landing's time; every ``TICK_S`` of virtual time the
+periodic duties (the controller, progress, utilization samples) run before the events that
+follow, as the real coordinator's loop runs them. Nothing reads a wall clock, so the same seed
+and config give the same results, bit for bit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import torch
+
+from hetsgd.config import RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.shared_memory.coordinator import TICK_S, Controller, Coordinator, OnTick, Training
+from hetsgd.engines.shared_memory.counters import CounterRow
+from hetsgd.engines.shared_memory.links import LinkFactory
+from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.shared_memory.snapshots import Snapshots
+from hetsgd.engines.shared_memory.worker import Worker
+from hetsgd.engines.virtual.busy import BusyTime
+from hetsgd.engines.virtual.profiles import DeviceProfile
+from hetsgd.errors import Diverged, UserError
+from hetsgd.model.problem import Problem
+from hetsgd.model.step import Pending
+
+
+@dataclass
+class InFlight:
+    """A step between its virtual start and its landing."""
+
+    pending: Pending
+    size: int
+    compute_s: float
+    copy_s: float
+    epoch: float
+
+
+class VirtualCoordinator(Coordinator):
+    """Runs the planned workers on the virtual clock; returns what the real coordinator does."""
+
+    def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
+                 data: SharedData, master: SharedMaster, on_tick: OnTick | None,
+                 link_factory: LinkFactory, controller: Controller | None,
+                 profiles: list[DeviceProfile]) -> None:
+        if cfg.checkpoint.every_s is not None:
+            raise UserError("checkpoints are not supported on simulated mixes (a simulated run "
+                            "is deterministic: run it again instead): set checkpoint.every_s=null")
+        super().__init__(cfg, specs, problem, data, master, on_tick, controller=controller)
+        self.link_factory, self.profiles = link_factory, profiles
+        self.workers: list[Worker] = []
+        self.rows: list[CounterRow] = []
+        self.in_flight: dict[int, InFlight] = {}
+        self.events: list[tuple[float, int]] = []  # (landing time, rank)
+        self.busy = BusyTime(specs)
+
+    def run(self, monitor_factory) -> Training:
+        """Train on the virtual clock. ``monitor_factory`` is not used: utilization is each
+        device's virtual busy share (:mod:`.busy`)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(spec.threads for spec in self.specs))
+        try:
+            training = self._simulate()
+        finally:
+            torch.set_num_threads(threads)
+        training.counters = [self.state.counters.row(s.rank) for s in self.specs]
+        if self.controller is not None:
+            training.batches, training.extra = self.controller.log, self.controller.summary()
+        return training
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _start(self, rank: int, time_s: float) -> None:
+        """Worker ``rank`` begins its next step at ``time_s``, if the cursor has a chunk."""
+        claim = self.state.cursor.claim(self.rows[rank].batch_size)
+        if claim is None:
+            return
+        epoch, start, size = claim
+        worker, profile = self.workers[rank], self.profiles[rank]
+        pending, _ = worker.begin(epoch, start, size)
+        slowdown = worker.spec.slowdown
+        compute = profile.compute_s(size) * slowdown
+        copies = worker.link.COPIES_PER_STEP * profile.copy_s() * slowdown
+        computing = time_s + copies / 2  # half the copies come before the batch
+        self.busy.compute(rank, computing, computing + compute)
+        self.in_flight[rank] = InFlight(pending, size, compute, copies,
+                                        epoch + start / self.state.data.num_examples)
+        heapq.heappush(self.events, (time_s + copies + compute, rank))
+
+    def _land(self, rank: int) -> int:
+        """Worker ``rank``'s step in flight lands; returns its examples."""
+        step = self.in_flight.pop(rank)
+        self.workers[rank].end(step.pending)
+        row = self.rows[rank]
+        row.step(step.size, step.compute_s, 0.0, step.copy_s)
+        Worker.read_loss(step.pending.loss, row, step.epoch)
+        return step.size
+
+    # -- the coordinator's duties ------------------------------------------------------------
+
+    def _tick(self, time_s: float, utilization: list[dict]) -> None:
+        """The coordinator's periodic duties (the controller samples update rates at each)."""
+        if time_s >= self.busy.last_time + self.cfg.monitor.interval_s:
+            self._sample(time_s, utilization)
+        if self.controller is not None:
+            self.controller.tick(time_s, self.state.counters)
+        if self.on_tick is not None:
+            self.on_tick(time_s, self.state.counters)
+
+    def _snapshot(self, time_s: float, snapshots: Snapshots) -> None:
+        for worker in self.workers:  # a resident replica copies itself in
+            worker.link.publish()
+        self._take_snapshot(time_s, snapshots)
+
+    def _sample(self, time_s: float, utilization: list[dict]) -> None:
+        row = self.busy.sample(time_s)
+        utilization.append(row)
+        if self.journal is not None:
+            self.journal.utilization(row)
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def _simulate(self) -> Training:
+        training = Training()
+        snapshots = self._new_snapshots()
+        utilization: list[dict] = []
+        stop = self.state.signals.stop
+        self.workers = [Worker(spec, self.cfg, self.problem, self.state, self.link_factory)
+                        for spec in self.specs]
+        self.rows = [CounterRow(self.state.counters.table[s.rank], s.batch_size)
+                     for s in self.specs]
+        budget = math.inf if self.cfg.budget.seconds is None else self.cfg.budget.seconds
+        examples, n = 0, self.state.data.num_examples
+        now, ticks = 0.0, 0
+        try:
+            self._take_snapshot(0.0, snapshots)
+            for spec in self.specs:
+                self._start(spec.rank, 0.0)
+            while self.events:
+                landing, rank = heapq.heappop(self.events)
+                while (tick := ticks * TICK_S) <= landing:
+                    self._tick(tick, utilization)
+                    ticks += 1
+                now = landing
+                examples += self._land(rank)
+                if now >= budget:
+                    stop.set()
+                if snapshots.due(now, examples / n) and self.events:
+                    self._snapshot(now, snapshots)
+                if not stop.is_set():
+                    self._start(rank, now)
+        except Diverged as exc:
+            training.status, training.error = "diverged", str(exc)
+        except KeyboardInterrupt:  # Ctrl-C: keep what was simulated
+            training.status, training.error = "interrupted", "interrupted by the user"
+        stop.set()
+        training.time_s = now
+        self._snapshot(now, snapshots)
+        if now > self.busy.last_time:
+            self._sample(now, utilization)
+        training.snapshots = snapshots.items
+        training.utilization = utilization
+        return training

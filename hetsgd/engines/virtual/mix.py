@@ -1,0 +1,43 @@
+"""The device profile of every worker of a simulated mix: a group's named device (a roofline of
+the run's model on it), else the group's row of the mix's calibration file (measured)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetsgd.config import RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.virtual.model_cost import ModelCost
+from hetsgd.engines.virtual.profiles import (
+    DeviceProfile,
+    RooflineProfile,
+    load_calibration,
+    named_device,
+)
+from hetsgd.errors import UserError
+from hetsgd.model.problem import Problem
+
+
+def profiles_for(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem) -> list[DeviceProfile]:
+    """One profile per worker, by rank; a group with neither a profile nor a calibration row is
+    a one-line UserError."""
+    mix = cfg.devices
+    measured = load_calibration(Path(mix.calibration)) if mix.calibration is not None else {}
+    cost: ModelCost | None = None
+    by_group: dict[str, DeviceProfile] = {}
+    for group in dict.fromkeys(spec.group for spec in specs):
+        name = mix.groups[group].profile
+        if name is not None:
+            if cost is None:
+                cost = ModelCost.of(problem.build_model(cfg.model, cfg.seed),
+                                    (problem.num_features,), problem.task, cfg.optim.step)
+            by_group[group] = RooflineProfile(named_device(name), cost)
+        elif group in measured:
+            by_group[group] = measured[group]
+        else:
+            where = (f"devices.calibration={mix.calibration} has no row for it"
+                     if mix.calibration is not None else "devices.calibration is not set")
+            raise UserError(f"simulated group '{group}' of devices={mix.name} has no device "
+                            f"profile: set devices.groups.{group}.profile, or measure it with "
+                            f"`hetsgd devices --calibrate` ({where})")
+    return [by_group[spec.group] for spec in specs]

@@ -1,0 +1,212 @@
+"""The virtual-clock engine: when steps read and land, shares, the controller on virtual time,
+determinism, and what a simulated run says about itself."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from conftest import compose_config, run_config
+
+from hetsgd import algorithms
+from hetsgd.algorithms import adaptive
+from hetsgd.algorithms.base import coordinator
+from hetsgd.algorithms.hogbatch import hogbatch_link
+from hetsgd.config import RunConfig, to_run_config
+from hetsgd.devices import expand
+from hetsgd.engines.shared_memory.links import default_link
+from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.engines.virtual.coordinator import VirtualCoordinator
+from hetsgd.errors import UserError
+from hetsgd.outputs.figure_style import time_label
+from hetsgd.outputs.report import mix_label
+from hetsgd.runs import runner
+from hetsgd.runs.setup import RunData, load_run_data
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A device whose steps take ``per_step + per_example * batch`` seconds."""
+
+    per_step: float
+    per_example: float = 0.0
+    copy: float = 0.0
+    name: str = "fixed"
+
+    def compute_s(self, batch_size: int) -> float:
+        return self.per_step + self.per_example * batch_size
+
+    def copy_s(self) -> float:
+        return self.copy
+
+
+def _hogwild(*overrides: str) -> tuple[RunConfig, RunData]:
+    cfg = run_config("algo=hogwild", "dataset=digits", "model=logreg", "devices=cpu",
+                     "devices.simulated=true", "devices.groups.cpu.count=2",
+                     "devices.groups.cpu.batch_size=16", "data.shuffle=false", "progress=false",
+                     *overrides)
+    return cfg, load_run_data(cfg, progress=False)
+
+
+def _simulate(cfg: RunConfig, data: RunData, profiles: list, link=default_link,
+              controller=None) -> tuple[VirtualCoordinator, SharedMaster]:
+    master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
+    engine = VirtualCoordinator(cfg, expand(cfg.devices), data.problem, data.train, master, None,
+                                link, controller, profiles)
+    engine.training = engine.run(None)
+    return engine, master
+
+
+def test_a_step_reads_the_model_at_its_start_and_lands_at_its_end() -> None:
+    """Two Hogwild workers, steps of 1.0 and 2.5 virtual seconds, five chunks: worker 1's first
+    step reads the initial model and lands at 2.5, after two of worker 0's, so it is stale by
+    two updates. Replayed here with autograd from the definition."""
+    num_examples = load_run_data(run_config("dataset=digits"), progress=False).train.num_examples
+    cfg, data = _hogwild(f"budget.epochs={5 * 16 / num_examples}", "budget.seconds=null")
+    _, master = _simulate(cfg, data, [Fixed(1.0), Fixed(2.5)])
+
+    x, y = data.train.x.dense, data.train.y
+
+    def update(params: torch.Tensor, chunk: int) -> torch.Tensor:
+        model = data.problem.build_model(cfg.model, cfg.seed)
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(params, model.parameters())
+        rows = slice(16 * chunk, 16 * chunk + 16)
+        loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows].long())
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        return -cfg.optim.lr * torch.nn.utils.parameters_to_vector(grads)
+
+    m0 = SharedMaster.initial(cfg.model, data.problem, cfg.seed).params
+    m1 = m0 + update(m0, 0)  # t=1.0: worker 0's first step (chunk 0, read at 0)
+    m2 = m1 + update(m1, 2)  # t=2.0: worker 0, chunk 2, read at 1.0
+    m3 = m2 + update(m0, 1)  # t=2.5: worker 1, chunk 1, read at 0: two updates stale
+    m4 = m3 + update(m2, 3)  # t=3.0: worker 0, chunk 3, read at 2.0
+    m5 = m4 + update(m3, 4)  # t=5.0: worker 1, chunk 4, read at 2.5
+    torch.testing.assert_close(master.params, m5, rtol=0, atol=1e-6)
+
+
+def test_update_shares_and_busy_time_follow_the_profiles() -> None:
+    cfg, data = _hogwild("budget.seconds=3.0", "budget.epochs=null", "monitor.interval_s=0.5")
+    engine, _ = _simulate(cfg, data, [Fixed(0.013), Fixed(0.037)])
+    training = engine.training
+    # steps start until the budget (3.0 s) and the ones in flight then land: 231 x 0.013 = 3.003,
+    # 82 x 0.037 = 3.034
+    assert [row["updates"] for row in training.counters] == [231, 82]
+    assert training.time_s == pytest.approx(3.034)
+    assert [row["busy_s"] for row in training.counters] == pytest.approx([3.003, 3.034])
+    # both host workers are busy all the time until the budget: two cores' worth
+    rows = training.utilization
+    assert [r["time_s"] for r in rows] == pytest.approx([0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.034])
+    assert [r["workers_cpu_percent"] for r in rows[:-1]] == pytest.approx([200.0] * 6)
+    assert rows[-1]["workers_cpu_percent"] == pytest.approx(100 * (0.003 + 0.034) / 0.034)
+
+
+def test_a_replica_pays_its_copies_and_its_device_idles_during_them() -> None:
+    cfg = run_config("algo=hogbatch", "dataset=digits", "model=logreg", "devices=emulated",
+                     "devices.simulated=true", "budget.seconds=1.98", "budget.epochs=null",
+                     "monitor.interval_s=1.0", "progress=false")
+    data = load_run_data(cfg, progress=False)
+    engine, _ = _simulate(cfg, data, [Fixed(0.03, copy=0.01), Fixed(0.007)],
+                          link=partial(hogbatch_link, merge="delta"))
+    accel, host = engine.training.counters
+    assert accel["updates"] == 40  # a step: a 0.01 s copy in, 0.03 s of compute, a copy out
+    assert accel["comm_s"] == pytest.approx(0.8) and accel["busy_s"] == pytest.approx(1.2)
+    assert host["updates"] == 283 and host["comm_s"] == 0.0  # 283 x 0.007 = 1.981
+    assert engine.training.utilization[0]["time_s"] == pytest.approx(1.0)
+    assert engine.training.utilization[0]["gpu0_util"] == pytest.approx(60.0)
+    assert engine.training.utilization[0]["workers_cpu_percent"] == pytest.approx(100.0)
+
+
+def test_adaptive_steers_the_shares_toward_its_target_on_virtual_time() -> None:
+    """Accelerator steps cost 0.02 s whatever the batch; the host's 0.002 s: at the start the
+    accelerator makes 1/11 of the updates, and only a smaller host share lets it reach 0.5 —
+    which the controller gets by growing the host batches (the accelerator sits at its floor)."""
+    cfg = run_config("algo=adaptive", "dataset=digits", "model=logreg", "devices=emulated",
+                     "devices.simulated=true", "budget.seconds=20", "budget.epochs=null",
+                     "algo.target_share=0.5", "algo.period_s=0.5", "algo.window_s=1.0",
+                     "algo.max_cpu_batch=256", "progress=false")
+    data = load_run_data(cfg, progress=False)
+    plan = adaptive.plan(cfg, expand(cfg.devices))
+    hooks = adaptive.hooks(plan)
+    engine, _ = _simulate(plan.cfg, data, [Fixed(0.02), Fixed(0.0, per_example=0.00025)],
+                          link=hooks.link, controller=hooks.controller)
+    summary = engine.training.extra["adaptive"]
+    assert summary["last_window_share"] == pytest.approx(0.5, abs=0.1)
+    assert len(engine.training.batches) > 2  # it resized, at virtual times within the budget
+    assert all(0 < row["time_s"] <= 20 for row in engine.training.batches[2:])
+
+
+def _whole_run(tmp_path: Path, name: str, *overrides: str) -> tuple[dict, Path]:
+    """A run in ``tmp_path/run``, then moved to ``tmp_path/name`` (summary.json says where the
+    run was written)."""
+    cfg = compose_config(*overrides)
+    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg)
+    assert summary["status"] == "completed", summary["error"]
+    run_dir = (tmp_path / "run").rename(tmp_path / name)
+    return json.loads((run_dir / "summary.json").read_text()), run_dir
+
+
+def _calibration(path: Path) -> Path:
+    rows = [{"group": group, "device": "cpu", "kind": "cpu", "threads": 1, "batch_size": b,
+             "examples_per_s": b / ms * 1000, "ms_per_step": ms, "comm_ms_per_step": comm}
+            for group, comm in (("accel", 0.2), ("cpu", 0.0))
+            for b, ms in ((1, 0.5), (16, 1.0), (256, 6.0))]
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_a_simulated_run_is_deterministic_and_says_it_is_simulated(tmp_path: Path) -> None:
+    overrides = ("algo=adaptive", "dataset=digits", "model=mlp", "devices=emulated",
+                 "devices.simulated=true",
+                 f"devices.calibration={_calibration(tmp_path / 'calibration.csv')}",
+                 "budget.seconds=1.5", "budget.epochs=null", "eval.every_s=0.25",
+                 "algo.period_s=0.2", "algo.window_s=0.4", "progress=false")
+    first, first_dir = _whole_run(tmp_path, "first", *overrides)
+    _, second_dir = _whole_run(tmp_path, "second", *overrides)
+    for name in ("convergence.csv", "summary.json", "workers.csv", "utilization.csv",
+                 "batches.csv"):
+        assert (first_dir / name).read_bytes() == (second_dir / name).read_bytes(), name
+    assert first["simulated"] is True and first["emulated"] is False
+    assert {g["kind"] for g in first["mix"].values()} == {"simulated"}
+    assert first["time_s"] == pytest.approx(1.5, abs=0.01)
+    assert first["utilization"]["gpu_util_mean"] > 0
+    assert mix_label(first) == "emulated (simulated)"
+    assert time_label([first["simulated"]]) == "virtual time [s]"
+    assert time_label([True, False]) == "time [s] (virtual for simulated runs)"
+
+
+def test_what_the_virtual_clock_cannot_run_is_a_clear_error(tmp_path: Path) -> None:
+    calibration = _calibration(tmp_path / "calibration.csv")
+    cfg = run_config("algo=local_sgd", "devices=emulated", "devices.simulated=true",
+                     f"devices.calibration={calibration}", "algo.tau=2")
+    data = load_run_data(cfg, progress=False)
+    algorithm = algorithms.get("local_sgd")
+    plan = algorithm.plan(cfg, expand(cfg.devices))
+    master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
+    with pytest.raises(UserError, match="does not simulate yet"):
+        coordinator(plan, algorithm.hooks(plan), data.problem, data.train, master, None)
+    cfg = run_config("algo=hogwild", "devices=cpu", "devices.simulated=true")
+    plan = algorithms.get("hogwild").plan(cfg, expand(cfg.devices))
+    with pytest.raises(UserError, match=r"^simulated group 'cpu' of devices=cpu has no device "
+                                        r"profile: .*devices.calibration is not set"):
+        coordinator(plan, algorithms.get("hogwild").hooks(plan), data.problem, data.train,
+                    master, None)
+    cfg = run_config("algo=sync", "devices=emulated", "devices.only=[cpu]",
+                     "devices.simulated=true", f"devices.calibration={calibration}",
+                     "checkpoint.every_s=5")
+    plan = algorithms.get("sync").plan(cfg, expand(cfg.devices))
+    with pytest.raises(UserError, match="checkpoints are not supported on simulated mixes"):
+        coordinator(plan, algorithms.get("sync").hooks(plan), data.problem, data.train,
+                    master, None)
+
+
+def test_a_simulated_cuda_group_needs_no_gpu() -> None:
+    cfg = run_config("devices=cpu+gpu", "devices.simulated=true")
+    specs = expand(cfg.devices)
+    assert [(s.kind, s.device, s.label, s.emulated) for s in specs][0] == (
+        "cuda", "cpu", "simulated", False)
