@@ -85,7 +85,9 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 def _summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title=f"{summary['algo']} on {summary['dataset']} ({summary['devices']})",
+    from hetsgd.outputs.report import mix_label  # loaded by the run already
+
+    table = Table(title=f"{summary['algo']} on {summary['dataset']} ({mix_label(summary)})",
                   show_header=False)
     final, initial = summary.get("final") or {}, summary.get("initial") or {}
     rows = [("status", summary["status"]), ("error", summary.get("error")),
@@ -369,7 +371,10 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
                       str(row["batch_size"]), f"{row['examples_per_s']:,.0f}",
                       f"{row['ms_per_step']:.3f}", f"{row['comm_ms_per_step']:.3f}")
     console.print(table)
-    console.print(f"saved: {save(rows, cfg)}")
+    path = save(rows, cfg)
+    console.print(f"saved: {path}\nreplay it on the virtual clock, on any machine: hetsgd run "
+                  f"devices={cfg.devices.name} devices.simulated=true devices.calibration={path}",
+                  soft_wrap=True)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -395,6 +400,10 @@ def devices(ctx: typer.Context,
         console.print("GPUs: none usable (devices=emulated stands in for a CPU+GPU mix)")
     for i, gpu in enumerate(info["gpus"]):
         console.print(f"GPU {i}: {gpu['name']}, {gpu['memory_mb']:.0f} MB, driver {gpu['driver']}")
+    from hetsgd.engines.virtual.profiles import device_names
+
+    console.print(f"simulated devices (devices.groups.<group>.profile=...): "
+                  f"{', '.join(device_names())}", soft_wrap=True)
 
 
 def main() -> None:

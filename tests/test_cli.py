@@ -39,6 +39,8 @@ def test_data_list_and_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert listing.returncode == 0 and "w8a" in listing.stdout and "digits" in listing.stdout
     devices = json.loads(hetsgd("devices", "--json").stdout)
     assert devices["cores"] >= 1 and isinstance(devices["gpus"], list)
+    assert "simulated devices (devices.groups.<group>.profile=...): xeon_e5_2686v4_core, " in (
+        hetsgd("devices").stdout)
 
 
 def test_calibrate_measures_every_group(results_dir: Path) -> None:
@@ -50,6 +52,8 @@ def test_calibrate_measures_every_group(results_dir: Path) -> None:
     assert set(table["group"]) == {"accel", "cpu"}
     assert (table["examples_per_s"] > 0).all()
     assert list(table[table["group"] == "accel"]["kind"].unique()) == ["emulated"]
+    assert (f"hetsgd run devices=emulated devices.simulated=true devices.calibration={saved}"
+            in " ".join(result.stdout.split()))
 
 
 def _write_libsvm(path: Path) -> Path:

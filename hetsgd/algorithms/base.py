@@ -33,6 +33,7 @@ from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.worker import worker_process
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for
+from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 
@@ -85,15 +86,14 @@ def coordinator(plan: Plan, hooks: Hooks, problem: Problem, data: SharedData,
     """The engine that runs ``plan``'s workers with ``hooks``, from ``resume`` if given: the
     virtual clock for a simulated mix, else processes."""
     if plan.cfg.devices.simulated:
-        if isinstance(hooks, DistributedHooks):
-            raise UserError(f"algo={plan.cfg.algo.name} on {len(plan.workers)} workers runs on "
-                            "torch.distributed, which the virtual clock does not simulate yet: "
-                            "simulated mixes run hogwild, hogbatch, adaptive and one-worker sync")
         if resume is not None:
             raise UserError("a simulated run cannot be resumed (it is deterministic: run it again)")
+        profiles = profiles_for(plan.cfg, plan.workers, problem)
+        if isinstance(hooks, DistributedHooks):
+            return VirtualRanks(plan.cfg, plan.workers, problem, data, master, on_tick,
+                                hooks.loop, hooks.setup_summary, profiles)
         return VirtualCoordinator(plan.cfg, plan.workers, problem, data, master, on_tick,
-                                  hooks.link, hooks.controller,
-                                  profiles_for(plan.cfg, plan.workers, problem))
+                                  hooks.link, hooks.controller, profiles)
     if isinstance(hooks, DistributedHooks):
         return DistributedCoordinator(plan.cfg, plan.workers, problem, data, master, on_tick,
                                       hooks.loop, hooks.publishing, hooks.setup_summary, resume)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -305,14 +304,15 @@ class RankLoop:
             epoch = plan.epoch(round_)
             loss = None
             for step in range(tau):
-                started = time.perf_counter()
+                started = rank.clock.now()
                 start = (offset * tau + step) * batch
                 x, y = self.batches.get(period, start, batch)
                 mean, losses = rank.train_step(x, y, epoch, batch, per_sample=table is not None)
                 loss = float(mean)
                 if table is not None and losses is not None:
                     table.record(self.batches.shard[start:start + batch], losses)
-                busy = time.perf_counter() - started
+                rank.clock.computed(batch)
+                busy = rank.clock.now() - started
                 rank.ledger.step(batch, busy)
                 rank.ledger.record_loss(loss)
                 rank.spec.emulate(busy, rank.state.signals.stop.is_set)

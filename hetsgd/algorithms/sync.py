@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-import time
 from collections.abc import Callable
 
 import torch
@@ -127,20 +126,21 @@ class RankLoop:
         while (claim := self.cursor.claim(self.global_batch)) is not None:
             epoch, start, size = claim
             sizes = split(size, self.shares)
-            started = time.perf_counter()
+            started = rank.clock.now()
             loss = None
             if sizes[me]:
                 x, y = self.batches.get(epoch, start + sum(sizes[:me]), sizes[me])
                 loss = rank.gradient(x, y)
+                rank.clock.computed(sizes[me])  # the update's time counts in the profile's step
             else:
                 rank.flat.zero_grad()
-            computed = time.perf_counter()
+            computed = rank.clock.now()
             rank.spec.emulate(computed - started, rank.state.signals.stop.is_set)
             verdict = rank.exchange(rank.flat.grads, rank.flat.buffers, sizes[me] / size, loss)
-            stepped = time.perf_counter()
+            stepped = rank.clock.now()
             with torch.no_grad():
                 rank.sgd.step(rank.sgd.lr(epoch + start / n, size))
-            rank.ledger.step(sizes[me], computed - started + time.perf_counter() - stepped)
+            rank.ledger.step(sizes[me], computed - started + rank.clock.now() - stepped)
             if loss is not None:
                 rank.ledger.record_loss(loss)
             if rank.link is not None:  # rank 0: publish when the coordinator asks

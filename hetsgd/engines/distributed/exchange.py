@@ -6,7 +6,6 @@ counters, so rank 0 can fill the coordinator's table without a collective of its
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -67,7 +66,8 @@ class Exchange:
     def __call__(self, first: torch.Tensor, second: torch.Tensor, weight: float, stop: bool,
                  diverged: bool, checkpoint: bool) -> Verdict:
         """Sum `weight * (first, second)` over the ranks, in place, and agree on the flags."""
-        started = time.perf_counter()
+        clock = self.group.clock
+        started = clock.now()
         payload = self.buffer[:sum(self.sizes)]
         parts = payload.split(self.sizes)
         for part, values in zip(parts, (first, second)):
@@ -85,4 +85,4 @@ class Exchange:
         tail = self.buffer[sum(self.sizes):].to("cpu")
         self.ledger.publish(tail[FLAGS:].view(self.group.world_size, columns))
         return Verdict(bool(tail[0] > 0), bool(tail[1] > 0), bool(tail[2] > 0),
-                       time.perf_counter() - started)
+                       clock.now() - started)

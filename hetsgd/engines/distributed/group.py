@@ -21,6 +21,7 @@ import torch.distributed as dist
 from hetsgd.config import DistConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines import device_ops
+from hetsgd.engines.distributed.clock import RankClock, WallClock
 from hetsgd.engines.distributed.torchrun import torchrun
 from hetsgd.errors import UserError
 
@@ -58,10 +59,15 @@ def check_world(specs: list[WorkerSpec], devices_name: str) -> None:
 
 class Group:
     """This rank's membership in the world. Collectives run on the backend's device: the GPU for
-    NCCL, host memory for gloo (a GPU rank's tensors are copied through it)."""
+    NCCL, host memory for gloo (a GPU rank's tensors are copied through it). ``clock`` is where
+    the rank's time comes from: the wall clock here (a simulated world's group has a virtual
+    one)."""
+
+    clock: RankClock
 
     def __init__(self, cfg: DistConfig, rank: int, specs: list[WorkerSpec]) -> None:
         self.rank, self.world_size = rank, len(specs)
+        self.clock = WallClock()
         self.timeout_s = cfg.timeout_s
         self.backend = choose_backend(cfg.backend, specs)
         device = torch.device(specs[rank].device)

@@ -21,7 +21,6 @@ by the coordinator, so this module never looks an algorithm up.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from functools import partial
@@ -46,16 +45,12 @@ from hetsgd.engines.shared_memory.counters import COUNTERS
 from hetsgd.engines.shared_memory.links import Link, default_link
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import reporting, send_checkpoint
-from hetsgd.engines.step_timing import StepTimer
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step
 
 B = TypeVar("B", bound=Batches)
-
-# A rank's speed measurement before training; the median of the timed steps is its step time.
-SPEED_TIMER = StepTimer(warmup=2, min_steps=5, min_seconds=0.3, max_steps=200)
 
 
 class Rank:
@@ -72,6 +67,7 @@ class Rank:
                  problem: Problem, state: SharedState, group: Group, linked: bool) -> None:
         self.spec, self.world, self.cfg, self.problem = spec, world, cfg, problem
         self.state, self.group = state, group
+        self.clock = group.clock
         self.device = torch.device(spec.device)
         self.module = self._model()
         self.link: Link | None = (default_link(spec, self.module, state)
@@ -117,7 +113,8 @@ class Rank:
     def exchange(self, first: torch.Tensor, second: torch.Tensor, weight: float,
                  loss: float | None) -> Verdict:
         signals = self.state.signals
-        verdict = self._exchange(first, second, weight, signals.stop.is_set(),
+        verdict = self._exchange(first, second, weight,
+                                 signals.stop.is_set() or self.clock.out_of_time(),
                                  loss is not None and not math.isfinite(loss),
                                  self.state.checkpointing
                                  and signals.checkpoint_asked(self.spec.rank))
@@ -127,7 +124,8 @@ class Rank:
     def step_times(self, batches: Batches, kind: str) -> list[float]:
         """Every rank's seconds per training step at its own batch size, the emulated slowdown
         included: a few steps of ``kind`` (``optim.step``; ``autograd`` for sync, whose ranks
-        exchange gradients) on a throwaway copy of the model, not counted as training."""
+        exchange gradients) on a throwaway copy of the model, not counted as training (on a
+        virtual clock: its profile's time)."""
         train_step = build_step(kind, FlatModel(self._model()), self.cfg.optim, self.problem.task)
         size = min(self.spec.batch_size, self.num_examples)
 
@@ -136,7 +134,7 @@ class Rank:
             train_step(x, y, 0.0, size)
             device_ops.synchronize(self.device)
 
-        return self.group.gather(statistics.median(SPEED_TIMER.times(step, self.spec)))
+        return self.group.gather(self.clock.step_seconds(step, self.spec, size))
 
     @property
     def checkpointing(self) -> bool:

@@ -3,7 +3,8 @@
 A simulated worker is busy while it computes; while its replica is copied to or from the host,
 the device waits for the link. Rows use the real monitor's columns, so the run's tables and
 figures read them unchanged: host workers add up to ``workers_cpu_percent`` (100 = one core
-busy), and accelerator worker ``k`` (k-th among the accelerators) is ``gpu<k>_util``.
+busy; a busy worker of t threads keeps t cores busy), and accelerator worker ``k`` (k-th among
+the accelerators) is ``gpu<k>_util``.
 """
 
 from __future__ import annotations
@@ -42,13 +43,22 @@ class BusyTime:
         begun, ended = self.current[rank]
         return self.finished[rank] + min(max(time_s - begun, 0.0), ended - begun)
 
+    def due(self, time_s: float, interval_s: float, closing: bool = False) -> bool:
+        """Whether a sample is due at ``time_s``: every ``interval_s``; at the end of training
+        (``closing``) for what is left since the last one, unless that is under half an
+        interval, which would weigh as much as a whole one in the run's mean."""
+        if closing:
+            return time_s - self.last_time >= interval_s / 2 or self.last_time == 0.0
+        return time_s >= self.last_time + interval_s
+
     def sample(self, time_s: float) -> dict[str, float]:
         """A utilization row for the interval since the previous sample, in percent."""
         span = time_s - self.last_time
         row = {"time_s": time_s, **{column: 0.0 for column in self.columns}}
-        for rank, column in enumerate(self.columns):
-            busy = self.busy(rank, time_s)
-            row[column] += 100.0 * (busy - self.last_busy[rank]) / span if span > 0 else 0.0
-            self.last_busy[rank] = busy
+        for spec, column in zip(self.specs, self.columns):
+            busy = self.busy(spec.rank, time_s)
+            cores = 1 if spec.accel else spec.threads
+            row[column] += 100.0 * cores * (busy - self.last_busy[spec.rank]) / span if span else 0.0
+            self.last_busy[spec.rank] = busy
         self.last_time = time_s
         return row

@@ -41,6 +41,7 @@ from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.snapshots import Snapshots
 from hetsgd.engines.shared_memory.worker import Worker
 from hetsgd.engines.virtual.busy import BusyTime
+from hetsgd.engines.virtual.mix import math_threads
 from hetsgd.engines.virtual.profiles import DeviceProfile
 from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem
@@ -80,7 +81,7 @@ class VirtualCoordinator(Coordinator):
         """Train on the virtual clock. ``monitor_factory`` is not used: utilization is each
         device's virtual busy share (:mod:`.busy`)."""
         threads = torch.get_num_threads()
-        torch.set_num_threads(max(spec.threads for spec in self.specs))
+        torch.set_num_threads(math_threads(self.specs))
         try:
             training = self._simulate()
         finally:
@@ -122,7 +123,7 @@ class VirtualCoordinator(Coordinator):
 
     def _tick(self, time_s: float, utilization: list[dict]) -> None:
         """The coordinator's periodic duties (the controller samples update rates at each)."""
-        if time_s >= self.busy.last_time + self.cfg.monitor.interval_s:
+        if self.busy.due(time_s, self.cfg.monitor.interval_s):
             self._sample(time_s, utilization)
         if self.controller is not None:
             self.controller.tick(time_s, self.state.counters)
@@ -178,7 +179,7 @@ class VirtualCoordinator(Coordinator):
         stop.set()
         training.time_s = now
         self._snapshot(now, snapshots)
-        if now > self.busy.last_time:
+        if self.busy.due(now, self.cfg.monitor.interval_s, closing=True):
             self._sample(now, utilization)
         training.snapshots = snapshots.items
         training.utilization = utilization

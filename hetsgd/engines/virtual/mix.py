@@ -1,5 +1,6 @@
-"""The device profile of every worker of a simulated mix: a group's named device (a roofline of
-the run's model on it), else the group's row of the mix's calibration file (measured)."""
+"""How a simulated mix's workers run here: the device profile of each (its group's named device,
+a roofline of the run's model on it, else the group's row of the mix's calibration file), and
+the threads their math takes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hetsgd.engines.virtual.profiles import (
     named_device,
 )
 from hetsgd.errors import UserError
+from hetsgd.machine import usable_cores
 from hetsgd.model.problem import Problem
 
 
@@ -41,3 +43,10 @@ def profiles_for(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem) -> l
                             f"profile: set devices.groups.{group}.profile, or measure it with "
                             f"`hetsgd devices --calibrate` ({where})")
     return [by_group[spec.group] for spec in specs]
+
+
+def math_threads(specs: list[WorkerSpec]) -> int:
+    """The threads the simulated workers' math runs on, in turn: as many as the widest worker
+    would use, up to the cores this machine has (a simulated socket's 18 threads on a laptop
+    would only oversubscribe it)."""
+    return max(1, min(max(spec.threads for spec in specs), usable_cores()))

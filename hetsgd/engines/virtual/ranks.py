@@ -1,0 +1,143 @@
+"""The virtual clock for the torch.distributed family (sync on several workers, local SGD): the
+algorithm's own rank loops, as threads of one process meeting in a :class:`~.group.Meeting`.
+
+The coordinator's duties run at the meetings, while every rank waits: a snapshot of the master
+when one is due (rank 0 writes the master after each exchange, so at a meeting the master holds
+the model of the previous one, and the snapshot carries that one's time), utilization samples and
+progress. A rank that fails releases the others from the barrier; the run then fails with the
+first rank's error, as a real run does.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from hetsgd.config import RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.distributed.coordinator import SetupSummary
+from hetsgd.engines.distributed.group import RankLost
+from hetsgd.engines.distributed.rank import RankLoop
+from hetsgd.engines.shared_memory.coordinator import Coordinator, OnTick, Training
+from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.virtual.busy import BusyTime
+from hetsgd.engines.virtual.group import Meeting, VirtualClock, VirtualGroup
+from hetsgd.engines.virtual.mix import math_threads
+from hetsgd.engines.virtual.profiles import DeviceProfile
+from hetsgd.errors import Diverged, UserError
+from hetsgd.model.problem import Problem
+
+JOIN_POLL_S = 0.1  # how often the coordinator's thread wakes while the ranks train (Ctrl-C)
+
+
+class VirtualRanks(Coordinator):
+    """Runs a distributed algorithm's ranks on virtual clocks; returns what the real coordinator
+    of ranks does."""
+
+    def __init__(self, cfg: RunConfig, world: list[WorkerSpec], problem: Problem,
+                 data: SharedData, master: SharedMaster, on_tick: OnTick | None,
+                 loop_type: type[RankLoop], setup_summary: SetupSummary,
+                 profiles: list[DeviceProfile]) -> None:
+        if cfg.checkpoint.every_s is not None:
+            raise UserError("checkpoints are not supported on simulated mixes (a simulated run "
+                            "is deterministic: run it again instead): set checkpoint.every_s=null")
+        super().__init__(cfg, world, problem, data, master, on_tick)
+        self.loop_type, self.setup_summary = loop_type, setup_summary
+        self.busy = BusyTime(world)
+        clocks = [VirtualClock(s.rank, profiles[s.rank], s.slowdown, cfg.budget.seconds, self.busy)
+                  for s in world]
+        self.meeting = Meeting(clocks, master.nbytes, self._on_meeting)
+        self.loops: list[RankLoop | None] = [None] * len(world)
+        self.errors: dict[int, BaseException] = {}
+        self.snapshots = self._new_snapshots()
+        self.utilization: list[dict] = []
+        self.previous_meeting = 0.0  # the time of the model the master holds
+
+    # -- at every meeting --------------------------------------------------------------------
+
+    def _on_meeting(self, time_s: float) -> None:
+        examples = float(self.state.counters.column("examples").sum())
+        if self.snapshots.due(self.previous_meeting, examples / self.state.data.num_examples):
+            self._snapshot(self.previous_meeting)
+        if self.busy.due(time_s, self.cfg.monitor.interval_s):
+            self._sample(time_s)
+        if self.on_tick is not None:
+            self.on_tick(time_s, self.state.counters)
+        self.previous_meeting = time_s
+
+    def _snapshot(self, time_s: float) -> None:
+        first = self.loops[0]
+        if first is not None and first.rank.link is not None:  # rank 0's resident replica
+            first.rank.link.publish()
+        self._take_snapshot(time_s, self.snapshots)
+
+    def _sample(self, time_s: float) -> None:
+        row = self.busy.sample(time_s)
+        self.utilization.append(row)
+        if self.journal is not None:
+            self.journal.utilization(row)
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def _rank(self, spec: WorkerSpec, setup: dict) -> None:
+        """A rank's thread: the loop, then its final counters; any failure releases the others."""
+        try:
+            loop = self.loop_type(spec, self.specs, self.cfg, self.problem, self.state,
+                                  VirtualGroup(spec.rank, self.meeting))
+            self.loops[spec.rank] = loop
+            if spec.rank == 0:
+                setup.update(loop.setup())
+            loop.run(lambda part: None)  # no checkpoints on the virtual clock
+            loop.rank.finish()
+        except BaseException as exc:  # noqa: BLE001 - reported by run()
+            self.errors[spec.rank] = exc
+            self.meeting.abort()
+
+    def run(self, monitor_factory) -> Training:
+        """Train on the virtual clocks. ``monitor_factory`` is not used: utilization is each
+        device's virtual busy share."""
+        training = Training()
+        setup: dict[str, list[float]] = {}
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(math_threads(self.specs))
+        self._take_snapshot(0.0, self.snapshots)
+        ranks = [threading.Thread(target=self._rank, args=(spec, setup), daemon=True,
+                                  name=f"hetsgd-rank-{spec.rank}") for spec in self.specs]
+        try:
+            for thread in ranks:
+                thread.start()
+            self._join(ranks, training)
+        finally:
+            torch.set_num_threads(threads_before)
+        self._raise_failure(training)
+        training.time_s = max(clock.time for clock in self.meeting.clocks)
+        self._snapshot(training.time_s)
+        if self.busy.due(training.time_s, self.cfg.monitor.interval_s, closing=True):
+            self._sample(training.time_s)
+        training.snapshots, training.utilization = self.snapshots.items, self.utilization
+        training.counters = [self.state.counters.row(s.rank) for s in self.specs]
+        if setup:
+            training.extra = self.setup_summary(self.specs, setup)
+        return training
+
+    def _join(self, ranks: list[threading.Thread], training: Training) -> None:
+        """Wait for the ranks; Ctrl-C stops them at their next exchange, keeping what ran."""
+        for thread in ranks:
+            while thread.is_alive():
+                try:
+                    thread.join(JOIN_POLL_S)
+                except KeyboardInterrupt:
+                    training.status, training.error = "interrupted", "interrupted by the user"
+                    self.state.signals.stop.set()
+
+    def _raise_failure(self, training: Training) -> None:
+        """Divergence ends the run as diverged; any other failure is raised, the first rank's
+        own error rather than the others' release from the barrier."""
+        if not self.errors:
+            return
+        first = next((e for e in self.errors.values() if not isinstance(e, RankLost)),
+                     next(iter(self.errors.values())))
+        if not isinstance(first, Diverged):
+            raise first
+        training.status, training.error = "diverged", str(first)

@@ -1,0 +1,49 @@
+"""Real against simulated on this machine (hetsgd.runs.validate): calibrate, run every case for
+real and on the virtual clock, print the table of medians and their ratios.
+
+    .venv/bin/python scripts/validate_simulation.py            # 5 cases x 3 seeds, digits, mlp
+    .venv/bin/python scripts/validate_simulation.py --seeds 0 --seconds 4
+
+Exit status 1 when a ratio is outside 1 +- --tolerance (0.15). Run it on a quiet machine: the
+real runs' speed is what the simulation is compared with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hetsgd.runs.validate import CASES, table, validate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seconds", type=float, default=8.0, help="each run's time budget")
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--target-loss", type=float, default=0.2,
+                        help="the training loss whose time to reach is compared")
+    parser.add_argument("--tolerance", type=float, default=0.15)
+    parser.add_argument("--out", type=Path, default=Path("results/validation"))
+    args = parser.parse_args()
+    common = (f"dataset={args.dataset}", f"model={args.model}", "budget.epochs=null",
+              f"budget.seconds={args.seconds}", "progress=false")
+    started = time.perf_counter()
+    comparisons = validate(CASES, common, args.seeds, args.target_loss, args.out,
+                           progress=lambda line: print(f"[{time.perf_counter() - started:6.0f} s] "
+                                                       f"{line}", file=sys.stderr, flush=True))
+    print(f"{args.dataset}, {args.model}, {args.seconds:g} s a run, seeds "
+          f"{' '.join(map(str, args.seeds))}, time to training loss {args.target_loss:g}; "
+          f"{time.perf_counter() - started:.0f} s in all\n")
+    print(table(comparisons))
+    outside = [c for c in comparisons if c.ratio is None or abs(c.ratio - 1) > args.tolerance]
+    for c in outside:
+        print(f"outside 1 +- {args.tolerance:g}: {c.case}, {c.metric}", file=sys.stderr)
+    return 1 if outside else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
