@@ -299,6 +299,8 @@ def test_a_calibration_measures_the_copies_of_a_replica_only(results_dir: Path) 
         else:  # Hogwild: steps on the master in place
             assert row["comm_ms_per_step"] == 0.0, row
     assert {row["slowdown"] for row in rows} == {1.0}
+    assert len({row["allreduce_ms"] for row in rows}) == 1 and rows[0]["allreduce_ms"] > 0
     profiles = load_calibration(save(rows, cfg))
     assert set(profiles) == {"accel", "cpu"}
     assert profiles["accel"].copy_s() > 0 and profiles["cpu"].copy_s() == 0
+    assert profiles["cpu"].allreduce_s() == pytest.approx(rows[0]["allreduce_ms"] / 1000)

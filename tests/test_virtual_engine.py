@@ -18,9 +18,11 @@ from hetsgd.algorithms import adaptive
 from hetsgd.algorithms.base import DistributedHooks, coordinator
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig, to_run_config
-from hetsgd.devices import expand
+from hetsgd.devices import WorkerSpec, expand
+from hetsgd.engines.shared_memory.counters import COUNTERS
 from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.errors import UserError
@@ -37,6 +39,7 @@ class Fixed:
     per_step: float
     per_example: float = 0.0
     copy: float = 0.0
+    allreduce: float | None = None
     name: str = "fixed"
 
     def compute_s(self, batch_size: int) -> float:
@@ -44,6 +47,9 @@ class Fixed:
 
     def copy_s(self) -> float:
         return self.copy
+
+    def allreduce_s(self) -> float | None:
+        return self.allreduce
 
 
 def _hogwild(*overrides: str) -> tuple[RunConfig, RunData]:
@@ -224,9 +230,11 @@ def test_a_simulated_cuda_group_needs_no_gpu() -> None:
 
 # -- the distributed family ------------------------------------------------------------------------
 
-def test_simulated_sync_steps_at_the_slowest_ranks_pace() -> None:
-    """Two ranks, 0.01 s and 0.03 s a step, ranks on a CPU (all-reduce free): every step ends at
-    the slower one's pace, and the faster one waits the difference in its exchange."""
+@pytest.mark.parametrize("allreduce", [None, 0.005])
+def test_simulated_sync_steps_at_the_slowest_ranks_pace(allreduce: float | None) -> None:
+    """Two ranks, 0.01 s and 0.03 s a step: every step ends at the slower one's pace plus the
+    all-reduce (free between CPU cores, unless a calibration measured it), and the faster one
+    waits the difference in its exchange."""
     num_examples = load_run_data(run_config("dataset=digits"), progress=False).train.num_examples
     cfg = run_config("algo=sync", "dataset=digits", "model=logreg", "devices=cpu",
                      "devices.simulated=true", "devices.groups.cpu.count=2",
@@ -239,12 +247,17 @@ def test_simulated_sync_steps_at_the_slowest_ranks_pace() -> None:
     hooks = algorithm.hooks(plan)
     assert isinstance(hooks, DistributedHooks)
     training = VirtualRanks(plan.cfg, plan.workers, data.problem, data.train, master, None,
-                            hooks.loop, hooks.setup_summary, [Fixed(0.01), Fixed(0.03)]).run(None)
-    assert training.time_s == pytest.approx(10 * 0.03)
+                            hooks.loop, hooks.setup_summary,
+                            [Fixed(0.01, allreduce=allreduce), Fixed(0.03, allreduce=allreduce)]
+                            ).run(None)
+    # each step's exchange carries the 650 gradients of logreg on digits, 3 flags and both
+    # ranks' counters; the counters' last exchange, smaller than the model, costs a whole one
+    exchange = (allreduce or 0.0) * (650 + 3 + 2 * len(COUNTERS)) / 650
+    assert training.time_s == pytest.approx(10 * (0.03 + exchange) + (allreduce or 0.0))
     assert [row["updates"] for row in training.counters] == [10, 10]
     assert [row["busy_s"] for row in training.counters] == pytest.approx([0.1, 0.3])
-    assert training.counters[0]["comm_s"] == pytest.approx(10 * 0.02)
-    assert training.counters[1]["comm_s"] == pytest.approx(0.0)
+    assert training.counters[0]["comm_s"] == pytest.approx(10 * (0.02 + exchange))
+    assert training.counters[1]["comm_s"] == pytest.approx(10 * exchange)
 
 
 @pytest.mark.integration
@@ -261,3 +274,16 @@ def test_simulated_local_sgd_trains_the_real_engines_model_exactly(tmp_path: Pat
     assert simulated["simulated"] and not real["simulated"]
     assert simulated["updates_by_group"] == real["updates_by_group"]
     assert simulated["final"] == real["final"]
+
+
+def test_busy_time_counts_a_busy_workers_threads_and_an_accelerators_share() -> None:
+    socket = WorkerSpec(0, "cpu", "cpu", "cpu", 18, 64, 1.0, False, simulated=True)
+    gpu = WorkerSpec(1, "gpu", "cuda", "cpu", 1, 64, 1.0, True, simulated=True)
+    busy = BusyTime([socket, gpu])
+    busy.compute(0, 0.0, 1.0)
+    busy.compute(1, 0.25, 0.75)
+    assert busy.sample(0.5) == {"time_s": 0.5, "workers_cpu_percent": 1800.0, "gpu0_util": 50.0}
+    busy.compute(1, 0.8, 1.2)  # its next step, partly after the next sample
+    assert busy.sample(1.0) == pytest.approx(
+        {"time_s": 1.0, "workers_cpu_percent": 1800.0, "gpu0_util": 100 * (0.25 + 0.2) / 0.5})
+    assert not busy.due(1.2, 0.5, closing=True) and busy.due(1.25, 0.5, closing=True)

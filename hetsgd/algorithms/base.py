@@ -86,8 +86,10 @@ def coordinator(plan: Plan, hooks: Hooks, problem: Problem, data: SharedData,
     """The engine that runs ``plan``'s workers with ``hooks``, from ``resume`` if given: the
     virtual clock for a simulated mix, else processes."""
     if plan.cfg.devices.simulated:
-        if resume is not None:
-            raise UserError("a simulated run cannot be resumed (it is deterministic: run it again)")
+        if resume is not None or plan.cfg.checkpoint.every_s is not None:
+            raise UserError("checkpoints are not supported on simulated mixes (a simulated run "
+                            "is deterministic: run it again instead): set checkpoint.every_s=null, "
+                            "without resume")
         profiles = profiles_for(plan.cfg, plan.workers, problem)
         if isinstance(hooks, DistributedHooks):
             return VirtualRanks(plan.cfg, plan.workers, problem, data, master, on_tick,

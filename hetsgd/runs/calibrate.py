@@ -1,12 +1,20 @@
-"""How fast each worker group of a mix runs the configured model, over a range of batch sizes.
+"""How fast each worker group of a mix runs the configured model, over a range of batch sizes,
+as it trains: with the rest of the mix stepping at the same time.
 
-Each group is measured in its own spawned process (one at a time, so groups do not compete for
-cores), through the same step the group's workers take in training — the replica copy and merge
-of an accelerator, and an emulated group's slowdown, included. The coordinator stays CUDA-free.
+Every worker of the mix is a spawned process, all on one shared master, as in training. For each
+group in turn, its first worker sweeps the batch sizes while every other worker steps at its own
+batch size, so the measurement carries what the mix costs itself on this machine (cores, memory
+bandwidth, the shared model's cache lines); a group measured alone runs faster than it trains.
+Each step is the one the group's workers take in training — the replica copy and merge of an
+accelerator, and an emulated group's slowdown, included. A mix of several workers also gets its
+all-reduce measured: the ranks' gloo (or NCCL) all-reduce of the model, which local SGD and sync
+on several workers pay every round or step. The coordinator stays CUDA-free.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import time
 from functools import partial
 from pathlib import Path
@@ -18,6 +26,7 @@ from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines import device_ops
+from hetsgd.engines.distributed.group import Group, free_port
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import Worker
@@ -27,13 +36,19 @@ from hetsgd.runs.setup import load_run_data
 
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024)
 WARMUP_STEPS = 3
+ALLREDUCE_WARMUP, ALLREDUCE_TIMED = 5, 30
+
+
+def _worker(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState) -> Worker:
+    torch.set_num_threads(spec.threads)
+    return Worker(spec, cfg, problem, state, partial(hogbatch_link, merge="delta"))
 
 
 def _measure(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
              batch_sizes: list[int], seconds: float, results) -> None:
-    torch.set_num_threads(spec.threads)
+    """The measured worker: every batch size in turn, then None (or the error's line)."""
     try:
-        worker = Worker(spec, cfg, problem, state, partial(hogbatch_link, merge="delta"))
+        worker = _worker(spec, cfg, problem, state)
         n = state.data.num_examples
         timer = StepTimer(warmup=WARMUP_STEPS, min_steps=1, min_seconds=seconds)
         for batch_size in batch_sizes:
@@ -54,37 +69,98 @@ def _measure(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedSt
         results.put(f"{type(exc).__name__}: {exc}")
 
 
+def _step_along(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState) -> None:
+    """Another worker of the mix: steps at its own batch size, as in training, until stopped."""
+    worker = _worker(spec, cfg, problem, state)
+    n, size = state.data.num_examples, min(spec.batch_size, state.data.num_examples)
+    stop, i = state.signals.stop, 0
+    while not stop.is_set():
+        started = time.perf_counter()
+        worker.step(0, i * size % (n - size + 1), size)
+        device_ops.synchronize(worker.device)
+        spec.emulate(time.perf_counter() - started, stop.is_set)
+        i += 1
+
+
+def _allreduce(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, numel: int,
+               results) -> None:
+    """One rank: the median seconds of an all-reduce of ``numel`` floats (rank 0 reports)."""
+    torch.set_num_threads(spec.threads)
+    group = Group(cfg.dist, spec.rank, specs)
+    try:
+        buffer = group.buffer(numel)
+        times = []
+        for i in range(ALLREDUCE_WARMUP + ALLREDUCE_TIMED):
+            started = time.perf_counter()
+            group.all_reduce_(buffer)
+            if i >= ALLREDUCE_WARMUP:
+                times.append(time.perf_counter() - started)
+        if spec.rank == 0:
+            results.put(statistics.median(times))
+    finally:
+        group.leave()
+
+
+def _measure_allreduce(cfg: RunConfig, specs: list[WorkerSpec], numel: int) -> float:
+    """Seconds of one all-reduce of the model among the mix's workers, as the ranks of local
+    SGD or sync exchange it."""
+    port = cfg.dist.master_port or free_port(cfg.dist.master_addr)
+    cfg = dataclasses.replace(cfg, dist=dataclasses.replace(cfg.dist, master_port=port))
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_allreduce, args=(s, specs, cfg, numel, results), daemon=True)
+             for s in specs]
+    for proc in procs:
+        proc.start()
+    try:
+        return float(results.get(timeout=cfg.dist.timeout_s))
+    finally:
+        for proc in procs:
+            proc.join(timeout=cfg.dist.timeout_s)
+
+
 def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
     """Examples/s, ms/step and the part of it spent copying the model to or from the master
     (comm ms/step: a replica's copies; 0 for a worker that steps in place) per group and batch
-    size (batch sizes up to the training set)."""
+    size (batch sizes up to the training set), measured with the rest of the mix stepping; and
+    the mix's all-reduce of the model (ms, in every row; empty for a one-worker mix)."""
     run_data = load_run_data(cfg, progress=cfg.progress)
     problem, data = run_data.problem, run_data.train
     batch_sizes = [b for b in BATCH_SIZES if b <= data.num_examples]
     rows = []
     ctx = mp.get_context("spawn")
     specs = expand(cfg.devices)
-    first_of_group: dict[str, WorkerSpec] = {}
-    for spec in specs:
-        first_of_group.setdefault(spec.group, spec)
-    for spec in first_of_group.values():
-        state = SharedState.create(data, SharedMaster.initial(cfg.model, problem, cfg.seed), None,
-                                   1, ctx)
+    measured = {spec.group: spec for spec in reversed(specs)}  # each group's first worker
+    for spec in sorted(measured.values(), key=lambda s: s.rank):
+        master = SharedMaster.initial(cfg.model, problem, cfg.seed)
+        state = SharedState.create(data, master, None, len(specs), ctx)
         results = ctx.Queue()
         proc = ctx.Process(target=_measure, args=(spec, cfg, problem, state, batch_sizes, seconds,
                                                   results), daemon=True)
-        proc.start()
-        while (item := results.get()) is not None:
-            if isinstance(item, str):
-                proc.join()
-                raise RuntimeError(f"calibrating group '{spec.group}' failed: {item}")
-            batch_size, per_s, ms, comm_ms = item
-            rows.append({"group": spec.group, "device": spec.device, "kind": spec.label,
-                         "threads": spec.threads, "batch_size": batch_size,
-                         "examples_per_s": per_s, "ms_per_step": ms, "comm_ms_per_step": comm_ms,
-                         "slowdown": spec.slowdown})
-        proc.join()
-    return rows
+        others = [ctx.Process(target=_step_along, args=(s, cfg, problem, state), daemon=True)
+                  for s in specs if s is not spec]
+        for p in [*others, proc]:
+            p.start()
+        try:
+            while (item := results.get()) is not None:
+                if isinstance(item, str):
+                    raise RuntimeError(f"calibrating group '{spec.group}' failed: {item}")
+                batch_size, per_s, ms, comm_ms = item
+                rows.append({"group": spec.group, "device": spec.device, "kind": spec.label,
+                             "threads": spec.threads, "batch_size": batch_size,
+                             "examples_per_s": per_s, "ms_per_step": ms,
+                             "comm_ms_per_step": comm_ms, "slowdown": spec.slowdown})
+        finally:
+            state.signals.stop.set()
+            for p in [*others, proc]:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.terminate()
+    allreduce_ms = None
+    if len(specs) > 1:
+        allreduce_ms = 1000 * _measure_allreduce(cfg, specs, master.params.numel()
+                                                 + master.buffers.numel())
+    return [{**row, "allreduce_ms": allreduce_ms} for row in rows]
 
 
 def save(rows: list[dict], cfg: RunConfig) -> Path:

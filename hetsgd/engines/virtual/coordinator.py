@@ -43,7 +43,7 @@ from hetsgd.engines.shared_memory.worker import Worker
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.mix import math_threads
 from hetsgd.engines.virtual.profiles import DeviceProfile
-from hetsgd.errors import Diverged, UserError
+from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending
 
@@ -66,9 +66,6 @@ class VirtualCoordinator(Coordinator):
                  data: SharedData, master: SharedMaster, on_tick: OnTick | None,
                  link_factory: LinkFactory, controller: Controller | None,
                  profiles: list[DeviceProfile]) -> None:
-        if cfg.checkpoint.every_s is not None:
-            raise UserError("checkpoints are not supported on simulated mixes (a simulated run "
-                            "is deterministic: run it again instead): set checkpoint.every_s=null")
         super().__init__(cfg, specs, problem, data, master, on_tick, controller=controller)
         self.link_factory, self.profiles = link_factory, profiles
         self.workers: list[Worker] = []

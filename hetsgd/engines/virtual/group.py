@@ -4,9 +4,10 @@ each with a virtual clock.
 Each rank runs the algorithm's own loop (:class:`~hetsgd.engines.distributed.rank.RankLoop`)
 against a :class:`VirtualGroup`, which has the real group's collectives. A rank's clock advances
 by its device profile's time whenever it has computed a step; a collective ends for every rank
-at the latest arrival plus the collective's cost, ring all-reduce traffic over the slowest
-link: ``2 (W - 1) / W`` copies of the payload, a copy of the model taking the profile's
-``copy_s``. (A CPU's profile copies for free: ranks on one host meet in its memory.)
+at the latest arrival plus the collective's cost: an all-reduce of the model as the mix's
+calibration measured it, or, for rooflines, ring traffic over the slowest link, ``2 (W - 1) / W``
+copies of the model, one taking the profile's ``copy_s`` (a CPU core's copies are free). A
+payload smaller than the model costs as much (latency), a larger one in proportion.
 
 Collectives sum in rank order, and whatever the coordinator does between exchanges (snapshots,
 utilization samples, progress) runs at the barrier while every rank waits, so a simulated run
@@ -67,9 +68,13 @@ class Meeting:
         self.op = dist.ReduceOp.SUM
         self.result: torch.Tensor | None = None
         self.barrier = threading.Barrier(world, action=self._reduce)
-        # ring all-reduce: every rank sends and receives 2 (W - 1) / W payloads, over the slowest link
-        self.copy_s = max(clock.profile.copy_s() * clock.slowdown for clock in clocks)
-        self.traffic = 2 * (world - 1) / world
+        self.go = threading.Barrier(world, action=self._start_clocks)
+        measured = [clock.profile.allreduce_s() for clock in clocks]
+        if None not in measured:  # calibrated in this mix: the all-reduce of the model as measured
+            self.model_s = max(measured)  # type: ignore[type-var]
+        else:  # ring all-reduce: 2 (W - 1) / W copies of the model over the slowest link
+            self.model_s = 2 * (world - 1) / world * max(
+                clock.profile.copy_s() * clock.slowdown for clock in clocks)
 
     def _reduce(self) -> None:
         slots = [slot for slot in self.slots if slot is not None]
@@ -80,16 +85,30 @@ class Meeting:
             for slot in slots[1:]:
                 result.add_(slot)  # in rank order, the same every run
             self.result = result
+        # a payload smaller than the model costs as much: an all-reduce that small is latency
         nbytes = slots[0].numel() * slots[0].element_size()
         ends = (max(clock.time for clock in self.clocks)
-                + self.traffic * self.copy_s * nbytes / max(self.model_bytes, 1))
+                + self.model_s * max(1.0, nbytes / max(self.model_bytes, 1)))
         for clock in self.clocks:
             clock.time = ends
         self.on_meeting(ends)
 
+    def _start_clocks(self) -> None:
+        for clock in self.clocks:
+            clock.time = 0.0
+
+    def start(self) -> None:
+        """Every rank is set up: training starts, at time 0 on every clock (the collectives of
+        the setup, like a real run's, are not training time)."""
+        try:
+            self.go.wait()
+        except threading.BrokenBarrierError:
+            raise RankLost("another simulated rank failed during setup") from None
+
     def abort(self) -> None:
-        """A rank failed: release the others from the barrier (they raise RankLost)."""
+        """A rank failed: release the others from the barriers (they raise RankLost)."""
         self.barrier.abort()
+        self.go.abort()
 
 
 class VirtualGroup(Group):

@@ -42,6 +42,11 @@ class DeviceProfile(Protocol):
         CPU core, which steps on the shared model in place)."""
         ...
 
+    def allreduce_s(self) -> float | None:
+        """Seconds of one all-reduce of the model among the ranks of the mix it was measured
+        in; None where it is not measured (the group then models it from ``copy_s``)."""
+        ...
+
 
 @dataclass(frozen=True)
 class RooflineDevice:
@@ -123,6 +128,9 @@ class RooflineProfile:
             return 0.0
         return device.link_latency_s + self.cost.param_bytes / device.link_bandwidth
 
+    def allreduce_s(self) -> float | None:
+        return None
+
 
 @dataclass(frozen=True)
 class MeasuredProfile:
@@ -133,6 +141,7 @@ class MeasuredProfile:
     batch_sizes: tuple[int, ...]
     compute_seconds: tuple[float, ...]
     copy_seconds: float
+    allreduce_seconds: float | None = None  # the mix's all-reduce of the model, where measured
 
     def compute_s(self, batch_size: int) -> float:
         """Straight lines in log(batch) vs log(seconds) between measured sizes: a step's time
@@ -152,6 +161,9 @@ class MeasuredProfile:
 
     def copy_s(self) -> float:
         return self.copy_seconds
+
+    def allreduce_s(self) -> float | None:
+        return self.allreduce_seconds
 
 
 def load_calibration(path: Path) -> dict[str, MeasuredProfile]:
@@ -173,14 +185,17 @@ def load_calibration(path: Path) -> dict[str, MeasuredProfile]:
     if not rows:
         raise UserError(f"calibration file {path} has no rows")
     groups: dict[str, dict[int, tuple[float, float]]] = {}
+    allreduce: dict[str, float] = {}
     for line, row in enumerate(rows, start=2):
         try:
             batch = int(row["batch_size"])
             step_ms, comm_ms = float(row["ms_per_step"]), float(row["comm_ms_per_step"])
             slowdown = float(row.get("slowdown") or 1.0)
+            if row.get("allreduce_ms"):
+                allreduce[row["group"]] = float(row["allreduce_ms"]) / 1000
         except (TypeError, ValueError):
             raise UserError(f"calibration file {path}, line {line}: batch_size, ms_per_step, "
-                            "comm_ms_per_step and slowdown must be numbers") from None
+                            "comm_ms_per_step, slowdown and allreduce_ms must be numbers") from None
         # an emulated group's measured step includes its sleep, (slowdown - 1) x the step
         step_ms /= slowdown if slowdown >= 1 else math.nan
         if batch < 1 or not 0 <= comm_ms < step_ms:
@@ -191,14 +206,17 @@ def load_calibration(path: Path) -> dict[str, MeasuredProfile]:
             raise UserError(f"calibration file {path}, line {line}: group {row['group']!r} has "
                             f"batch size {batch} twice")
         measured[batch] = (step_ms / 1000, comm_ms / 1000)
-    return {group: _measured(group, measured) for group, measured in groups.items()}
+    return {group: _measured(group, measured, allreduce.get(group))
+            for group, measured in groups.items()}
 
 
-def _measured(group: str, measured: dict[int, tuple[float, float]]) -> MeasuredProfile:
+def _measured(group: str, measured: dict[int, tuple[float, float]], allreduce_s: float | None
+              ) -> MeasuredProfile:
     sizes = sorted(measured)
     return MeasuredProfile(f"measured:{group}", tuple(sizes),
                            tuple(measured[b][0] - measured[b][1] for b in sizes),
-                           statistics.median(comm for _, comm in measured.values()) / 2)
+                           statistics.median(comm for _, comm in measured.values()) / 2,
+                           allreduce_s)
 
 
 def _check_batch(batch_size: int) -> None:

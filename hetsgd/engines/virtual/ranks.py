@@ -25,7 +25,7 @@ from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.group import Meeting, VirtualClock, VirtualGroup
 from hetsgd.engines.virtual.mix import math_threads
 from hetsgd.engines.virtual.profiles import DeviceProfile
-from hetsgd.errors import Diverged, UserError
+from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 
 JOIN_POLL_S = 0.1  # how often the coordinator's thread wakes while the ranks train (Ctrl-C)
@@ -39,9 +39,6 @@ class VirtualRanks(Coordinator):
                  data: SharedData, master: SharedMaster, on_tick: OnTick | None,
                  loop_type: type[RankLoop], setup_summary: SetupSummary,
                  profiles: list[DeviceProfile]) -> None:
-        if cfg.checkpoint.every_s is not None:
-            raise UserError("checkpoints are not supported on simulated mixes (a simulated run "
-                            "is deterministic: run it again instead): set checkpoint.every_s=null")
         super().__init__(cfg, world, problem, data, master, on_tick)
         self.loop_type, self.setup_summary = loop_type, setup_summary
         self.busy = BusyTime(world)
@@ -88,6 +85,7 @@ class VirtualRanks(Coordinator):
             self.loops[spec.rank] = loop
             if spec.rank == 0:
                 setup.update(loop.setup())
+            self.meeting.start()
             loop.run(lambda part: None)  # no checkpoints on the virtual clock
             loop.rank.finish()
         except BaseException as exc:  # noqa: BLE001 - reported by run()
