@@ -287,3 +287,12 @@ def test_busy_time_counts_a_busy_workers_threads_and_an_accelerators_share() -> 
     assert busy.sample(1.0) == pytest.approx(
         {"time_s": 1.0, "workers_cpu_percent": 1800.0, "gpu0_util": 100 * (0.25 + 0.2) / 0.5})
     assert not busy.due(1.2, 0.5, closing=True) and busy.due(1.25, 0.5, closing=True)
+
+
+def test_a_simulated_world_of_gpus_needs_no_collective_backend() -> None:
+    """NCCL is what a real all-GPU world would take; a CPU build of torch has none, and a
+    simulated world needs none."""
+    cfg = run_config("algo=local_sgd", "algo.tau=auto", "devices=paper_biased_local",
+                     "devices.only=[gpu]", "dist.backend=nccl")
+    plan = algorithms.get("local_sgd").plan(cfg, expand(cfg.devices))
+    assert plan.settled["tau"] == "from the device profiles"

@@ -113,7 +113,8 @@ def needs_step_times(algo: LocalSGDConfig, groups: list[str]) -> bool:
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
     """Checks the layout; fixed taus are settled here, measured ones on the ranks at setup."""
     check_world(specs, cfg.devices.name)
-    choose_backend(cfg.dist.backend, specs)
+    if not cfg.devices.simulated:  # a simulated world meets in memory, without a backend
+        choose_backend(cfg.dist.backend, specs)
     algo, groups, mix = cfg.algo, _groups(specs), cfg.devices.name
     assert isinstance(algo, LocalSGDConfig)
     if algo.tau.mode == "fast_slow" and len(groups) != 2:
@@ -130,7 +131,8 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
         raise UserError(f"biased sampling picks its side by device role (side=slow: the host "
                         f"groups, fast: the accelerator groups) and needs both; devices={mix} "
                         f"has only {'accelerator' if specs[0].accel else 'host'} groups")
-    tau = "measured at setup" if algo.tau.measured else group_taus(algo, groups, None)
+    measured = "from the device profiles" if cfg.devices.simulated else "measured at setup"
+    tau = measured if algo.tau.measured else group_taus(algo, groups, None)
     return Plan(cfg, specs, {"tau": tau})
 
 
