@@ -27,11 +27,9 @@ run: setup
 	    monitor.interval_s=0.25
 
 ## the whole test suite, every tier (GPU tests skip, with the reason, without CUDA), two tests at
-## a time: most of its time is processes starting and waiting on each other, not computing; then
-## the tests that compare with this machine's speed, alone
+## a time: most of its time is processes starting and waiting on each other, not computing
 test: setup
-	$(BIN)/python -m pytest -q -n 2 -m "not serial"
-	$(BIN)/python -m pytest -q -m serial
+	$(BIN)/python -m pytest -q -n 2
 
 ## the fast tier: unit tests only, no process-spawning (integration) or slow tests
 test-quick: setup
@@ -44,8 +42,9 @@ lint: setup
 plots: setup
 	$(BIN)/hetsgd plot results
 
-## speed as ratios measured side by side (about 4 minutes); bench-quick: the sections with goals
-## (step, loop overhead, Hogwild scaling, memory) with 2 s runs, under 3 minutes
+## speed as ratios measured side by side (about 5 minutes); bench-quick: the sections with goals
+## (step, loop overhead, Hogwild scaling, memory, the virtual engine's overhead) with 2 s runs,
+## under 3 minutes
 bench: setup
 	$(BIN)/python scripts/bench.py
 

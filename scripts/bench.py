@@ -13,9 +13,12 @@ d. memory: the data and the master exist once, however many workers (USS per pro
    the coordinator's rise while loading and evaluating <= 1.5x the training data)
 e. time to a common training loss for each algorithm, as a ratio to sync
 f. the utilization sampler's overhead (monitor.interval_s 0.5 vs 0.05)
+g. the virtual-clock engine's own cost: one worker's examples per real second simulated vs real
+   (mlp_paper and mlp at batch 1 and 16; goal: simulated >= 0.9x real), and the costly case, 48
+   simulated one-example Hogwild workers: real seconds per virtual second and per 1,000 updates
 
 A ratio below its goal says so, with (for the step) the profile that explains it. ``--quick``
-(``make bench-quick``) runs a-d with 2 s training runs.
+(``make bench-quick``) runs a-d and g with 2 s training runs.
 
 Runs use w8a when the file is at hand (the shared copy beside the repository, or the data cache),
 else a synthetic set of w8a's shape. ``--seconds`` (or ``$HETSGD_BENCH_SECONDS``) sets the budget of
@@ -34,19 +37,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pandas as pd
 import psutil
 import torch
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hetsgd.config import RunConfig, compose_run, to_run_config
@@ -103,8 +108,9 @@ class Section:
     key: str = ""  # its letter in BENCHES, set when it is measured
 
     def table(self) -> Table:
+        # escaped: an override such as devices.only=[cpu] is not rich markup
         table = Table(*self.columns, title=f"{self.key}. {self.title}",
-                      caption="\n".join([f"{self.explanation} {self.load}", *self.notes]),
+                      caption=escape("\n".join([f"{self.explanation} {self.load}", *self.notes])),
                       title_justify="left",
                       caption_justify="left")
         for row in self.rows:
@@ -675,14 +681,141 @@ def bench_sampler(jobs: Jobs, seconds: float) -> Section:
     return section
 
 
+# -- g. the virtual engine's own cost ------------------------------------------------------------
+
+# (model, batch) of the one-worker runs: the paper's net and mlp, at Hogwild's batch sizes
+ENGINE_RUNS = (("mlp_paper", 1), ("mlp_paper", 16), ("mlp", 1), ("mlp", 16))
+ENGINE_GOAL = 0.9  # simulated examples per real second over the real engine's
+ENGINE_REPEATS = 2  # interleaved; the best of each
+ENGINE_PROFILE = "xeon_e5_2686v4_core"  # any profile: virtual times do not enter these ratios
+# the costly case: Ma & Rusu's 48 one-example Hogwild workers, one event per update
+MANY_WORKERS = ("algo=hogwild", "devices=paper_hogbatch_v100", "devices.only=[cpu]",
+                "optim.lr=0.01")
+
+
+@contextmanager
+def engine_seconds() -> Iterator[list[float]]:
+    """Real seconds each run's engine spends in ``run`` (for the virtual engine: the whole
+    simulation, its first and last snapshot included), appended as the runs end."""
+    spent: list[float] = []
+    build = runner.coordinator
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        engine = build(*args, **kwargs)
+        run = engine.run
+
+        def run_timed(*run_args: Any, **run_kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return run(*run_args, **run_kwargs)
+            finally:
+                spent.append(time.perf_counter() - started)
+        engine.run = run_timed
+        return engine
+
+    with patch.object(runner, "coordinator", timed):
+        yield spent
+
+
+def bench_virtual_engine(jobs: Jobs, seconds: float) -> Section:
+    timing_s = min(seconds, 5.0) / 2
+    section = Section(
+        "the virtual engine's own cost over the training math it runs",
+        "The same one-worker run (algo=sync devices=single_cpu, 1 thread, w8a, lr 0.01; the "
+        f"updates the real engine makes in {timing_s:g} s) on the real engine and simulated "
+        f"(devices.simulated=true, profile {ENGINE_PROFILE}): examples of training math per real "
+        "second, the real engine's over its own training clock (its worker process started), "
+        "the simulated one's over the real seconds its engine ran. Best of "
+        f"{ENGINE_REPEATS} interleaved repeats. sim / real < 1: the share the virtual clock's "
+        "events, heap and bookkeeping cost. Last rows, the costly case: paper_hogbatch_v100's "
+        "48 one-example Hogwild workers alone (devices.only=[cpu]), run for as many updates as "
+        "the batch-1 rows and for twice as many; the difference between the two gives real "
+        "seconds per virtual second and per 1,000 updates, and that per-update cost over one "
+        "simulated worker's (whose model is in another state: see the training losses in the "
+        "notes).",
+        ["run", "model", "batch", "updates", "examples/s (real s)", "sim / real", "goal",
+         "real s / virtual s", "real ms / 1k updates", "vs 1 worker"])
+    with engine_seconds() as spent:
+        alone = {}  # model -> its simulated batch-1 run, and an update's real seconds there
+        for model, batch in ENGINE_RUNS:
+            measured = _one_worker(section, jobs, spent, model, batch, timing_s)
+            if batch == 1:
+                alone[model] = measured
+        for model, (job, per_update) in alone.items():
+            _many_workers(section, jobs, spent, model, job, per_update)
+    return section
+
+
+def _one_worker(section: Section, jobs: Jobs, spent: list[float], model: str, batch: int,
+                timing_s: float) -> tuple[Job, float]:
+    """Rows of the one-worker run real and simulated; returns the simulated run and the real
+    seconds of one of its updates."""
+    run = ("algo=sync", "devices=single_cpu", f"model={model}", "optim.lr=0.01",
+           "devices.groups.cpu.threads=1", f"devices.groups.cpu.batch_size={batch}", *FAST_EVAL)
+    # the first real run sets the budget of the others: what it trained in timing_s
+    budget = ("budget.epochs=null", f"budget.seconds={timing_s}")
+    best = {"real": 0.0, "simulated": 0.0}
+    for _repeat in range(ENGINE_REPEATS):
+        real = jobs.run(*run, *budget)
+        best["real"] = max(best["real"], real.summary["examples_per_s"])
+        budget = (f"budget.epochs={real.summary['epochs']}",)
+        simulated = jobs.run(*run, *budget, "devices.simulated=true",
+                             f"devices.groups.cpu.profile={ENGINE_PROFILE}")
+        best["simulated"] = max(best["simulated"], simulated.summary["examples"] / spent[-1])
+    ratio = best["simulated"] / best["real"]
+    updates = simulated.summary["updates"]
+    met = ratio >= ENGINE_GOAL
+    section.rows += [
+        ["real", model, str(batch), f"{updates:,}", f"{best['real']:,.0f}", "", "", "",
+         f"{batch / best['real'] * 1e6:.1f}", ""],
+        ["simulated", model, str(batch), f"{updates:,}", f"{best['simulated']:,.0f}",
+         f"{ratio:.2f}x", f">= {ENGINE_GOAL:g}" + ("" if met else ", not met"),
+         f"{spent[-1] / simulated.summary['time_s']:.2f}",
+         f"{batch / best['simulated'] * 1e6:.1f}", ""]]
+    section.data[f"{model}_batch{batch}"] = {
+        "updates": updates, "real_examples_per_s": best["real"],
+        "simulated_examples_per_real_s": best["simulated"], "simulated_over_real": ratio,
+        "goal": ENGINE_GOAL, "met": met}
+    return simulated, batch / best["simulated"]
+
+
+def _many_workers(section: Section, jobs: Jobs, spent: list[float], model: str, alone: Job,
+                  alone_per_update: float) -> None:
+    """The row of 48 simulated one-example workers, for as many updates as the lone worker's
+    run ``alone`` and for twice as many: their difference is the steady cost per update, without
+    what both pay once (building every worker)."""
+    runs = [jobs.run(*MANY_WORKERS, f"model={model}",
+                     f"budget.epochs={scale * alone.summary['epochs']}", *FAST_EVAL)
+            for scale in (1, 2)]
+    real_s = spent[-1] - spent[-2]
+    updates = runs[1].summary["updates"] - runs[0].summary["updates"]
+    virtual_s = runs[1].summary["time_s"] - runs[0].summary["time_s"]
+    per_update = real_s / updates
+    fixed_s = spent[-2] - runs[0].summary["updates"] * per_update
+    section.rows.append(["simulated, 48 workers", model, "1", f"{updates:,}",
+                         f"{updates / real_s:,.0f}", "", "", f"{real_s / virtual_s:.1f}",
+                         f"{per_update * 1e6:.1f}", f"{per_update / alone_per_update:.2f}x"])
+    section.notes.append(
+        f"48 workers, {model}: the shorter run took {fixed_s:.2f} s more than its updates at "
+        "that cost (building every worker, and first steps slower or faster than later ones); "
+        f"training loss at the end {runs[1].summary['final']['train_loss']:.3g}, the lone "
+        f"worker's {alone.summary['final']['train_loss']:.3g}")
+    section.data[f"{model}_48_workers"] = {
+        "updates": updates, "real_s": real_s, "virtual_s": virtual_s,
+        "real_s_per_virtual_s": real_s / virtual_s, "real_s_per_1000_updates": 1000 * per_update,
+        "over_one_worker_per_update": per_update / alone_per_update,
+        "shorter_run_fixed_s": fixed_s}
+
+
 # -- the whole bench -----------------------------------------------------------------------------
 
 Bench = Callable[[Jobs, float], Section]
 BENCHES: dict[str, tuple[Bench, str]] = {
     "a": (bench_step, "worker step vs plain loop"), "b": (bench_loop, "loop overhead"),
     "c": (bench_hogwild, "Hogwild scaling"), "d": (bench_memory, "memory"),
-    "e": (bench_time_to_target, "time to target"), "f": (bench_sampler, "sampler overhead")}
-QUICK = "abcd"  # `make bench-quick`: the sections with goals, in under 3 minutes
+    "e": (bench_time_to_target, "time to target"), "f": (bench_sampler, "sampler overhead"),
+    "g": (bench_virtual_engine, "virtual engine overhead")}
+QUICK = "abcdg"  # `make bench-quick`: the sections with goals
 QUICK_SECONDS = 2.0
 
 

@@ -296,3 +296,12 @@ def test_a_simulated_world_of_gpus_needs_no_collective_backend() -> None:
                      "devices.only=[gpu]", "dist.backend=nccl")
     plan = algorithms.get("local_sgd").plan(cfg, expand(cfg.devices))
     assert plan.settled["tau"] == "from the device profiles"
+
+
+def test_a_lone_simulated_worker_is_snapshotted_as_it_trains() -> None:
+    cfg, data = _hogwild("devices.groups.cpu.count=1", "budget.seconds=1.0", "budget.epochs=null",
+                         "eval.every_s=0.1", "eval.every_epochs=null")
+    engine, _ = _simulate(cfg, data, [Fixed(0.013)])
+    times = [s.time_s for s in engine.training.snapshots]
+    assert len(times) == 11 and times[0] == 0.0 and times[-1] == pytest.approx(1.001)
+    assert max(b - a for a, b in zip(times, times[1:])) < 0.12

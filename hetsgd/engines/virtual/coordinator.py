@@ -165,7 +165,7 @@ class VirtualCoordinator(Coordinator):
                 examples += self._land(rank)
                 if now >= budget:
                     stop.set()
-                if snapshots.due(now, examples / n) and self.events:
+                if snapshots.due(now, examples / n) and not stop.is_set():  # the last: below
                     self._snapshot(now, snapshots)
                 if not stop.is_set():
                     self._start(rank, now)

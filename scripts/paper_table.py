@@ -1,0 +1,258 @@
+"""Tables of a simulated Hogbatch reproduction beside what Ma & Rusu report.
+
+``python scripts/paper_table.py FOLDER [--shares-only]`` reads every run under FOLDER (written by
+``scripts/reproduce_hogbatch_sim.sh``), prints markdown tables to stdout and writes them to
+FOLDER/paper_table.md. Per machine and method, mean ± std over seeds of: the update shares, the
+simulated GPU's busy share (``utilization.gpu_util_mean``) and the CPU workers' (workers.csv
+busy / time), the virtual time to each of the runs' absolute target losses, and the speedup over
+the GPU alone (per seed, the GPU's time over the method's: every method of a seed starts from the
+same model). The paper's numbers are those of ``shared/papers/hogbatch.md`` (read off its figures,
+w8a); "not reported" where it gives none. ``--shares-only``: the first table alone, for runs too
+short for their losses to mean anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hetsgd.outputs.index import find_runs, load_csv, read_summary
+from hetsgd.outputs.metrics import loss_key
+from hetsgd.outputs.report import markdown_table
+
+MACHINES = {"paper_hogbatch_v100": "V100 (AWS p3.16xlarge)",
+            "paper_hogbatch_k80": "K80 (UC Merced)"}
+# CPU Hogwild alone runs once, on the V100 mix: the K80 mix's CPU group is the same, so its rows
+# are that run's
+SAME_RUNS = {("paper_hogbatch_k80", "hogwild"): ("paper_hogbatch_v100", "hogwild")}
+METHODS = {"hogwild": "CPU Hogwild", "sync": "GPU alone", "hogbatch": "Hogbatch (CPU+GPU)",
+           "adaptive": "Adaptive"}
+NOT_REPORTED = "not reported"
+
+
+@dataclass(frozen=True)
+class Paper:
+    """What the paper reports for one method on one machine, on w8a (hogbatch.md §6)."""
+
+    cpu_share: str = NOT_REPORTED  # §6c
+    utilization: str = NOT_REPORTED  # §6d: covtype on the K80 server only
+    curve: str = NOT_REPORTED  # §6a: normalized loss (its definition NOT FOUND) at a time
+
+
+ALONE = "1 device"
+PAPER = {
+    ("paper_hogbatch_v100", "hogwild"): Paper(ALONE, curve="≈0.35 @20 s"),
+    ("paper_hogbatch_v100", "sync"): Paper(ALONE, curve="≈0.93 @20 s"),
+    ("paper_hogbatch_v100", "hogbatch"): Paper("≈0.98", curve="≈0.97 @~1 s"),
+    ("paper_hogbatch_v100", "adaptive"): Paper("≈0.55", curve="≈0.77 @2 s, ≈0.91 @5 s, ≈0.99 @10 s"),
+    ("paper_hogbatch_k80", "hogwild"): Paper(ALONE, "covtype: CPU ≈74–76 %", "≈0.37 @20 s"),
+    ("paper_hogbatch_k80", "sync"): Paper(ALONE, curve="≈0.53 @20 s"),
+    ("paper_hogbatch_k80", "hogbatch"): Paper("≈0.98", "covtype: GPU ≈82–97 %, CPU ≈80 %",
+                                              "≈0.6 @3 s, ≈0.96 @~10 s"),
+    ("paper_hogbatch_k80", "adaptive"): Paper("≈0.77", "covtype: GPU ≈45–53 %, CPU ≈70 %",
+                                              "≈0.79 @2 s, ≈0.93 @4 s, ≈0.99 @8 s"),
+}
+
+
+@dataclass
+class Run:
+    """One completed run's numbers."""
+
+    seed: int
+    time_s: float
+    cpu_share: float
+    gpu_util: float | None  # percent
+    cpu_busy: float | None  # percent, mean over the CPU group's workers
+    final_loss: float
+    times: dict[float, float | None]  # target loss -> virtual seconds, None: not reached
+    snapshots: int  # evaluated snapshots, the first and the last included
+    adaptive: dict | None  # summary.json's entry, for an Adaptive run
+    final_batches: dict[str, int]  # group -> its first worker's batch size at the end
+
+
+@dataclass
+class Row:
+    machine: str
+    algo: str
+    runs: list[Run] = field(default_factory=list)
+    same_as: str | None = None  # the machine whose runs these are
+
+    def by_seed(self) -> dict[int, Run]:
+        return {run.seed: run for run in self.runs}
+
+
+def read_run(run_dir: Path, summary: dict) -> Run:
+    workers = load_csv(run_dir, "workers")
+    convergence = load_csv(run_dir, "convergence")
+    cpu = workers[workers["group"] == "cpu"]
+    time_s = summary["time_s"]
+    last = workers.drop_duplicates("group").set_index("group")["last_batch"]
+    times = {target: summary["time_to_loss"][loss_key(target)]
+             for target in summary["target_losses"]["losses"]}
+    return Run(seed=summary["seed"], time_s=time_s,
+               cpu_share=summary["update_share"].get("cpu", 0.0),
+               gpu_util=summary["utilization"]["gpu_util_mean"],
+               cpu_busy=100 * float((cpu["busy_s"] / time_s).mean()) if len(cpu) else None,
+               final_loss=summary["final"]["train_loss"], times=times,
+               snapshots=len(convergence), adaptive=summary.get("adaptive"),
+               final_batches={group: int(size) for group, size in last.items()})
+
+
+def read_rows(folder: Path) -> tuple[list[Row], list[str]]:
+    """The completed runs by (machine, method), in table order; and one line per other run."""
+    rows: dict[tuple[str, str], Row] = {}
+    skipped = []
+    for run_dir in find_runs(folder):
+        summary = read_summary(run_dir)
+        if summary.get("status") != "completed":
+            skipped.append(f"{run_dir}: {summary.get('status')}: {summary.get('error')}")
+            continue
+        key = (summary["devices"], summary["algo"])
+        rows.setdefault(key, Row(*key)).runs.append(read_run(run_dir, summary))
+    for key, source in SAME_RUNS.items():
+        if key not in rows and source in rows:
+            rows[key] = Row(*key, runs=rows[source].runs, same_as=source[0])
+    order = [(m, a) for m in MACHINES for a in METHODS]
+    return sorted(rows.values(), key=lambda r: order.index((r.machine, r.algo))), skipped
+
+
+def _present(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None and not math.isnan(v)]
+
+
+def mean_std(values: Sequence[float | None], spec: str, total: int) -> str:
+    """``mean ± std`` of the values that exist (None: not reached, NaN: unknown), ``(k/n)`` when
+    only k of the n runs have one."""
+    present = _present(values)
+    if not present:
+        return "—"
+    text = format(statistics.fmean(present), spec)
+    if len(present) > 1:
+        text += f" ± {statistics.stdev(present):{spec}}"
+    return text + (f" ({len(present)}/{total})" if len(present) < total else "")
+
+
+def blind(run: Run) -> bool:
+    """Whether the run took no snapshot between its first and its last, so that it cannot say
+    when it reached a loss it reached (one-worker simulated runs, see the reproduction's notes)."""
+    return run.snapshots <= 2
+
+
+def time_to(run: Run, target: float) -> float | None:
+    """The virtual time to ``target``: None if never reached, NaN if reached at an unknown time."""
+    reached = run.times[target]
+    return math.nan if reached is not None and blind(run) else reached
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.1f}x" if value < 10 else f"{value:.0f}x"
+
+
+def speedup(row: Row, gpu: Row | None, target: float) -> str:
+    """Per seed, the GPU alone's time to ``target`` over the row's. Where the GPU alone never got
+    there, its run's length over the row's time is a lower bound, and the cell shows the smallest
+    bound or ratio as '≥'."""
+    if gpu is None:
+        return "—"
+    exact, bounds = [], []
+    for seed, run in row.by_seed().items():
+        mine, base = time_to(run, target), gpu.by_seed().get(seed)
+        if base is None or not _present([mine]):
+            continue
+        theirs = time_to(base, target)
+        if theirs is None:
+            bounds.append(base.time_s / mine)
+        elif not math.isnan(theirs):
+            exact.append(theirs / mine)
+    if not bounds:
+        return mean_std(exact, ".1f", len(row.runs)) + ("x" if exact else "")
+    known = len(bounds) + len(exact)
+    return "≥ " + _ratio(min(bounds + exact)) + (f" ({known}/{len(row.runs)})"
+                                                 if known < len(row.runs) else "")
+
+
+def shares_table(rows: list[Row]) -> str:
+    lines = []
+    for row in rows:
+        paper, n = PAPER[(row.machine, row.algo)], len(row.runs)
+        lines.append([MACHINES[row.machine], METHODS[row.algo], str(n),
+                      mean_std([r.cpu_share for r in row.runs], ".3f", n), paper.cpu_share,
+                      mean_std([r.gpu_util for r in row.runs], ".0f", n),
+                      mean_std([r.cpu_busy for r in row.runs], ".0f", n), paper.utilization])
+    return markdown_table(["machine", "method", "seeds", "CPU update share", "paper",
+                           "GPU busy [%]", "CPU workers busy [%]", "paper (utilization)"], lines)
+
+
+def convergence_table(rows: list[Row]) -> str:
+    targets = sorted({t for row in rows for run in row.runs for t in run.times}, reverse=True)
+    gpus = {row.machine: row for row in rows if row.algo == "sync"}
+    lines = []
+    for row in rows:
+        n = len(row.runs)
+        lines.append([MACHINES[row.machine], METHODS[row.algo],
+                      *(mean_std([time_to(r, t) for r in row.runs], ".3f", n) for t in targets),
+                      *(speedup(row, gpus.get(row.machine), t) for t in targets),
+                      mean_std([r.final_loss for r in row.runs], ".4f", n),
+                      PAPER[(row.machine, row.algo)].curve])
+    return markdown_table(["machine", "method", *(f"t@{t:g} [virtual s]" for t in targets),
+                           *(f"speedup vs GPU @{t:g}" for t in targets), "final train loss",
+                           "paper: normalized loss @ time"], lines)
+
+
+def _controller(adaptive: dict, final_batches: dict[str, int]) -> str:
+    return (f"last window's GPU share {adaptive['last_window_share']:.3f} (target "
+            f"{adaptive['target_share']}), bound: {adaptive['bound'] or 'none'}; batch sizes at "
+            "the end: " + ", ".join(f"{group} {size}" for group, size in final_batches.items()))
+
+
+def notes(rows: list[Row]) -> list[str]:
+    """Rows that show another machine's runs; where Adaptive's controller stood at the end (its
+    last window's share, the bound that stopped it, the batch sizes it settled on; seeds that
+    ended alike share a line); and the runs that cannot time their losses."""
+    lines = []
+    for row in rows:
+        where = f"{METHODS[row.algo]}, {MACHINES[row.machine]}"
+        if row.same_as is not None:
+            lines.append(f"{where}: the runs on {MACHINES[row.same_as]}, whose CPU group is the "
+                         "same")
+            continue
+        seeds_by_end: dict[str, list[int]] = {}
+        for run in row.runs:
+            if run.adaptive is not None:
+                seeds_by_end.setdefault(_controller(run.adaptive, run.final_batches),
+                                        []).append(run.seed)
+            if blind(run) and any(t is not None for t in run.times.values()):
+                lines.append(f"{where}, seed {run.seed}: no snapshot between the first and the "
+                             "last, so the times to the losses it reached are unknown")
+        lines += [f"{where}, seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}: {end}"
+                  for end, seeds in seeds_by_end.items()]
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--shares-only", action="store_true",
+                        help="only the update shares and utilizations")
+    args = parser.parse_args()
+    rows, skipped = read_rows(args.folder)
+    if not rows:
+        print(f"paper_table: no completed runs under {args.folder}", file=sys.stderr)
+        return 1
+    parts = [shares_table(rows)]
+    if not args.shares_only:
+        parts.append(convergence_table(rows))
+    parts += ["\n".join(f"- {line}" for line in notes(rows) + skipped)]
+    text = "\n\n".join(p for p in parts if p) + "\n"
+    print(text)
+    (args.folder / "paper_table.md").write_text(text)
+    return 1 if skipped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
