@@ -296,6 +296,10 @@ def test_a_simulated_world_of_gpus_needs_no_collective_backend() -> None:
                      "devices.only=[gpu]", "dist.backend=nccl")
     plan = algorithms.get("local_sgd").plan(cfg, expand(cfg.devices))
     assert plan.settled["tau"] == "from the device profiles"
+    # nccl with CPU ranks is an error on any real machine, with or without NCCL
+    for algo in ("local_sgd", "sync"):
+        cfg = run_config(f"algo={algo}", "devices=paper_biased_local", "dist.backend=nccl")
+        assert algorithms.get(algo).plan(cfg, expand(cfg.devices)).workers
 
 
 def test_a_lone_simulated_worker_is_snapshotted_as_it_trains() -> None:

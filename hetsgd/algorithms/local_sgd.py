@@ -113,8 +113,7 @@ def needs_step_times(algo: LocalSGDConfig, groups: list[str]) -> bool:
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
     """Checks the layout; fixed taus are settled here, measured ones on the ranks at setup."""
     check_world(specs, cfg.devices.name)
-    if not cfg.devices.simulated:  # a simulated world meets in memory, without a backend
-        choose_backend(cfg.dist.backend, specs)
+    choose_backend(cfg.dist.backend, specs)
     algo, groups, mix = cfg.algo, _groups(specs), cfg.devices.name
     assert isinstance(algo, LocalSGDConfig)
     if algo.tau.mode == "fast_slow" and len(groups) != 2:

@@ -46,8 +46,7 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
     if len(specs) == 1:
         return Plan(cfg, specs)
     check_world(specs, cfg.devices.name)
-    if not cfg.devices.simulated:  # a simulated world meets in memory, without a backend
-        choose_backend(cfg.dist.backend, specs)
+    choose_backend(cfg.dist.backend, specs)
     algo = cfg.algo
     assert isinstance(algo, SyncConfig)
     batch = algo.global_batch or sum(s.batch_size for s in specs)

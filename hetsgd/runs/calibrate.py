@@ -13,7 +13,6 @@ on several workers pay every round or step. The coordinator stays CUDA-free.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from functools import partial
@@ -26,7 +25,7 @@ from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines import device_ops
-from hetsgd.engines.distributed.group import Group, free_port
+from hetsgd.engines.distributed.group import Group, with_free_port
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import Worker
@@ -70,16 +69,9 @@ def _measure(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedSt
 
 
 def _step_along(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState) -> None:
-    """Another worker of the mix: steps at its own batch size, as in training, until stopped."""
-    worker = _worker(spec, cfg, problem, state)
-    n, size = state.data.num_examples, min(spec.batch_size, state.data.num_examples)
-    stop, i = state.signals.stop, 0
-    while not stop.is_set():
-        started = time.perf_counter()
-        worker.step(0, i * size % (n - size + 1), size)
-        device_ops.synchronize(worker.device)
-        spec.emulate(time.perf_counter() - started, stop.is_set)
-        i += 1
+    """Another worker of the mix: its training loop, at its own batch size, until stopped (the
+    cursor has no epoch budget)."""
+    _worker(spec, cfg, problem, state).run()
 
 
 def _allreduce(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, numel: int,
@@ -104,8 +96,7 @@ def _allreduce(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, numel:
 def _measure_allreduce(cfg: RunConfig, specs: list[WorkerSpec], numel: int) -> float:
     """Seconds of one all-reduce of the model among the mix's workers, as the ranks of local
     SGD or sync exchange it."""
-    port = cfg.dist.master_port or free_port(cfg.dist.master_addr)
-    cfg = dataclasses.replace(cfg, dist=dataclasses.replace(cfg.dist, master_port=port))
+    cfg = with_free_port(cfg)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_allreduce, args=(s, specs, cfg, numel, results), daemon=True)

@@ -10,7 +10,6 @@ writes nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from functools import partial
@@ -20,7 +19,7 @@ import torch
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import Checkpoint
-from hetsgd.engines.distributed.group import free_port, torchrun
+from hetsgd.engines.distributed.group import torchrun, with_free_port
 from hetsgd.engines.distributed.rank import RankLoop, rank_process
 from hetsgd.engines.shared_memory.coordinator import Coordinator, OnTick, Training
 from hetsgd.engines.shared_memory.counters import WorkerCounters
@@ -61,8 +60,7 @@ class DistributedCoordinator(Coordinator):
         if launch is not None:
             started_here = [specs[launch.rank]]  # global rank 0: the other ranks follow()
         elif cfg.dist.master_port is None:
-            port = free_port(cfg.dist.master_addr)
-            cfg = dataclasses.replace(cfg, dist=dataclasses.replace(cfg.dist, master_port=port))
+            cfg = with_free_port(cfg)
         self.columns = loop_type.SETUP_COLUMNS
         self.setup = torch.full((len(specs), len(self.columns)), math.nan,
                                 dtype=torch.float64).share_memory_()

@@ -12,13 +12,14 @@ rank ends the run with an error instead of a hang.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from hetsgd.config import DistConfig
+from hetsgd.config import DistConfig, RunConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.clock import RankClock, WallClock
@@ -37,8 +38,20 @@ def free_port(addr: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def with_free_port(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a free port on ``dist.master_addr`` where ``dist.master_port`` is null: where
+    the ranks started on this machine meet."""
+    if cfg.dist.master_port is not None:
+        return cfg
+    port = free_port(cfg.dist.master_addr)
+    return dataclasses.replace(cfg, dist=dataclasses.replace(cfg.dist, master_port=port))
+
+
 def choose_backend(requested: str, specs: list[WorkerSpec]) -> str:
-    """NCCL when every rank is a GPU (or when asked), else gloo; impossible choices are errors."""
+    """NCCL when every rank is a GPU (or when asked), else gloo; impossible choices are errors.
+    A simulated world meets in this process's memory (``virtual``), whatever is asked."""
+    if any(spec.simulated for spec in specs):
+        return "virtual"
     all_gpus = all(spec.kind == "cuda" for spec in specs)
     if requested == "nccl" and not all_gpus:
         raise UserError("dist.backend=nccl needs every rank on a GPU; this mix has CPU ranks "
