@@ -27,9 +27,11 @@ run: setup
 	    monitor.interval_s=0.25
 
 ## the whole test suite, every tier (GPU tests skip, with the reason, without CUDA), two tests at
-## a time: most of its time is processes starting and waiting on each other, not computing
+## a time: most of its time is processes starting and waiting on each other, not computing; then
+## the tests that compare this machine's speed with itself, alone
 test: setup
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 ## the fast tier: unit tests only, no process-spawning (integration) or slow tests
 test-quick: setup

@@ -371,6 +371,12 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
                       str(row["batch_size"]), f"{row['examples_per_s']:,.0f}",
                       f"{row['ms_per_step']:.3f}", f"{row['comm_ms_per_step']:.3f}")
     console.print(table)
+    first = rows[0]
+    if first.get("exchange_ms") is not None:
+        points = ", ".join(f"{float(cost):.3f} ms at a wait of {float(wait):.3f} ms" for wait, cost
+                           in zip(first["exchange_wait_ms"].split(), first["exchange_ms"].split()))
+        console.print(f"the mix's exchange of the model, a round beyond its slowest step: "
+                      f"{points} (the earliest rank's)", soft_wrap=True)
     path = save(rows, cfg)
     console.print(f"saved: {path}\nreplay it on the virtual clock, on any machine: hetsgd run "
                   f"devices={cfg.devices.name} devices.simulated=true devices.calibration={path}",

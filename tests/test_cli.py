@@ -52,8 +52,13 @@ def test_calibrate_measures_every_group(results_dir: Path) -> None:
     assert set(table["group"]) == {"accel", "cpu"}
     assert (table["examples_per_s"] > 0).all()
     assert list(table[table["group"] == "accel"]["kind"].unique()) == ["emulated"]
+    output = " ".join(result.stdout.split())
     assert (f"hetsgd run devices=emulated devices.simulated=true devices.calibration={saved}"
-            in " ".join(result.stdout.split()))
+            in output)
+    first = table.iloc[0]
+    cost, wait = (float(first[c].split()[0]) for c in ("exchange_ms", "exchange_wait_ms"))
+    assert (f"exchange of the model, a round beyond its slowest step: {cost:.3f} ms at a wait of "
+            f"{wait:.3f} ms" in output)
 
 
 def _write_libsvm(path: Path) -> Path:

@@ -25,6 +25,8 @@ from hetsgd.config.schema import (
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.engines.virtual.profiles import (
     DEVICES_FILE,
+    EXCHANGE_COLUMNS,
+    ExchangeCost,
     MeasuredProfile,
     RooflineDevice,
     RooflineProfile,
@@ -272,6 +274,8 @@ def test_an_emulated_groups_sleep_is_taken_out_of_its_steps(tmp_path: Path) -> N
     ("group,batch_size,ms_per_step,comm_ms_per_step\naccel,1,2.0,2.5\n", "line 2: .*comm_ms"),
     ("group,batch_size,ms_per_step,comm_ms_per_step\naccel,1,2.0,1.0\naccel,1,3.0,1.0\n",
      "line 3: group 'accel' has batch size 1 twice"),
+    ("group,batch_size,ms_per_step,comm_ms_per_step,exchange_wait_ms,exchange_ms\n"
+     "accel,1,2.0,1.0,0.1 4.0,1.5\n", "line 2: .*exchange_ms as many numbers each"),
 ])
 def test_a_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path: Path, text: str,
                                                               message: str) -> None:
@@ -299,8 +303,24 @@ def test_a_calibration_measures_the_copies_of_a_replica_only(results_dir: Path) 
         else:  # Hogwild: steps on the master in place
             assert row["comm_ms_per_step"] == 0.0, row
     assert {row["slowdown"] for row in rows} == {1.0}
-    assert len({row["allreduce_ms"] for row in rows}) == 1 and rows[0]["allreduce_ms"] > 0
+    exchange = {column: rows[0][column] for column in EXCHANGE_COLUMNS}
+    assert all({column: row[column] for column in EXCHANGE_COLUMNS} == exchange for row in rows)
+    waits, costs = ([float(v) for v in exchange[c].split()] for c in EXCHANGE_COLUMNS)
+    # three patterns: the ranks stepping about as long (they hardly wait), one step each (the
+    # faster waits the difference), several steps each (it waits several times that)
+    assert len(waits) == len(costs) == 3 and waits == sorted(waits)
+    assert waits[2] >= 2 * waits[1] > 0 and all(cost >= 0 for cost in costs)
     profiles = load_calibration(save(rows, cfg))
     assert set(profiles) == {"accel", "cpu"}
     assert profiles["accel"].copy_s() > 0 and profiles["cpu"].copy_s() == 0
-    assert profiles["cpu"].allreduce_s() == pytest.approx(rows[0]["allreduce_ms"] / 1000)
+    assert profiles["cpu"].exchange_s(0.0) == pytest.approx(costs[0] / 1000)
+    assert profiles["cpu"].exchange_s(1.0) == pytest.approx(costs[2] / 1000)
+
+
+def test_an_exchange_costs_by_the_earliest_ranks_wait_between_the_measured_points() -> None:
+    cost = ExchangeCost.of([(0.003, 0.006), (0.001, 0.002), (0.002, 0.003)])
+    assert cost.waits_s == (0.001, 0.002, 0.003)
+    assert [cost(w) for w in (0.0, 0.001, 0.0015, 0.0025, 0.003, 0.01)] == pytest.approx(
+        [0.002, 0.002, 0.0025, 0.0045, 0.006, 0.006])
+    # ranks of one speed: every pattern waits as little, and counts as the patterns' mean
+    assert ExchangeCost.of([(0.0, 0.002), (0.0, 0.004), (0.0, 0.003)])(0.5) == pytest.approx(0.003)

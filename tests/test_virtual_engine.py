@@ -24,6 +24,7 @@ from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
+from hetsgd.engines.virtual.profiles import ExchangeCost
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.errors import UserError
 from hetsgd.outputs.figure_style import time_label
@@ -39,7 +40,7 @@ class Fixed:
     per_step: float
     per_example: float = 0.0
     copy: float = 0.0
-    allreduce: float | None = None
+    exchange: ExchangeCost | None = None
     name: str = "fixed"
 
     def compute_s(self, batch_size: int) -> float:
@@ -48,8 +49,8 @@ class Fixed:
     def copy_s(self) -> float:
         return self.copy
 
-    def allreduce_s(self) -> float | None:
-        return self.allreduce
+    def exchange_s(self, wait_s: float) -> float | None:
+        return None if self.exchange is None else self.exchange(wait_s)
 
 
 def _hogwild(*overrides: str) -> tuple[RunConfig, RunData]:
@@ -230,11 +231,11 @@ def test_a_simulated_cuda_group_needs_no_gpu() -> None:
 
 # -- the distributed family ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("allreduce", [None, 0.005])
-def test_simulated_sync_steps_at_the_slowest_ranks_pace(allreduce: float | None) -> None:
+@pytest.mark.parametrize("exchange", [None, ExchangeCost((0.0, 0.04), (0.001, 0.009))])
+def test_simulated_sync_steps_at_the_slowest_ranks_pace(exchange: ExchangeCost | None) -> None:
     """Two ranks, 0.01 s and 0.03 s a step: every step ends at the slower one's pace plus the
-    all-reduce (free between CPU cores, unless a calibration measured it), and the faster one
-    waits the difference in its exchange."""
+    exchange (free between CPU cores, unless a calibration measured it: then its cost at the
+    faster rank's wait, 0.02 s), and the faster one waits the difference in its exchange."""
     num_examples = load_run_data(run_config("dataset=digits"), progress=False).train.num_examples
     cfg = run_config("algo=sync", "dataset=digits", "model=logreg", "devices=cpu",
                      "devices.simulated=true", "devices.groups.cpu.count=2",
@@ -248,16 +249,18 @@ def test_simulated_sync_steps_at_the_slowest_ranks_pace(allreduce: float | None)
     assert isinstance(hooks, DistributedHooks)
     training = VirtualRanks(plan.cfg, plan.workers, data.problem, data.train, master, None,
                             hooks.loop, hooks.setup_summary,
-                            [Fixed(0.01, allreduce=allreduce), Fixed(0.03, allreduce=allreduce)]
+                            [Fixed(0.01, exchange=exchange), Fixed(0.03, exchange=exchange)]
                             ).run(None)
     # each step's exchange carries the 650 gradients of logreg on digits, 3 flags and both
-    # ranks' counters; the counters' last exchange, smaller than the model, costs a whole one
-    exchange = (allreduce or 0.0) * (650 + 3 + 2 * len(COUNTERS)) / 650
-    assert training.time_s == pytest.approx(10 * (0.03 + exchange) + (allreduce or 0.0))
+    # ranks' counters, at a wait of 0.02 s (0.005 s); the counters' last exchange, which both
+    # ranks reach together, is smaller than the model and costs a whole one at no wait
+    measured = exchange is not None
+    per_step = 0.005 * (650 + 3 + 2 * len(COUNTERS)) / 650 if measured else 0.0
+    assert training.time_s == pytest.approx(10 * (0.03 + per_step) + (0.001 if measured else 0.0))
     assert [row["updates"] for row in training.counters] == [10, 10]
     assert [row["busy_s"] for row in training.counters] == pytest.approx([0.1, 0.3])
-    assert training.counters[0]["comm_s"] == pytest.approx(10 * (0.02 + exchange))
-    assert training.counters[1]["comm_s"] == pytest.approx(10 * exchange)
+    assert training.counters[0]["comm_s"] == pytest.approx(10 * (0.02 + per_step))
+    assert training.counters[1]["comm_s"] == pytest.approx(10 * per_step)
 
 
 @pytest.mark.integration

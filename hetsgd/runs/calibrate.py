@@ -7,14 +7,19 @@ batch size, so the measurement carries what the mix costs itself on this machine
 bandwidth, the shared model's cache lines); a group measured alone runs faster than it trains.
 Each step is the one the group's workers take in training — the replica copy and merge of an
 accelerator, and an emulated group's slowdown, included. A mix of several workers also gets its
-all-reduce measured: the ranks' gloo (or NCCL) all-reduce of the model, which local SGD and sync
-on several workers pay every round or step. The coordinator stays CUDA-free.
+exchange measured, the way local SGD and sync pay it every round or step: every worker a rank
+process, rounds of steps and the gloo (or NCCL) exchange of the model. The rounds take longer
+than the slowest rank's steps by more than the all-reduce alone (ranks that waited wake late,
+the collective's threads take cores from the steps), the more the longer the earliest rank
+waited, and that whole excess, at three such waits, is what a simulated round pays. The
+coordinator stays CUDA-free.
 """
 
 from __future__ import annotations
 
-import statistics
+import math
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -26,16 +31,21 @@ from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.group import Group, with_free_port
-from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.engines.distributed.rank import Rank
+from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import Worker
 from hetsgd.engines.step_timing import StepTimer
+from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, measured_profiles
 from hetsgd.model.problem import Problem
 from hetsgd.runs.setup import load_run_data
 
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024)
 WARMUP_STEPS = 3
-ALLREDUCE_WARMUP, ALLREDUCE_TIMED = 5, 30
+EXCHANGE_WARMUP = 5  # rounds
+EXCHANGE_SECONDS = 2  # each round pattern is timed for this many times a batch size's seconds
+LONG_WAIT_S = 0.004  # how long the earliest rank waits in the long rounds, about
+MAX_LONG_STEPS, MIN_ROUNDS = 64, 20
 
 
 def _worker(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState) -> Worker:
@@ -74,47 +84,106 @@ def _step_along(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Share
     _worker(spec, cfg, problem, state).run()
 
 
-def _allreduce(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, numel: int,
-               results) -> None:
-    """One rank: the median seconds of an all-reduce of ``numel`` floats (rank 0 reports)."""
+@dataclass(frozen=True)
+class RoundPattern:
+    """Rounds in which rank r takes ``steps[r]`` steps at its batch size, then the exchange;
+    ``rounds`` of them are timed, after ``EXCHANGE_WARMUP``."""
+
+    steps: tuple[int, ...]
+    rounds: int
+
+
+def _rounds(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, problem: Problem,
+            state: SharedState, patterns: list[RoundPattern], results) -> None:
+    """One rank: each pattern's rounds of training steps (the emulated slowdown included) and
+    the exchange of the model that local SGD and sync make, as a rank of theirs does both.
+    Rank 0 reports the wall seconds per round of each pattern."""
     torch.set_num_threads(spec.threads)
     group = Group(cfg.dist, spec.rank, specs)
     try:
-        buffer = group.buffer(numel)
-        times = []
-        for i in range(ALLREDUCE_WARMUP + ALLREDUCE_TIMED):
+        rank = Rank(spec, specs, cfg, problem, state, group, linked=False)
+        batches, n = rank.batches(), rank.num_examples
+        size = min(spec.batch_size, n)
+        step = 0
+        seconds_per_round = []
+        for pattern in patterns:
             started = time.perf_counter()
-            group.all_reduce_(buffer)
-            if i >= ALLREDUCE_WARMUP:
-                times.append(time.perf_counter() - started)
+            for round_ in range(EXCHANGE_WARMUP + pattern.rounds):
+                if round_ == EXCHANGE_WARMUP:
+                    started = time.perf_counter()
+                for _ in range(pattern.steps[spec.rank]):
+                    step_started = time.perf_counter()
+                    x, y = batches.get(0, step * size % (n - size + 1), size)
+                    mean, _ = rank.train_step(x, y, 0.0, size)
+                    device_ops.synchronize(rank.device)
+                    spec.emulate(time.perf_counter() - step_started)
+                    step += 1
+                rank.exchange(rank.flat.params, rank.flat.buffers, 1 / len(specs), float(mean))
+            seconds_per_round.append((time.perf_counter() - started) / pattern.rounds)
         if spec.rank == 0:
-            results.put(statistics.median(times))
+            results.put(seconds_per_round)
+    except BaseException as exc:  # the parent turns it into an error line
+        results.put(f"{type(exc).__name__}: {exc}")
     finally:
         group.leave()
 
 
-def _measure_allreduce(cfg: RunConfig, specs: list[WorkerSpec], numel: int) -> float:
-    """Seconds of one all-reduce of the model among the mix's workers, as the ranks of local
-    SGD or sync exchange it."""
+def _seconds_per_round(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
+                       data: SharedData, patterns: list[RoundPattern]) -> list[float]:
+    """Wall seconds of a round of each pattern on the mix, every worker a rank process as in
+    training."""
     cfg = with_free_port(cfg)
     ctx = mp.get_context("spawn")
+    master = SharedMaster.initial(cfg.model, problem, cfg.seed)
+    state = SharedState.create(data, master, None, len(specs), ctx)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_allreduce, args=(s, specs, cfg, numel, results), daemon=True)
-             for s in specs]
+    procs = [ctx.Process(target=_rounds, args=(s, specs, cfg, problem, state, patterns, results),
+                         daemon=True) for s in specs]
     for proc in procs:
         proc.start()
     try:
-        return float(results.get(timeout=cfg.dist.timeout_s))
+        item = results.get(timeout=cfg.dist.timeout_s + 60)
     finally:
         for proc in procs:
             proc.join(timeout=cfg.dist.timeout_s)
+    if isinstance(item, str):
+        raise RuntimeError(f"measuring the mix's exchange failed: {item}")
+    return [float(seconds) for seconds in item]
+
+
+def _measure_exchange(rows: list[dict], cfg: RunConfig, specs: list[WorkerSpec],
+                      problem: Problem, data: SharedData, seconds: float) -> dict[str, str]:
+    """What a round's exchange adds to its slowest rank's steps, at three waits of the earliest
+    rank (space-separated, by wait): rounds in which every rank steps for about as long as the
+    slowest rank's one step (unbalanced local SGD's rounds), rounds of one step each (sync's,
+    the wait is the mix's difference in speed), and rounds of as many steps each as make the
+    earliest rank wait about ``LONG_WAIT_S`` (balanced local SGD's). The excess is the measured
+    round less the slowest rank's steps as the rows' profiles give them (never below 0: a round
+    measured faster than that is noise); it holds the all-reduce and whatever the ranks pay
+    around it on this machine (a rank that waited wakes late, the collective's threads take
+    cores)."""
+    profiles = measured_profiles(rows, "the calibration")
+    step_s = [profiles[s.group].compute_s(min(s.batch_size, data.num_examples)) * s.slowdown
+              for s in specs]
+    slowest, spread = max(step_s), max(step_s) - min(step_s)
+    long_steps = max(2, min(MAX_LONG_STEPS, math.ceil(LONG_WAIT_S / max(spread, 1e-9))))
+    steps = [tuple(max(1, round(slowest / t)) for t in step_s), (1,) * len(specs),
+             (long_steps,) * len(specs)]
+    busy = [[k * t for k, t in zip(pattern, step_s)] for pattern in steps]
+    patterns = [RoundPattern(k, max(MIN_ROUNDS, math.ceil(seconds / (max(b) + LONG_WAIT_S))))
+                for k, b in zip(steps, busy)]
+    rounds_s = _seconds_per_round(cfg, specs, problem, data, patterns)
+    points = sorted((max(b) - min(b), max(0.0, r - max(b))) for b, r in zip(busy, rounds_s))
+    return {"exchange_wait_ms": " ".join(f"{1000 * wait:.6g}" for wait, _ in points),
+            "exchange_ms": " ".join(f"{1000 * excess:.6g}" for _, excess in points)}
 
 
 def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
     """Examples/s, ms/step and the part of it spent copying the model to or from the master
     (comm ms/step: a replica's copies; 0 for a worker that steps in place) per group and batch
     size (batch sizes up to the training set), measured with the rest of the mix stepping; and
-    the mix's all-reduce of the model (ms, in every row; empty for a one-worker mix)."""
+    the mix's exchange of the model (ms a round adds to the slowest step, at two waits of the
+    earliest rank; in every row, empty for a one-worker mix)."""
     run_data = load_run_data(cfg, progress=cfg.progress)
     problem, data = run_data.problem, run_data.train
     batch_sizes = [b for b in BATCH_SIZES if b <= data.num_examples]
@@ -147,11 +216,10 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
                 p.join(timeout=60)
                 if p.is_alive():
                     p.terminate()
-    allreduce_ms = None
+    exchange = dict.fromkeys(EXCHANGE_COLUMNS)
     if len(specs) > 1:
-        allreduce_ms = 1000 * _measure_allreduce(cfg, specs, master.params.numel()
-                                                 + master.buffers.numel())
-    return [{**row, "allreduce_ms": allreduce_ms} for row in rows]
+        exchange = _measure_exchange(rows, cfg, specs, problem, data, EXCHANGE_SECONDS * seconds)
+    return [{**row, **exchange} for row in rows]
 
 
 def save(rows: list[dict], cfg: RunConfig) -> Path:

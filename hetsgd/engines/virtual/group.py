@@ -4,10 +4,12 @@ each with a virtual clock.
 Each rank runs the algorithm's own loop (:class:`~hetsgd.engines.distributed.rank.RankLoop`)
 against a :class:`VirtualGroup`, which has the real group's collectives. A rank's clock advances
 by its device profile's time whenever it has computed a step; a collective ends for every rank
-at the latest arrival plus the collective's cost: an all-reduce of the model as the mix's
-calibration measured it, or, for rooflines, ring traffic over the slowest link, ``2 (W - 1) / W``
-copies of the model, one taking the profile's ``copy_s`` (a CPU core's copies are free). A
-payload smaller than the model costs as much (latency), a larger one in proportion.
+at the latest arrival plus the collective's cost: an exchange of the model as the mix's
+calibration measured it (what a round costs beyond its slowest step, at the wait of the
+earliest rank), or, for rooflines, ring
+traffic over the slowest link, ``2 (W - 1) / W`` copies of the model, one taking the profile's
+``copy_s`` (a CPU core's copies are free). A payload smaller than the model costs as much
+(latency), a larger one in proportion.
 
 Collectives sum in rank order, and whatever the coordinator does between exchanges (snapshots,
 utilization samples, progress) runs at the barrier while every rank waits, so a simulated run
@@ -69,12 +71,9 @@ class Meeting:
         self.result: torch.Tensor | None = None
         self.barrier = threading.Barrier(world, action=self._reduce)
         self.go = threading.Barrier(world, action=self._start_clocks)
-        measured = [clock.profile.allreduce_s() for clock in clocks]
-        if None not in measured:  # calibrated in this mix: the all-reduce of the model as measured
-            self.model_s = max(measured)  # type: ignore[type-var]
-        else:  # ring all-reduce: 2 (W - 1) / W copies of the model over the slowest link
-            self.model_s = 2 * (world - 1) / world * max(
-                clock.profile.copy_s() * clock.slowdown for clock in clocks)
+        # ring all-reduce: 2 (W - 1) / W copies of the model over the slowest link
+        self.ring_s = 2 * (world - 1) / world * max(
+            clock.profile.copy_s() * clock.slowdown for clock in clocks)
 
     def _reduce(self) -> None:
         slots = [slot for slot in self.slots if slot is not None]
@@ -88,10 +87,17 @@ class Meeting:
         # a payload smaller than the model costs as much: an all-reduce that small is latency
         nbytes = slots[0].numel() * slots[0].element_size()
         ends = (max(clock.time for clock in self.clocks)
-                + self.model_s * max(1.0, nbytes / max(self.model_bytes, 1)))
+                + self._model_s() * max(1.0, nbytes / max(self.model_bytes, 1)))
         for clock in self.clocks:
             clock.time = ends
         self.on_meeting(ends)
+
+    def _model_s(self) -> float:
+        """An exchange of the model: as the mix's calibration measured it at the wait of the
+        earliest rank, else the ring."""
+        times = [clock.time for clock in self.clocks]
+        measured = [clock.profile.exchange_s(max(times) - min(times)) for clock in self.clocks]
+        return self.ring_s if None in measured else max(measured)  # type: ignore[type-var]
 
     def _start_clocks(self) -> None:
         for clock in self.clocks:

@@ -8,6 +8,7 @@ import bisect
 import csv
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -23,6 +24,9 @@ KINDS = ("cpu", "cuda")
 _NUMBERS = ("peak_flops", "memory_bandwidth", "launch_s", "efficiency")
 _LINK = ("link_bandwidth", "link_latency_s")
 CALIBRATION_COLUMNS = ("group", "batch_size", "ms_per_step", "comm_ms_per_step")
+# a mix's exchange, where measured: the earliest rank's waits and the exchange's cost at each
+# (space-separated, as many of each)
+EXCHANGE_COLUMNS = ("exchange_wait_ms", "exchange_ms")
 
 
 class DeviceProfile(Protocol):
@@ -42,9 +46,11 @@ class DeviceProfile(Protocol):
         CPU core, which steps on the shared model in place)."""
         ...
 
-    def allreduce_s(self) -> float | None:
-        """Seconds of one all-reduce of the model among the ranks of the mix it was measured
-        in; None where it is not measured (the group then models it from ``copy_s``)."""
+    def exchange_s(self, wait_s: float) -> float | None:
+        """Seconds a round's exchange of the model adds to the slowest rank's step, among the
+        ranks of the mix it was measured in (the all-reduce and what the ranks pay around it on
+        that machine), when the earliest rank waited ``wait_s`` for the last; None where it is
+        not measured (the group then models it from ``copy_s``)."""
         ...
 
 
@@ -128,8 +134,40 @@ class RooflineProfile:
             return 0.0
         return device.link_latency_s + self.cost.param_bytes / device.link_bandwidth
 
-    def allreduce_s(self) -> float | None:
+    def exchange_s(self, wait_s: float) -> float | None:
         return None
+
+
+@dataclass(frozen=True)
+class ExchangeCost:
+    """A mix's exchange as a calibration measured it, at a few waits of the earliest rank
+    (strictly ascending): a rank that waited longer in a collective can wake later (an idle core
+    or vCPU), so the cost is interpolated in the wait between the measured points, and flat
+    outside them."""
+
+    waits_s: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    @classmethod
+    def of(cls, points: Iterable[tuple[float, float]]) -> ExchangeCost:
+        """From (wait, seconds) points in any order; points at one wait (ranks of one speed
+        wait about as little in every pattern) count as their mean."""
+        by_wait: dict[float, list[float]] = {}
+        for wait, seconds in sorted(points):
+            by_wait.setdefault(wait, []).append(seconds)
+        if not by_wait:
+            raise ValueError("no points")
+        return cls(tuple(by_wait), tuple(statistics.fmean(s) for s in by_wait.values()))
+
+    def __call__(self, wait_s: float) -> float:
+        waits, seconds = self.waits_s, self.seconds
+        if wait_s <= waits[0]:
+            return seconds[0]
+        if wait_s >= waits[-1]:
+            return seconds[-1]
+        i = bisect.bisect_right(waits, wait_s)
+        share = (wait_s - waits[i - 1]) / (waits[i] - waits[i - 1])
+        return (1 - share) * seconds[i - 1] + share * seconds[i]
 
 
 @dataclass(frozen=True)
@@ -141,7 +179,7 @@ class MeasuredProfile:
     batch_sizes: tuple[int, ...]
     compute_seconds: tuple[float, ...]
     copy_seconds: float
-    allreduce_seconds: float | None = None  # the mix's all-reduce of the model, where measured
+    exchange: ExchangeCost | None = None  # the mix's exchange of the model, where measured
 
     def compute_s(self, batch_size: int) -> float:
         """Straight lines in log(batch) vs log(seconds) between measured sizes: a step's time
@@ -162,14 +200,12 @@ class MeasuredProfile:
     def copy_s(self) -> float:
         return self.copy_seconds
 
-    def allreduce_s(self) -> float | None:
-        return self.allreduce_seconds
+    def exchange_s(self, wait_s: float) -> float | None:
+        return None if self.exchange is None else self.exchange(wait_s)
 
 
 def load_calibration(path: Path) -> dict[str, MeasuredProfile]:
-    """A calibration CSV (``hetsgd devices --calibrate``) as one profile per worker group. Its
-    copy time is half a step's median comm time: a replica copies in before the batch and out
-    after it."""
+    """A calibration CSV (``hetsgd devices --calibrate``) as one profile per worker group."""
     path = Path(path)
     try:
         with path.open(newline="") as file:
@@ -182,41 +218,57 @@ def load_calibration(path: Path) -> dict[str, MeasuredProfile]:
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not a CSV text file"
         raise UserError(f"cannot read calibration file {path}: {reason}") from exc
+    return measured_profiles(rows, f"calibration file {path}")
+
+
+def measured_profiles(rows: list[dict], source: str) -> dict[str, MeasuredProfile]:
+    """A calibration's rows (as read from its CSV, or as measured) as one profile per group.
+    A group's copy time is half a step's median comm time: a replica copies in before the
+    batch and out after it."""
     if not rows:
-        raise UserError(f"calibration file {path} has no rows")
+        raise UserError(f"{source} has no rows")
     groups: dict[str, dict[int, tuple[float, float]]] = {}
-    allreduce: dict[str, float] = {}
+    exchange: dict[str, ExchangeCost] = {}
     for line, row in enumerate(rows, start=2):
         try:
             batch = int(row["batch_size"])
             step_ms, comm_ms = float(row["ms_per_step"]), float(row["comm_ms_per_step"])
             slowdown = float(row.get("slowdown") or 1.0)
-            if row.get("allreduce_ms"):
-                allreduce[row["group"]] = float(row["allreduce_ms"]) / 1000
+            if all(row.get(c) not in (None, "") for c in EXCHANGE_COLUMNS):
+                exchange[row["group"]] = _exchange_cost(*(row[c] for c in EXCHANGE_COLUMNS))
         except (TypeError, ValueError):
-            raise UserError(f"calibration file {path}, line {line}: batch_size, ms_per_step, "
-                            "comm_ms_per_step, slowdown and allreduce_ms must be numbers") from None
+            raise UserError(f"{source}, line {line}: batch_size, ms_per_step, comm_ms_per_step "
+                            f"and slowdown must be numbers, {' and '.join(EXCHANGE_COLUMNS)} as "
+                            "many numbers each") from None
         # an emulated group's measured step includes its sleep, (slowdown - 1) x the step
         step_ms /= slowdown if slowdown >= 1 else math.nan
         if batch < 1 or not 0 <= comm_ms < step_ms:
-            raise UserError(f"calibration file {path}, line {line}: wants batch_size >= 1, "
+            raise UserError(f"{source}, line {line}: wants batch_size >= 1, "
                             "slowdown >= 1 and 0 <= comm_ms_per_step < ms_per_step / slowdown")
         measured = groups.setdefault(row["group"], {})
         if batch in measured:
-            raise UserError(f"calibration file {path}, line {line}: group {row['group']!r} has "
+            raise UserError(f"{source}, line {line}: group {row['group']!r} has "
                             f"batch size {batch} twice")
         measured[batch] = (step_ms / 1000, comm_ms / 1000)
-    return {group: _measured(group, measured, allreduce.get(group))
+    return {group: _measured(group, measured, exchange.get(group))
             for group, measured in groups.items()}
 
 
-def _measured(group: str, measured: dict[int, tuple[float, float]], allreduce_s: float | None
-              ) -> MeasuredProfile:
+def _exchange_cost(waits_ms: object, costs_ms: object) -> ExchangeCost:
+    """The exchange columns of a calibration row (numbers, or space-separated numbers)."""
+    waits, costs = ([float(v) / 1000 for v in str(cell).split()] for cell in (waits_ms, costs_ms))
+    if len(waits) != len(costs):
+        raise ValueError("exchange columns of different lengths")
+    return ExchangeCost.of(zip(waits, costs))
+
+
+def _measured(group: str, measured: dict[int, tuple[float, float]],
+              exchange: ExchangeCost | None) -> MeasuredProfile:
     sizes = sorted(measured)
     return MeasuredProfile(f"measured:{group}", tuple(sizes),
                            tuple(measured[b][0] - measured[b][1] for b in sizes),
                            statistics.median(comm for _, comm in measured.values()) / 2,
-                           allreduce_s)
+                           exchange)
 
 
 def _check_batch(batch_size: int) -> None:

@@ -1,0 +1,48 @@
+"""The simulation against this machine (hetsgd.runs.validate): one case, run real and simulated
+after a calibration of its mix, and the table the script prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hetsgd.runs.validate import CASES, Comparison, table, validate
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.serial
+def test_simulated_hogbatch_keeps_the_real_runs_pace_and_shares(results_dir: Path) -> None:
+    """Hogbatch with the host 4x slower, one seed, 2 s, alone on the machine (``serial``: a
+    calibration and a run that another test disturbs at different moments disagree): the
+    bounds are loose for a noisy 2-core machine (the full comparison, 3 seeds of 4 s, has
+    measured seed-by-seed ratios of 0.92-1.12 here), and tight enough for a wrong model of it: a simulation
+    that ignored the host's slowdown gives it about 3x its share, a clock that charged each
+    step twice halves examples/s."""
+    case, = (case for case in CASES if case.name.startswith("hogbatch"))
+    common = ("dataset=digits", "model=mlp", "optim.lr=0.01", "budget.epochs=null",
+              "budget.seconds=2", "eval.every_s=0.2", "eval.every_epochs=null", "progress=false")
+    comparisons = validate([case], common, seeds=[0], target_loss=0.1, out=results_dir,
+                           calibration_s=0.25)
+    ratios = {c.metric: c.ratio for c in comparisons}
+    assert 0.6 <= ratios["examples/s"] <= 1.6, table(comparisons)
+    assert 0.6 <= ratios["host update share"] <= 1.6, table(comparisons)
+    real, = (c.real for c in comparisons if c.metric == "host update share")
+    assert 0.1 < real < 0.5, table(comparisons)  # the slowed host makes a minority of updates
+    assert set(ratios) == {"examples/s", "host update share", "time to loss 0.1"}
+
+
+def test_a_comparison_pairs_each_seeds_simulation_with_its_own_real_run() -> None:
+    # the medians' ratio would be 220 / 200 = 1.1; seed by seed the simulation is 0.9x, 1.1x, 0.9x
+    comparison = Comparison.of("a", "examples/s", [100.0, 200.0, 300.0], [90.0, 220.0, 270.0])
+    assert (comparison.real, comparison.simulated) == (200.0, 220.0)
+    assert comparison.ratio == pytest.approx(0.9)
+
+
+def test_the_table_says_which_comparisons_it_cannot_make() -> None:
+    comparisons = [Comparison.of("a", "examples/s", [100.0], [90.0]),
+                   Comparison.of("a", "time to loss 0.1", [None, 2.0], [2.0, 2.0])]
+    lines = table(comparisons).splitlines()
+    assert lines[2] == "| a | examples/s | 100 | 90 | 0.90 |"
+    assert lines[3] == "| a | time to loss 0.1 | — | 2 | — |"
