@@ -26,12 +26,18 @@ LONG_RUN = ("run", "algo=hogwild", "dataset=digits", "budget.epochs=null", "budg
             "eval.every_s=0.2", "eval.every_epochs=null", "progress=false")
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as a terminal's foreground command gets it, even where the tests themselves run in
+    the background of a script (which starts them with SIGINT ignored, and children inherit it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(results: Path, *args: str) -> subprocess.Popen:
     """`hetsgd *args` in a process group of its own, as a shell starts a command."""
     env = {**os.environ, "HETSGD_RESULTS": str(results)}
     return subprocess.Popen([sys.executable, "-m", "hetsgd", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            process_group=0)
+                            process_group=0, preexec_fn=_default_sigint)
 
 
 def _workers(proc: subprocess.Popen, count: int, timeout_s: float = 90) -> list[int]:

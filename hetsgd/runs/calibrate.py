@@ -18,6 +18,7 @@ coordinator stays CUDA-free.
 from __future__ import annotations
 
 import math
+import queue
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -99,8 +100,9 @@ def _rounds(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, problem: 
     the exchange of the model that local SGD and sync make, as a rank of theirs does both.
     Rank 0 reports the wall seconds per round of each pattern."""
     torch.set_num_threads(spec.threads)
-    group = Group(cfg.dist, spec.rank, specs)
+    group: Group | None = None
     try:
+        group = Group(cfg.dist, spec.rank, specs)
         rank = Rank(spec, specs, cfg, problem, state, group, linked=False)
         batches, n = rank.batches(), rank.num_examples
         size = min(spec.batch_size, n)
@@ -125,7 +127,8 @@ def _rounds(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, problem: 
     except BaseException as exc:  # the parent turns it into an error line
         results.put(f"{type(exc).__name__}: {exc}")
     finally:
-        group.leave()
+        if group is not None:
+            group.leave()
 
 
 def _seconds_per_round(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
@@ -143,6 +146,8 @@ def _seconds_per_round(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem
         proc.start()
     try:
         item = results.get(timeout=cfg.dist.timeout_s + 60)
+    except queue.Empty:
+        item = f"no rank reported within dist.timeout_s={cfg.dist.timeout_s:g} s + 60 s"
     finally:
         for proc in procs:
             proc.join(timeout=cfg.dist.timeout_s)
