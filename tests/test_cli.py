@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, load_calibration
 from hetsgd.machine import cuda_devices
 
 pytestmark = pytest.mark.integration  # every test here runs the `hetsgd` command
@@ -50,15 +51,29 @@ def test_calibrate_measures_every_group(results_dir: Path) -> None:
     saved, = (results_dir / "calibration").glob("*_mlp_digits_emulated.csv")
     table = pd.read_csv(saved)
     assert set(table["group"]) == {"accel", "cpu"}
-    assert (table["examples_per_s"] > 0).all()
+    assert (table["examples_per_s"] > 0).all() and (table["slowdown"] == 1.0).all()
     assert list(table[table["group"] == "accel"]["kind"].unique()) == ["emulated"]
+    # a replica is copied in and merged back every step; Hogwild steps on the master in place
+    accel, cpu = (table[table["group"] == group] for group in ("accel", "cpu"))
+    assert ((0 < accel["comm_ms_per_step"]) & (accel["comm_ms_per_step"] < accel["ms_per_step"])
+            ).all()
+    assert (cpu["comm_ms_per_step"] == 0.0).all()
+    # the mix's exchange, in every row: three kinds of round, the ranks stepping about as long
+    # (they hardly wait), one step each (the faster waits the difference), several steps each
+    # (it waits several times that)
+    assert table["exchange_wait_ms"].nunique() == table["exchange_ms"].nunique() == 1
+    waits, costs = ([float(v) for v in table[c].iloc[0].split()] for c in EXCHANGE_COLUMNS)
+    assert len(waits) == len(costs) == 3 and waits == sorted(waits)
+    assert waits[2] >= 2 * waits[1] > 0 and all(cost >= 0 for cost in costs)
+    profiles = load_calibration(saved)
+    assert profiles["accel"].copy_s() > 0 and profiles["cpu"].copy_s() == 0
+    assert profiles["cpu"].exchange_s(0.0) == pytest.approx(costs[0] / 1000)
+    assert profiles["cpu"].exchange_s(1.0) == pytest.approx(costs[2] / 1000)
     output = " ".join(result.stdout.split())
     assert (f"hetsgd run devices=emulated devices.simulated=true devices.calibration={saved}"
             in output)
-    first = table.iloc[0]
-    cost, wait = (float(first[c].split()[0]) for c in ("exchange_ms", "exchange_wait_ms"))
-    assert (f"exchange of the model, a round beyond its slowest step: {cost:.3f} ms at a wait of "
-            f"{wait:.3f} ms" in output)
+    assert (f"exchange of the model, a round beyond its slowest step: {costs[0]:.3f} ms at a "
+            f"wait of {waits[0]:.3f} ms" in output)
 
 
 def _write_libsvm(path: Path) -> Path:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import run_config
 from torch import nn
 
 from hetsgd.config.schema import (
@@ -25,7 +24,6 @@ from hetsgd.config.schema import (
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.engines.virtual.profiles import (
     DEVICES_FILE,
-    EXCHANGE_COLUMNS,
     ExchangeCost,
     MeasuredProfile,
     RooflineDevice,
@@ -289,32 +287,6 @@ def test_a_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path: Path, te
 def test_a_missing_calibration_file_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="cannot read calibration file .*nowhere.csv"):
         load_calibration(tmp_path / "nowhere.csv")
-
-
-@pytest.mark.integration
-def test_a_calibration_measures_the_copies_of_a_replica_only(results_dir: Path) -> None:
-    from hetsgd.runs.calibrate import calibrate, save
-
-    cfg = run_config("devices=emulated")
-    rows = calibrate(cfg, seconds=0.02)
-    for row in rows:
-        if row["group"] == "accel":  # a replica: copied in and merged back every step
-            assert 0 < row["comm_ms_per_step"] < row["ms_per_step"], row
-        else:  # Hogwild: steps on the master in place
-            assert row["comm_ms_per_step"] == 0.0, row
-    assert {row["slowdown"] for row in rows} == {1.0}
-    exchange = {column: rows[0][column] for column in EXCHANGE_COLUMNS}
-    assert all({column: row[column] for column in EXCHANGE_COLUMNS} == exchange for row in rows)
-    waits, costs = ([float(v) for v in exchange[c].split()] for c in EXCHANGE_COLUMNS)
-    # three patterns: the ranks stepping about as long (they hardly wait), one step each (the
-    # faster waits the difference), several steps each (it waits several times that)
-    assert len(waits) == len(costs) == 3 and waits == sorted(waits)
-    assert waits[2] >= 2 * waits[1] > 0 and all(cost >= 0 for cost in costs)
-    profiles = load_calibration(save(rows, cfg))
-    assert set(profiles) == {"accel", "cpu"}
-    assert profiles["accel"].copy_s() > 0 and profiles["cpu"].copy_s() == 0
-    assert profiles["cpu"].exchange_s(0.0) == pytest.approx(costs[0] / 1000)
-    assert profiles["cpu"].exchange_s(1.0) == pytest.approx(costs[2] / 1000)
 
 
 def test_an_exchange_costs_by_the_earliest_ranks_wait_between_the_measured_points() -> None:
