@@ -356,6 +356,7 @@ def _compose(overrides: list[str]) -> RunConfig:
 
 
 def _print_calibration(overrides: list[str], seconds: float) -> None:
+    from hetsgd.engines.virtual.profiles import exchange_cost
     from hetsgd.runs.calibrate import calibrate, save
 
     cfg = _compose(overrides)
@@ -371,10 +372,10 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
                       str(row["batch_size"]), f"{row['examples_per_s']:,.0f}",
                       f"{row['ms_per_step']:.3f}", f"{row['comm_ms_per_step']:.3f}")
     console.print(table)
-    first = rows[0]
-    if first.get("exchange_ms") is not None:
-        points = ", ".join(f"{float(cost):.3f} ms at a wait of {float(wait):.3f} ms" for wait, cost
-                           in zip(first["exchange_wait_ms"].split(), first["exchange_ms"].split()))
+    exchange = exchange_cost(rows[0])
+    if exchange is not None:
+        points = ", ".join(f"{1000 * cost:.3f} ms at a wait of {1000 * wait:.3f} ms"
+                           for wait, cost in zip(exchange.waits_s, exchange.seconds))
         console.print(f"the mix's exchange of the model, a round beyond its slowest step: "
                       f"{points} (the earliest rank's)", soft_wrap=True)
     path = save(rows, cfg)

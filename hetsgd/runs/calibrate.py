@@ -187,7 +187,7 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
     """Examples/s, ms/step and the part of it spent copying the model to or from the master
     (comm ms/step: a replica's copies; 0 for a worker that steps in place) per group and batch
     size (batch sizes up to the training set), measured with the rest of the mix stepping; and
-    the mix's exchange of the model (ms a round adds to the slowest step, at two waits of the
+    the mix's exchange of the model (ms a round adds to the slowest step, at three waits of the
     earliest rank; in every row, empty for a one-worker mix)."""
     run_data = load_run_data(cfg, progress=cfg.progress)
     problem, data = run_data.problem, run_data.train

@@ -104,21 +104,22 @@ def validate(cases: Sequence[Case], common: Sequence[str], seeds: Sequence[int],
     comparisons = []
     for case in cases:
         folder = out / "".join(c if c.isalnum() else "_" for c in case.name)
+        target = case.target(target_loss)
         summaries: dict[str, list[dict[str, Any]]] = {"real": [], "simulated": []}
         for seed in seeds:
             overrides = (*common, *case.mix, *case.algo, f"seed={seed}")
             progress(f"{case.name}, seed {seed}: calibrating")
             cfg = to_run_config(compose_run(list(overrides)))
             calibration = save(calibrate(cfg, calibration_s), cfg)
-            overrides = (*overrides, f"eval.target_losses=[{case.target(target_loss)}]")
+            overrides = (*overrides, f"eval.target_losses=[{target}]")
             progress(f"{case.name}, seed {seed}: real")
             summaries["real"].append(_run(overrides, folder / f"seed{seed}_real"))
             progress(f"{case.name}, seed {seed}: simulated")
             summaries["simulated"].append(_run(
                 (*overrides, "devices.simulated=true", f"devices.calibration={calibration}"),
                 folder / f"seed{seed}_simulated"))
-        key = loss_key(case.target(target_loss))
-        readers = {**METRICS, f"{TIME_TO_LOSS} {case.target(target_loss):g}":
+        key = loss_key(target)
+        readers = {**METRICS, f"{TIME_TO_LOSS} {target:g}":
                    lambda summary, key=key: (summary.get("time_to_loss") or {}).get(key)}
         for metric, read in readers.items():
             comparisons.append(Comparison.of(case.name, metric,

@@ -6,10 +6,9 @@ against a :class:`VirtualGroup`, which has the real group's collectives. A rank'
 by its device profile's time whenever it has computed a step; a collective ends for every rank
 at the latest arrival plus the collective's cost: an exchange of the model as the mix's
 calibration measured it (what a round costs beyond its slowest step, at the wait of the
-earliest rank), or, for rooflines, ring
-traffic over the slowest link, ``2 (W - 1) / W`` copies of the model, one taking the profile's
-``copy_s`` (a CPU core's copies are free). A payload smaller than the model costs as much
-(latency), a larger one in proportion.
+earliest rank), or, for rooflines, ring traffic over the slowest link, ``2 (W - 1) / W`` copies
+of the model, one taking the profile's ``copy_s`` (a CPU core's copies are free). A payload
+smaller than the model costs as much (latency), a larger one in proportion.
 
 Collectives sum in rank order, and whatever the coordinator does between exchanges (snapshots,
 utilization samples, progress) runs at the barrier while every rank waits, so a simulated run

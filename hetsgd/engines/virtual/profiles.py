@@ -8,7 +8,7 @@ import bisect
 import csv
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -234,8 +234,8 @@ def measured_profiles(rows: list[dict], source: str) -> dict[str, MeasuredProfil
             batch = int(row["batch_size"])
             step_ms, comm_ms = float(row["ms_per_step"]), float(row["comm_ms_per_step"])
             slowdown = float(row.get("slowdown") or 1.0)
-            if all(row.get(c) not in (None, "") for c in EXCHANGE_COLUMNS):
-                exchange[row["group"]] = _exchange_cost(*(row[c] for c in EXCHANGE_COLUMNS))
+            if (cost := exchange_cost(row)) is not None:
+                exchange[row["group"]] = cost
         except (TypeError, ValueError):
             raise UserError(f"{source}, line {line}: batch_size, ms_per_step, comm_ms_per_step "
                             f"and slowdown must be numbers, {' and '.join(EXCHANGE_COLUMNS)} as "
@@ -254,9 +254,12 @@ def measured_profiles(rows: list[dict], source: str) -> dict[str, MeasuredProfil
             for group, measured in groups.items()}
 
 
-def _exchange_cost(waits_ms: object, costs_ms: object) -> ExchangeCost:
-    """The exchange columns of a calibration row (numbers, or space-separated numbers)."""
-    waits, costs = ([float(v) / 1000 for v in str(cell).split()] for cell in (waits_ms, costs_ms))
+def exchange_cost(row: Mapping[str, object]) -> ExchangeCost | None:
+    """A calibration row's exchange columns (numbers, or space-separated numbers, in ms), or
+    None where the row has none (a one-worker mix)."""
+    if any(row.get(c) in (None, "") for c in EXCHANGE_COLUMNS):
+        return None
+    waits, costs = ([float(v) / 1000 for v in str(row[c]).split()] for c in EXCHANGE_COLUMNS)
     if len(waits) != len(costs):
         raise ValueError("exchange columns of different lengths")
     return ExchangeCost.of(zip(waits, costs))
