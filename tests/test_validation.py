@@ -20,7 +20,7 @@ def test_simulated_hogbatch_keeps_the_real_runs_pace_and_shares(results_dir: Pat
     measured seed-by-seed ratios of 0.92-1.12 here, but one 2 s real run has read 1.69x slower
     than its calibration (a clean-clone CI run). The host's share is the sharp check: a
     simulation that ignored its slowdown gives it about 3x its share, one that applied it twice
-    about half; a clock off by 2x or more leaves the examples/s bounds."""
+    about half; a clock off by more than 2x leaves the examples/s bounds."""
     case, = (case for case in CASES if case.name.startswith("hogbatch"))
     common = ("dataset=digits", "model=mlp", "optim.lr=0.01", "budget.epochs=null",
               "budget.seconds=2", "eval.every_s=0.2", "eval.every_epochs=null", "progress=false")
