@@ -1,46 +1,47 @@
-"""The data cache: where files live, how compressed copies are found and opened, parsed arrays.
+"""The data cache: where files live, how compressed copies are found, parsed arrays.
 
 A published file may sit in the cache as published or recompressed (``.xz``, ``.bz2``, ``.gz``,
 or decompressed when the publisher compressed it), because users fetch files by hand on machines
-without a network and compress them to save space. Any error reading one (not the compression its
-name says, truncated, unreadable) is a ``UserError`` that names it.
+without a network and compress them to save space. Files are opened and read within bounds by
+:mod:`hetsgd.data.files`.
 
 Parsed arrays are kept under ``parsed/``, one folder per entry keyed by the source files (path,
 size, mtime) and the parse parameters, so a second load skips the parser and a changed file is
 parsed again. Each array is its own ``.npy`` file: dense features are then read a block of rows
 at a time (``NpyRows``), never whole, and the parser's own arrays are dropped once written.
+
+An entry is trusted only as written: ``meta.json`` lists each array file with its size and CRC-32
+(about a GB/s: w8a's 60 MB add well under 0.1 s to a load), both checked on every load, so an
+array that was deleted, cut short or altered (NaNs written into it) is parsed again, with one
+warning line that names it. Writes (of an entry, or of a download) are assembled under a name that holds the
+writer's host and pid (``writing_path``) and renamed into place when whole; what a killed writer
+left is removed at the next load (``remove_abandoned``), and a live writer's is left alone.
 """
 
 from __future__ import annotations
 
-import bz2
-import contextlib
-import gzip
 import hashlib
 import json
-import lzma
 import os
+import re
 import shutil
-import zlib
-from collections.abc import Callable, Iterator
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download_progress import console
+from hetsgd.data.files import COMPRESSIONS, content_hash, open_data, reason
 from hetsgd.errors import UserError
 
-COMPRESSIONS = (".xz", ".bz2", ".gz")
-_OPENERS: dict[str, Callable[..., IO[bytes]]] = {".xz": lzma.open, ".bz2": bz2.open,
-                                                 ".gz": gzip.open}
-PARSED_FORMAT = 2  # bump when the layout of the cached arrays changes
-# what reading a file can raise besides UserError: the OS's errors (a .gz that is not gzip is a
-# gzip.BadGzipFile), truncation, and the decompressors' own
-_READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
+PARSED_FORMAT = 3  # bump when the layout of the cached arrays changes
+# a write in progress: "<target>.<pid>@<host>.tmp"
+_WRITING = re.compile(r"\.(\d{1,9})@([^/]+)\.tmp$")
 
 
 def data_home() -> Path:
@@ -78,33 +79,6 @@ def existing_file(path: str | Path) -> Path:
     if not resolved.exists():
         raise UserError(f"dataset file not found: {resolved}")
     return resolved
-
-
-@contextlib.contextmanager
-def open_data(path: Path, decompress: bool = True) -> Iterator[IO[bytes]]:
-    """Open for binary reading, decompressing by suffix; an error opening or reading it inside the
-    ``with`` block is a UserError that names the file."""
-    opener = _OPENERS.get(path.suffix) if decompress else None
-    try:
-        with (opener or open)(path, "rb") as f:
-            yield f
-    except _READ_ERRORS as exc:
-        raise UserError(f"cannot read {path}: {_reason(exc)}") from exc
-
-
-def _reason(exc: Exception) -> str:
-    """An OS error's own words (``No space left on device``, without its number and the path the
-    message names already), else the exception's message."""
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-
-
-def content_hash(path: Path, algorithm: str = "sha256", decompress: bool = False) -> str:
-    """Hex digest of the file, or of its decompressed content when ``decompress``."""
-    digest = hashlib.new(algorithm)
-    with open_data(path, decompress) as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,42 +133,93 @@ def parsed_path(name: str, files: list[Path], params: dict[str, Any]) -> Path:
     return data_home() / "parsed" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
+def writing_path(target: Path) -> Path:
+    """Where a write of ``target`` is assembled before it is renamed into place; the name says
+    which process of which host writes it, so that ``remove_abandoned`` can tell whether it
+    still does."""
+    return target.with_name(f"{target.name}.{os.getpid()}@{socket.gethostname()}.tmp")
+
+
+def remove_abandoned(directory: Path) -> None:
+    """Remove what writers that died left in ``directory`` (a SIGKILL mid-write): only those of
+    this host whose pid is gone; another host's (a shared cache) or a live process's may still
+    be written."""
+    try:
+        children = list(directory.iterdir())
+    except OSError:  # no such directory yet, or unreadable: nothing of ours to remove
+        return
+    host = socket.gethostname()
+    for child in children:
+        match = _WRITING.search(child.name)
+        if match and match[2] == host and not _alive(int(match[1])):
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+class _Unusable(Exception):
+    """A cache entry that is not as it was written; the message names the file and says how."""
+
+
 def load_or_parse(name: str, files: list[Path], params: dict[str, Any],
                   parse: Callable[[], Parsed]) -> Parsed:
     """Cached arrays for these files and parameters, else ``parse()``, cache the result and read
     it back from the cache, so that the parser's arrays are freed before preparation."""
     path = parsed_path(name, files, params)
+    remove_abandoned(path.parent)
     if path.exists():
         try:
             return _read(path)
-        except (OSError, ValueError, KeyError):
-            shutil.rmtree(path, ignore_errors=True)  # a truncated or stale entry is rebuilt below
+        except _Unusable as exc:
+            console.print(f"{exc}: parsing {name} again", markup=False, soft_wrap=True)
+            shutil.rmtree(path, ignore_errors=True)
     parsed = parse()
     try:
         _write(path, parsed)
     except OSError as exc:  # a full disk or read-only cache costs speed later, not this run
-        console.print(f"could not cache the parsed arrays at {path}: {_reason(exc)}",
-                      soft_wrap=True)
+        console.print(f"could not cache the parsed arrays at {path}: {reason(exc)}",
+                      markup=False, soft_wrap=True)
         return parsed
     del parsed
-    return _read(path)
+    try:
+        return _read(path)
+    except _Unusable as exc:
+        raise UserError(f"{exc}, just after it was written") from None
 
 
 def _write(path: Path, parsed: Parsed) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # parallel runs may parse at once
+    tmp = writing_path(path)  # parallel runs may parse at once
     tmp.mkdir(parents=True, exist_ok=True)
+    listed: dict[str, tuple[int, str]] = {}
+
+    def save(name: str, array: np.ndarray) -> None:
+        np.save(tmp / name, array)
+        listed[name] = ((tmp / name).stat().st_size, content_hash(tmp / name, "crc32"))
+
     try:
         for key in _ARRAYS:
             value = getattr(parsed, key)
             if sp.issparse(value):
                 csr = sp.csr_matrix(value)
                 for part in _CSR_PARTS:
-                    np.save(tmp / f"{key}.{part}.npy", getattr(csr, part))
-                np.save(tmp / f"{key}.shape.npy", np.array(csr.shape))
+                    save(f"{key}.{part}.npy", getattr(csr, part))
+                save(f"{key}.shape.npy", np.array(csr.shape))
             elif value is not None:
-                np.save(tmp / f"{key}.npy", np.asarray(value))
-        meta = {f.name: getattr(parsed, f.name) for f in fields(Parsed) if f.name not in _ARRAYS}
-        (tmp / "meta.json").write_text(json.dumps(meta))  # written last: marks a whole entry
+                save(f"{key}.npy", np.asarray(value))
+        values = {f.name: getattr(parsed, f.name) for f in fields(Parsed) if f.name not in _ARRAYS}
+        # written last: marks a whole entry
+        (tmp / "meta.json").write_text(json.dumps({"fields": values, "files": listed}))
         try:
             tmp.rename(path)  # atomic: a crash mid-write never leaves a half entry under the name
         except OSError:
@@ -205,21 +230,51 @@ def _write(path: Path, parsed: Parsed) -> None:
 
 
 def _read(path: Path) -> Parsed:
-    meta = json.loads((path / "meta.json").read_text())
+    """The entry at ``path``, each listed file checked against its size and CRC-32 first."""
+    meta_file = path / "meta.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+        values = dict(meta["fields"])
+        listed = {str(name): (int(size), str(crc)) for name, (size, crc) in meta["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise _Unusable(f"the parsed cache's {meta_file} is unreadable ({reason(exc)})") from exc
+    for name, (size, crc) in listed.items():
+        _check(path / name, size, crc)
 
     def get(key: str) -> Any:
-        if (path / f"{key}.data.npy").exists():
+        if f"{key}.data.npy" in listed:
             parts = [np.load(path / f"{key}.{part}.npy") for part in _CSR_PARTS]
             return sp.csr_matrix(tuple(parts), shape=tuple(np.load(path / f"{key}.shape.npy")))
-        if not (path / f"{key}.npy").exists():
+        if f"{key}.npy" not in listed:
             return None
         if key.startswith("x_"):
             return NpyRows.open(path / f"{key}.npy")
         return np.load(path / f"{key}.npy")
 
-    arrays = {key: get(key) for key in _ARRAYS}
-    if meta.get("image_shape") is not None:
-        meta["image_shape"] = tuple(meta["image_shape"])
-    if meta.get("channel_stats") is not None:
-        meta["channel_stats"] = tuple(tuple(s) for s in meta["channel_stats"])
-    return Parsed(**arrays, **meta)
+    try:
+        arrays = {key: get(key) for key in _ARRAYS}
+        if values.get("image_shape") is not None:
+            values["image_shape"] = tuple(values["image_shape"])
+        if values.get("channel_stats") is not None:
+            values["channel_stats"] = tuple(tuple(s) for s in values["channel_stats"])
+        return Parsed(**arrays, **values)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a file swapped since its check
+        raise _Unusable(f"the parsed cache at {path} is unreadable ({reason(exc)})") from exc
+
+
+def _check(file: Path, size: int, crc: str) -> None:
+    """``file`` as it was written: there, ``size`` bytes long, and of CRC-32 ``crc``."""
+    try:
+        found = file.stat().st_size
+        if found != size:
+            raise _Unusable(f"the parsed cache's {file} holds {found:,} bytes, not the "
+                            f"{size:,} written")
+        if content_hash(file, "crc32") != crc:
+            raise _Unusable(f"the parsed cache's {file} was altered since it was written "
+                            "(its CRC-32 differs)")
+    except FileNotFoundError:
+        raise _Unusable(f"the parsed cache's {file} is missing") from None
+    except OSError as exc:
+        raise _Unusable(f"the parsed cache's {file} is unreadable ({reason(exc)})") from None
+    except UserError as exc:  # content_hash's own words for an unreadable file
+        raise _Unusable(str(exc)) from None

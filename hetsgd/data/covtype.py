@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hetsgd.data.cache import open_data
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download import RemoteFile
+from hetsgd.data.files import open_data
 from hetsgd.data.labels import encode
 from hetsgd.data.source import SingleFile
 from hetsgd.errors import UserError
@@ -25,7 +25,7 @@ def read_covtype(path: Path, source: str) -> Parsed:
     """Parse the UCI file (54 feature columns and the class, comma-separated); ``open_data``
     names the file in an error reading it, so only the parser's errors are caught here."""
     try:
-        with open_data(path) as f:
+        with open_data(path, text=True) as f:
             table = pd.read_csv(f, header=None, dtype=np.float32).to_numpy()
     except (ValueError, pd.errors.ParserError) as exc:
         raise UserError(f"cannot parse {path} as the UCI covtype CSV: {exc}") from exc

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,14 +23,15 @@ import pooch
 import requests
 
 from hetsgd.data.cache import (
-    COMPRESSIONS,
     candidate_names,
-    content_hash,
     data_home,
     find_local,
+    remove_abandoned,
     strip_compression,
+    writing_path,
 )
 from hetsgd.data.download_progress import DownloadBar, console
+from hetsgd.data.files import COMPRESSIONS, content_hash, reason
 from hetsgd.errors import UserError
 
 TIMEOUT_S = 5.0  # per connect and per read: an unreachable host fails fast instead of hanging
@@ -68,19 +70,24 @@ def _alternatives(published: str) -> str:
 
 
 def download(remote: RemoteFile, dataset: str, progress: bool) -> Path:
-    """Download ``remote`` into the cache under its published name; UserError on any failure."""
+    """Download ``remote`` into the cache under its published name; UserError on any failure.
+    The download is assembled in a folder of its own (``writing_path``), so that one a kill cut
+    short is found and removed by the next."""
     home = data_home()
     target = home / remote.name
     url = remote.effective_url
     expected = _expected_hash(home, remote)
+    remove_abandoned(home)
+    writing = writing_path(target)
     bar = DownloadBar(remote.name) if progress else False
     downloader = pooch.HTTPDownloader(progressbar=bar, timeout=TIMEOUT_S)
     logger = pooch.get_logger()
     level = logger.level
     logger.setLevel(logging.WARNING)  # pooch's own INFO lines would duplicate ours
     try:
-        pooch.retrieve(url, known_hash=expected, fname=remote.name, path=home,
+        pooch.retrieve(url, known_hash=expected, fname=remote.name, path=writing,
                        downloader=downloader)
+        os.replace(writing / remote.name, target)
     except requests.exceptions.RequestException as exc:
         raise UserError(
             f"{dataset} is not in the cache and could not be downloaded from {url} "
@@ -88,10 +95,13 @@ def download(remote: RemoteFile, dataset: str, progress: bool) -> Path:
         ) from exc
     except ValueError as exc:  # pooch's checksum mismatch; it has deleted the download
         raise UserError(f"checksum mismatch for {url}: {exc}") from exc
+    except OSError as exc:  # a full disk, a read-only cache
+        raise UserError(f"cannot write {target}: {reason(exc)}") from exc
     finally:
         logger.setLevel(level)
         if bar:
             bar.close()
+        shutil.rmtree(writing, ignore_errors=True)
     if expected is None:
         _trust_on_first_use(target)
     return target
@@ -99,9 +109,13 @@ def download(remote: RemoteFile, dataset: str, progress: bool) -> Path:
 
 def _trust_on_first_use(path: Path) -> None:
     digest = content_hash(path)
-    _tofu_file(path.parent, path.name).write_text(f"{digest}  {path.name}\n")
+    tofu = _tofu_file(path.parent, path.name)
+    try:
+        tofu.write_text(f"{digest}  {path.name}\n")
+    except OSError as exc:
+        raise UserError(f"cannot write {tofu}: {reason(exc)}") from exc
     console.print(f"{path.name}: no published checksum; sha256 {digest} recorded in "
-                  f"{path.name}.sha256 and checked on later loads", soft_wrap=True)
+                  f"{tofu.name} and checked on later loads", markup=False, soft_wrap=True)
 
 
 def _tofu_file(directory: Path, published: str) -> Path:
@@ -112,7 +126,14 @@ def _expected_hash(directory: Path, remote: RemoteFile) -> str | None:
     """The published checksum, else the one recorded on first use, else None."""
     tofu = _tofu_file(directory, remote.name)
     if remote.known_hash is None and tofu.is_file():
-        return tofu.read_text().split()[0]
+        try:
+            words = tofu.read_text().split()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read {tofu}: {reason(exc)}") from exc
+        if not words:
+            raise UserError(f"{tofu} holds no checksum: delete it, and the next download "
+                            "records one")
+        return words[0]
     return remote.known_hash
 
 

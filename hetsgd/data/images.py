@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_data
+from hetsgd.data.cache import existing_file, find_local, load_or_parse
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download import RemoteFile, verify
 from hetsgd.data.download_progress import status
+from hetsgd.data.files import open_data
 from hetsgd.data.source import SingleFile, Source, SourceInfo
 from hetsgd.errors import UserError
 
@@ -147,10 +148,11 @@ class _BatchUnpickler(pickle.Unpickler):
 
 
 def read_cifar10(path: Path, source: str) -> Parsed:
-    """The train batches and the test batch of the python-pickle tarball."""
+    """The train batches and the test batch of the python-pickle tarball, read as one stream
+    (``open_data`` decompresses it by suffix, within its bounds, as it does every data file)."""
     batches: dict[str, dict[bytes, Any]] = {}
     try:
-        with tarfile.open(path, "r:*") as tar:
+        with open_data(path) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
             for member in tar:
                 base = PurePosixPath(member.name).name
                 if member.isfile() and base in (*_CIFAR_TRAIN, _CIFAR_TEST):

@@ -6,7 +6,8 @@ than w8a), widened further to the published feature count where it is known; and
 1-based unless some file uses index 0 (scikit-learn's ``zero_based="auto"`` over both files). Sets
 with at most ``DENSE_MAX_FEATURES`` features are made dense (a dense float32 array is then small
 and faster to train on); wider ones stay CSR. A line that is not LIBSVM, a value that is not a
-finite number, or a feature index past ``MAX_FEATURES`` is a UserError naming file and line.
+finite number, a feature index past ``MAX_FEATURES``, or a line past the bounds every text file is
+read within (:mod:`hetsgd.data.files`) is a UserError naming file and line.
 
 LIBSVM files are published already scaled (binary indicators, [0, 1] or [-1, 1] ranges, unit-length
 tf-idf rows), so ``dataset.scale=auto`` leaves them as they are; covtype_binary is the exception:
@@ -25,10 +26,11 @@ import scipy.sparse as sp
 from sklearn.datasets import load_svmlight_file
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data.cache import existing_file, find_local, load_or_parse, open_data
+from hetsgd.data.cache import existing_file, find_local, load_or_parse
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download import RemoteFile, local, verify
 from hetsgd.data.download_progress import status
+from hetsgd.data.files import open_data
 from hetsgd.data.labels import encode, multi_hot
 from hetsgd.data.source import Source
 from hetsgd.errors import UserError
@@ -77,7 +79,7 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
 
 def _parse(path: Path, multilabel: bool) -> tuple[sp.csr_matrix, list | np.ndarray]:
     """One file's features (indices as written) and raw labels; the first bad line is named."""
-    with open_data(path) as f:
+    with open_data(path, text=True) as f:
         try:
             x, y = load_svmlight_file(f, dtype=np.float32, multilabel=multilabel,
                                       zero_based=True)
@@ -102,7 +104,7 @@ def check_parsed(path: Path, multilabel: bool, x: sp.csr_matrix, y: list | np.nd
 
 def _looks_multilabel(path: Path) -> bool:
     """Comma-separated labels in the first lines mean a multilabel file."""
-    with open_data(path) as f:
+    with open_data(path, text=True) as f:
         for raw in itertools.islice(f, _SNIFF_LINES):
             tokens = raw.split(b"#", 1)[0].split()
             if tokens and b"," in tokens[0]:
@@ -114,7 +116,7 @@ def corrupt_error(path: Path, multilabel: bool, exc: ValueError,
                   skip_lines: int = 0) -> UserError:
     """Name the first bad line (after ``skip_lines`` header lines) and what is wrong with it:
     scikit-learn's error does not say where it is."""
-    with open_data(path) as f:
+    with open_data(path, text=True) as f:
         for number, raw in enumerate(f, 1):
             tokens = raw.split(b"#", 1)[0].decode(errors="replace").split()
             problem = _problem(tokens, multilabel) if number > skip_lines and tokens else None

@@ -17,9 +17,10 @@ import numpy as np
 from sklearn.datasets import load_svmlight_file
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data.cache import data_home, existing_file, find_local, load_or_parse, open_data
+from hetsgd.data.cache import data_home, existing_file, find_local, load_or_parse
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download_progress import status
+from hetsgd.data.files import open_data
 from hetsgd.data.labels import multi_hot
 from hetsgd.data.libsvm import DENSE_MAX_FEATURES, MAX_FEATURES, check_parsed, corrupt_error
 from hetsgd.data.source import Source, SourceInfo
@@ -33,7 +34,7 @@ MAX_LABELS = 1 << 16
 
 def read_xc(path: Path, splits: tuple[Path, Path] | None, source: str) -> Parsed:
     """Parse an extreme classification data file (and its split files) into multi-hot labels."""
-    with open_data(path) as f:
+    with open_data(path, text=True) as f:
         header = f.readline().split()
         try:
             n, d, num_labels = (int(v) for v in header)
@@ -65,7 +66,7 @@ def read_xc(path: Path, splits: tuple[Path, Path] | None, source: str) -> Parsed
 def _split_rows(path: Path, n: int) -> np.ndarray:
     """0-based row numbers of the first split in a split file."""
     try:
-        with open_data(path) as f:
+        with open_data(path, text=True) as f:
             rows = np.loadtxt(f, dtype=np.int64, ndmin=2)[:, 0] - 1
     except ValueError as exc:
         raise UserError(f"{path} is not a split file of example numbers: {exc}") from exc
