@@ -1,4 +1,5 @@
-"""Device mixes: the worker list a mix expands into, one :class:`WorkerSpec` per process.
+"""Device mixes: the worker list a mix expands into, one :class:`WorkerSpec` per process, if
+this machine has the GPUs and the memory for them.
 
 GPUs are counted through NVML (:mod:`hetsgd.machine`), never through CUDA, so the coordinator
 process stays free of a CUDA context (only workers create one).
@@ -13,9 +14,15 @@ from dataclasses import dataclass
 
 from hetsgd.config import DevicesConfig
 from hetsgd.errors import UserError
-from hetsgd.machine import cuda_devices
+from hetsgd.machine import available_memory, cuda_devices
 
 EMULATION_SLICE_S = 0.05  # an emulated worker notices the end of training this soon
+# The memory a worker process takes of its own (its proportional set size: the data and master in
+# shared memory count once, outside it), measured with psutil on the development machine (AMD
+# EPYC, torch 2.13 CPU build): a spawned process that imported torch and the engine takes 176 MiB
+# idle, 256 MiB as a Hogwild worker or a local SGD rank training the default MLP on digits, 300 MiB
+# with mlp_paper. A lower bound: a larger model adds its copies, a CUDA worker its CUDA context.
+WORKER_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,24 @@ def expand(mix: DevicesConfig) -> list[WorkerSpec]:
             specs.append(WorkerSpec(len(specs), group_name, group.kind, device, group.threads,
                                     group.batch_size, group.slowdown, group.accel,
                                     mix.simulated))
+    check_memory(mix, len(specs))
     return specs
+
+
+def check_memory(mix: DevicesConfig, workers: int) -> None:
+    """Refuse a mix whose worker processes cannot fit in the memory available here at
+    :data:`WORKER_BYTES` each: they would start, then swap or be killed by the kernel mid-run.
+    A simulated mix's workers are objects of one process (256 of them add about 20 MiB), and
+    ``devices.memory_check=false`` trusts the user over the estimate."""
+    if mix.simulated or not mix.memory_check:
+        return
+    needed, available = workers * WORKER_BYTES, available_memory()
+    if needed > available:
+        raise UserError(
+            f"devices={mix.name} starts {workers} worker processes, about {needed / 2**30:.1f} "
+            f"GiB at {WORKER_BYTES >> 20} MiB each, but {available / 2**30:.1f} GiB of memory is "
+            f"available here: at most {available // WORKER_BYTES} fit (lower "
+            "devices.groups.<group>.count, or set devices.memory_check=false to start them anyway)")
 
 
 def renumber(specs: list[WorkerSpec]) -> list[WorkerSpec]:

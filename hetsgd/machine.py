@@ -1,4 +1,5 @@
-"""Facts about this machine that configs, summaries and the monitor need: cores, CPU model, GPUs.
+"""Facts about this machine that configs, summaries and the monitor need: cores, memory, CPU
+model, GPUs.
 
 GPUs are found through NVML (the ``nvidia-ml-py`` package, module ``pynvml``), never through
 CUDA, so the coordinator stays free of a CUDA context; torch is imported only to ask whether the
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psutil
+
 try:
     import pynvml
 except ImportError:  # nvidia-ml-py is a dependency, but without it there are simply no GPUs
@@ -27,6 +30,12 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def available_memory() -> int:
+    """Bytes that new processes can take without swapping (the kernel's estimate, page cache
+    that can be dropped included)."""
+    return int(psutil.virtual_memory().available)
 
 
 def cpu_model() -> str:

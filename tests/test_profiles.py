@@ -264,16 +264,18 @@ def test_an_emulated_groups_sleep_is_taken_out_of_its_steps(tmp_path: Path) -> N
 @pytest.mark.parametrize("text, message", [
     ("group,batch_size,ms_per_step\naccel,1,2.0\n", "lacks the columns comm_ms_per_step"),
     ("group,batch_size,ms_per_step,comm_ms_per_step,slowdown\naccel,1,2.0,0.5,0.5\n",
-     "line 2: .*slowdown >= 1"),
+     r"line 2 \(group 'accel'\): slowdown=0.5 is not allowed"),
     ("group,batch_size,ms_per_step,comm_ms_per_step,slowdown\naccel,1,2.0,0.6,4\n",
-     "line 2: .*comm_ms_per_step < ms_per_step / slowdown"),
+     r"line 2 .*comm_ms_per_step=0.6 is not allowed: .* \(0 to 0.499\)"),
     ("group,batch_size,ms_per_step,comm_ms_per_step\n", "has no rows"),
-    ("group,batch_size,ms_per_step,comm_ms_per_step\naccel,one,2.0,1.0\n", "line 2: .* numbers"),
-    ("group,batch_size,ms_per_step,comm_ms_per_step\naccel,1,2.0,2.5\n", "line 2: .*comm_ms"),
+    ("group,batch_size,ms_per_step,comm_ms_per_step\naccel,one,2.0,1.0\n",
+     "line 2 .*batch_size=one is not allowed"),
+    ("group,batch_size,ms_per_step,comm_ms_per_step\naccel,1,2.0,2.5\n",
+     "line 2 .*comm_ms_per_step=2.5 is not allowed"),
     ("group,batch_size,ms_per_step,comm_ms_per_step\naccel,1,2.0,1.0\naccel,1,3.0,1.0\n",
-     "line 3: group 'accel' has batch size 1 twice"),
+     "line 3 .*batch_size=1 is not allowed: the group has a row for it already"),
     ("group,batch_size,ms_per_step,comm_ms_per_step,exchange_wait_ms,exchange_ms\n"
-     "accel,1,2.0,1.0,0.1 4.0,1.5\n", "line 2: .*exchange_ms as many numbers each"),
+     "accel,1,2.0,1.0,0.1 4.0,1.5\n", "line 2 .*exchange_ms as many numbers each"),
 ])
 def test_a_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path: Path, text: str,
                                                               message: str) -> None:
@@ -285,7 +287,7 @@ def test_a_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path: Path, te
 
 
 def test_a_missing_calibration_file_is_a_one_line_error(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="cannot read calibration file .*nowhere.csv"):
+    with pytest.raises(UserError, match="cannot read .*nowhere.csv: No such file"):
         load_calibration(tmp_path / "nowhere.csv")
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from hetsgd.config.checks import one_of, require
+from hetsgd.config.checks import MAX_SECONDS, finite, one_of, positive, require, seconds
 
 
 @dataclass
@@ -69,9 +69,10 @@ class AdaptiveConfig(HogbatchConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require(0 < self.target_share < 1, "algo.target_share", "0 < x < 1", self.target_share)
-        require(self.period_s > 0, "algo.period_s", "a positive number of seconds", self.period_s)
-        require(self.window_s >= self.period_s, "algo.window_s", "at least algo.period_s",
-                 self.window_s)
+        seconds("algo.period_s", self.period_s)
+        require(self.period_s <= self.window_s <= MAX_SECONDS,
+                "algo.window_s", f"at least algo.period_s, at most {MAX_SECONDS:,.0f} seconds",
+                self.window_s)
         require(0 < self.gamma <= 1, "algo.gamma", "0 < x <= 1", self.gamma)
         require(self.min_gpu_batch > 0, "algo.min_gpu_batch", "a positive batch size",
                  self.min_gpu_batch)
@@ -92,7 +93,8 @@ class BiasedSamplingConfig:
 
     def __post_init__(self) -> None:
         one_of("algo.biased.side", self.side, ("slow", "fast"))
-        require(self.pool_ratio >= 1, "algo.biased.pool_ratio", "x >= 1", self.pool_ratio)
+        require(finite(self.pool_ratio) and self.pool_ratio >= 1, "algo.biased.pool_ratio",
+                "a finite x >= 1", self.pool_ratio)
 
 
 TAU_ALIASES = frozenset({"fast", "slow"})
@@ -154,7 +156,7 @@ class LocalSGDConfig(AlgoConfig):
     def __post_init__(self) -> None:
         one_of("algo.aggregation", self.aggregation, ("uniform", "samples", "fast_weighted"))
         one_of("algo.epoch_accounting", self.epoch_accounting, ("examples", "authors"))
-        require(self.alpha > 0, "algo.alpha", "a positive weight", self.alpha)
+        positive("algo.alpha", self.alpha, "a positive weight")
         require(self.tau_min > 0, "algo.tau_min", "a positive step count", self.tau_min)
         self.tau = Tau.parse(self.tau)
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+# The longest duration any setting may give (a budget, a timeout, a period): 30 days. A longer
+# one is a typo, and inf or 1e300 would overflow the clocks of the libraries that take it
+# (torch.distributed's timeouts, the standard library's waits) deep inside a run.
+MAX_SECONDS = 30 * 24 * 3600.0
 
 
 class ConfigError(ValueError):
@@ -16,3 +22,22 @@ def require(ok: bool, field_name: str, allowed: str, value: Any) -> None:
 
 def one_of(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
     require(value in choices, field_name, "choose one of " + ", ".join(choices), value)
+
+
+def finite(value: Any) -> bool:
+    """A number other than inf and NaN: a comparison such as ``x > 0`` lets inf through."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def positive(field_name: str, value: Any, allowed: str = "a positive number", *,
+             nullable: bool = False) -> None:
+    """A positive, finite number (or None where ``nullable``; "or null" is said for it)."""
+    require((nullable and value is None) or (finite(value) and value > 0), field_name,
+            allowed + (", or null" if nullable else ""), value)
+
+
+def seconds(field_name: str, value: Any, *, nullable: bool = False) -> None:
+    """A duration: positive, finite and at most :data:`MAX_SECONDS`."""
+    require((nullable and value is None) or (finite(value) and 0 < value <= MAX_SECONDS),
+            field_name, f"a positive number of seconds, at most {MAX_SECONDS:,.0f} (30 days)"
+            + (", or null" if nullable else ""), value)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from hetsgd.config.algorithms import AlgoConfig
-from hetsgd.config.checks import one_of, require
+from hetsgd.config.checks import finite, one_of, positive, require, seconds
 
 TASKS = ("binary", "multiclass", "multilabel")
 
@@ -141,10 +141,13 @@ class OptimConfig:
     step: str = "auto"
 
     def __post_init__(self) -> None:
-        require(self.lr > 0, "optim.lr", "a positive number", self.lr)
+        positive("optim.lr", self.lr)
         one_of("optim.step", self.step, STEP_KINDS)
         require(0 <= self.momentum < 1, "optim.momentum", "0 <= x < 1", self.momentum)
-        require(self.weight_decay >= 0, "optim.weight_decay", "x >= 0", self.weight_decay)
+        require(finite(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay",
+                "a finite x >= 0", self.weight_decay)
+        require(all(finite(m) and m >= 0 for m in self.milestones), "optim.milestones",
+                "finite epochs >= 0", self.milestones)
         one_of("optim.lr_scaling", self.lr_scaling, LR_SCALINGS)
         require(self.base_batch > 0, "optim.base_batch", "a positive batch size", self.base_batch)
         require(0 < self.lr_decay <= 1, "optim.lr_decay", "0 < x <= 1", self.lr_decay)
@@ -159,10 +162,8 @@ class BudgetConfig:
     seconds: float | None = None
 
     def __post_init__(self) -> None:
-        require(self.epochs is None or self.epochs > 0, "budget.epochs", "a positive number",
-                 self.epochs)
-        require(self.seconds is None or self.seconds > 0, "budget.seconds", "a positive number",
-                 self.seconds)
+        positive("budget.epochs", self.epochs, nullable=True)
+        seconds("budget.seconds", self.seconds, nullable=True)
         require(self.epochs is not None or self.seconds is not None, "budget",
                  "set budget.epochs, budget.seconds or both", None)
 
@@ -188,16 +189,15 @@ class EvalConfig:
     keep_snapshots: bool = False
 
     def __post_init__(self) -> None:
-        require(self.every_s > 0, "eval.every_s", "a positive number of seconds", self.every_s)
-        require(self.every_epochs is None or self.every_epochs > 0, "eval.every_epochs",
-                 "a positive number of epochs, or null", self.every_epochs)
+        seconds("eval.every_s", self.every_s)
+        positive("eval.every_epochs", self.every_epochs, "a positive number of epochs",
+                 nullable=True)
         require(self.train_subset > 0, "eval.train_subset", "a positive count", self.train_subset)
-        require(all(t > 0 for t in self.target_losses), "eval.target_losses",
-                "positive losses", self.target_losses)
+        require(all(finite(t) and t > 0 for t in self.target_losses), "eval.target_losses",
+                "positive, finite losses", self.target_losses)
         require(self.batch_size > 0, "eval.batch_size", "a positive count", self.batch_size)
         require(self.max_snapshots >= 4, "eval.max_snapshots", "at least 4", self.max_snapshots)
-        require(self.max_snapshot_mb > 0, "eval.max_snapshot_mb", "a positive size",
-                 self.max_snapshot_mb)
+        positive("eval.max_snapshot_mb", self.max_snapshot_mb, "a positive size")
 
 
 @dataclass
@@ -205,8 +205,21 @@ class MonitorConfig:
     interval_s: float = 0.5
 
     def __post_init__(self) -> None:
-        require(self.interval_s > 0, "monitor.interval_s", "a positive number of seconds",
-                 self.interval_s)
+        seconds("monitor.interval_s", self.interval_s)
+
+
+@dataclass
+class WorkersConfig:
+    """Liveness: a worker process that makes no progress (no step, no heartbeat) for `stall_s`
+    seconds of training is hung (a stopped process, a CUDA call or a lock that never returns):
+    the run ends `failed`, naming it. A worker's first step may take a few times longer (a first
+    CUDA step compiles and tunes its kernels). Distributed ranks use `dist.timeout_s` instead,
+    the limit of their collectives."""
+
+    stall_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        seconds("workers.stall_s", self.stall_s)
 
 
 @dataclass
@@ -283,6 +296,9 @@ class DevicesConfig:
     simulated: bool = False
     # a `hetsgd devices --calibrate` CSV: measured profiles, by group name, for groups without one
     calibration: str | None = None
+    # refuse a mix whose worker processes would not fit in the memory available here
+    # (hetsgd/devices.py: check_memory); false starts them anyway
+    memory_check: bool = True
 
     def __post_init__(self) -> None:
         require(len(self.groups) > 0, "devices.groups", "at least one worker group",
@@ -315,8 +331,7 @@ class DistConfig:
 
     def __post_init__(self) -> None:
         one_of("dist.backend", self.backend, BACKENDS)
-        require(self.timeout_s > 0, "dist.timeout_s", "a positive number of seconds",
-                 self.timeout_s)
+        seconds("dist.timeout_s", self.timeout_s)
         require(self.master_port is None or 0 < self.master_port < 65536, "dist.master_port",
                  "a TCP port, or null for a free one", self.master_port)
 
@@ -330,8 +345,7 @@ class CheckpointConfig:
     every_s: float | None = None  # null: no checkpoints
 
     def __post_init__(self) -> None:
-        require(self.every_s is None or self.every_s > 0, "checkpoint.every_s",
-                "a positive number of seconds, or null", self.every_s)
+        seconds("checkpoint.every_s", self.every_s, nullable=True)
 
 
 CHECKPOINTING_ALGOS = ("sync", "local_sgd")  # every step or round ends in a consistent state
@@ -347,6 +361,7 @@ class RunConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
     data: DataConfig = field(default_factory=DataConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import bisect
 import csv
+import io
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping
@@ -16,6 +18,9 @@ from typing import Protocol
 
 import yaml
 
+from hetsgd.config.checks import finite
+from hetsgd.config.schema import MAX_SLOWDOWN
+from hetsgd.data.files import open_data
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.errors import UserError
 
@@ -27,6 +32,14 @@ CALIBRATION_COLUMNS = ("group", "batch_size", "ms_per_step", "comm_ms_per_step")
 # a mix's exchange, where measured: the earliest rank's waits and the exchange's cost at each
 # (space-separated, as many of each)
 EXCHANGE_COLUMNS = ("exchange_wait_ms", "exchange_ms")
+# Plausible bounds of a calibration's values: a device's step takes 1 µs to 1 hour (shorter is
+# below the clock's resolution, longer a typo, and either stalls the virtual clock), an exchange's
+# waits and costs as long at most; batch sizes are whole, a billion at most. A calibration
+# has a row per group and batch size: a file of many more rows is not one.
+MIN_STEP_MS, MAX_STEP_MS = 1e-3, 3.6e6
+MAX_BATCH = 10**9
+MAX_CALIBRATION_ROWS = 10_000
+MAX_SHOWN = 40  # characters of a refused value that its error line shows
 
 
 class DeviceProfile(Protocol):
@@ -85,10 +98,14 @@ def _device(name: str, entry: dict) -> RooflineDevice:
     wanted = _NUMBERS + (_LINK if kind == "cuda" else ())
     for field in wanted:
         value = entry.get(field)
-        if not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"{DEVICES_FILE}: {name}.{field} must be a positive number, not {value!r}")
+        if not finite(value) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{DEVICES_FILE}: {name}.{field} must be a positive, finite number, "
+                             f"not {value!r}")
         if field not in sources:
             raise ValueError(f"{DEVICES_FILE}: {name}.{field} has no entry under sources")
+    if entry["efficiency"] > 1:
+        raise ValueError(f"{DEVICES_FILE}: {name}.efficiency is a share of peak_flops, at most 1, "
+                         f"not {entry['efficiency']!r}")
     if kind == "cpu" and any(entry.get(field) is not None for field in _LINK):
         raise ValueError(f"{DEVICES_FILE}: {name} is a CPU core; its link fields must be null")
     link = {f: float(entry[f]) if kind == "cuda" else None for f in _LINK}
@@ -207,62 +224,118 @@ class MeasuredProfile:
 def load_calibration(path: Path) -> dict[str, MeasuredProfile]:
     """A calibration CSV (``hetsgd devices --calibrate``) as one profile per worker group."""
     path = Path(path)
+    source = f"calibration file {path}"
     try:
-        with path.open(newline="") as file:
-            reader = csv.DictReader(file)
-            missing = [c for c in CALIBRATION_COLUMNS if c not in (reader.fieldnames or [])]
+        with open_data(path, decompress=False, text=True) as raw:
+            reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
+            if reader.fieldnames is None:
+                raise UserError(f"{source} is empty (measure one with `hetsgd devices --calibrate`)")
+            missing = [c for c in CALIBRATION_COLUMNS if c not in reader.fieldnames]
             if missing:
-                raise UserError(f"calibration file {path} lacks the columns {', '.join(missing)}"
+                raise UserError(f"{source} lacks the columns {', '.join(missing)}"
                                 " (measure again with `hetsgd devices --calibrate`)")
-            rows = list(reader)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not a CSV text file"
-        raise UserError(f"cannot read calibration file {path}: {reason}") from exc
-    return measured_profiles(rows, f"calibration file {path}")
+            rows = list(itertools.islice(reader, MAX_CALIBRATION_ROWS + 1))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"cannot read {source}: not a CSV text file ({exc})") from exc
+    if len(rows) > MAX_CALIBRATION_ROWS:
+        raise UserError(f"{source} has more than {MAX_CALIBRATION_ROWS:,} rows: not a calibration")
+    return measured_profiles(rows, source)
 
 
 def measured_profiles(rows: list[dict], source: str) -> dict[str, MeasuredProfile]:
-    """A calibration's rows (as read from its CSV, or as measured) as one profile per group.
-    A group's copy time is half a step's median comm time: a replica copies in before the
-    batch and out after it."""
+    """A calibration's rows (as read from its CSV, or as measured) as one profile per group,
+    every value range-checked: a value out of range is one line naming the row, its group, the
+    column and the value. A group's copy time is half a step's median comm time: a replica
+    copies in before the batch and out after it."""
     if not rows:
         raise UserError(f"{source} has no rows")
     groups: dict[str, dict[int, tuple[float, float]]] = {}
     exchange: dict[str, ExchangeCost] = {}
     for line, row in enumerate(rows, start=2):
-        try:
-            batch = int(row["batch_size"])
-            step_ms, comm_ms = float(row["ms_per_step"]), float(row["comm_ms_per_step"])
-            slowdown = float(row.get("slowdown") or 1.0)
-            if (cost := exchange_cost(row)) is not None:
-                exchange[row["group"]] = cost
-        except (TypeError, ValueError):
-            raise UserError(f"{source}, line {line}: batch_size, ms_per_step, comm_ms_per_step "
-                            f"and slowdown must be numbers, {' and '.join(EXCHANGE_COLUMNS)} as "
-                            "many numbers each") from None
+        where = f"{source}, line {line}"
+        group = row.get("group")
+        if not isinstance(group, str) or not group.strip():
+            raise UserError(f"{where}: {_refused('group', group, 'the name of a group of the mix')}")
+        where += f" (group {group!r})"
+        batch = int(_number(row, "batch_size", where, "a whole number of examples", 1, MAX_BATCH,
+                            whole=True))
+        slowdown = _number(row, "slowdown", where, "an emulated group's slowdown", 1,
+                           MAX_SLOWDOWN, default=1.0)
         # an emulated group's measured step includes its sleep, (slowdown - 1) x the step
-        step_ms /= slowdown if slowdown >= 1 else math.nan
-        if batch < 1 or not 0 <= comm_ms < step_ms:
-            raise UserError(f"{source}, line {line}: wants batch_size >= 1, "
-                            "slowdown >= 1 and 0 <= comm_ms_per_step < ms_per_step / slowdown")
-        measured = groups.setdefault(row["group"], {})
+        step_ms = _number(row, "ms_per_step", where, "a device's step of 1 µs to 1 hour, times "
+                          f"slowdown {slowdown:g}", MIN_STEP_MS * slowdown,
+                          MAX_STEP_MS * slowdown) / slowdown
+        comm_ms = _number(row, "comm_ms_per_step", where, "the step's copies, a part of "
+                          "ms_per_step / slowdown that leaves 1 µs of compute", 0,
+                          step_ms - MIN_STEP_MS)
+        try:
+            if (cost := exchange_cost(row)) is not None:
+                exchange[group] = cost
+        except ValueError as exc:
+            raise UserError(f"{where}: {exc}") from None
+        measured = groups.setdefault(group, {})
         if batch in measured:
-            raise UserError(f"{source}, line {line}: group {row['group']!r} has "
-                            f"batch size {batch} twice")
+            raise UserError(f"{where}: batch_size={batch} is not allowed: the group has a row "
+                            "for it already")
         measured[batch] = (step_ms / 1000, comm_ms / 1000)
     return {group: _measured(group, measured, exchange.get(group))
             for group, measured in groups.items()}
 
 
+def _refused(column: str, raw: object, allowed: str) -> str:
+    """What refuses a row's value, the value as read, on one line and short."""
+    if raw in (None, ""):
+        return f"{column} is empty, and must be {allowed}"
+    text = str(raw)
+    shown = text if text.isprintable() else repr(text)
+    shown = shown if len(shown) <= MAX_SHOWN else shown[:MAX_SHOWN] + "..."
+    return f"{column}={shown} is not allowed: {allowed}"
+
+
+def _number(row: Mapping[str, object], column: str, where: str, what: str, low: float,
+            high: float, default: float | None = None, whole: bool = False) -> float:
+    """A row's number in ``column``, from ``low`` to ``high`` (``default`` where it is empty
+    and has one): a NaN fails the bounds, and a text that is no number reads as NaN."""
+    raw = row.get(column)
+    if raw in (None, "") and default is not None:
+        return default
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (low <= value <= high and (value.is_integer() or not whole)):
+        raise UserError(f"{where}: {_refused(column, raw, f'{what} ({low:g} to {high:g})')}")
+    return value
+
+
 def exchange_cost(row: Mapping[str, object]) -> ExchangeCost | None:
-    """A calibration row's exchange columns (numbers, or space-separated numbers, in ms), or
-    None where the row has none (a one-worker mix)."""
-    if any(row.get(c) in (None, "") for c in EXCHANGE_COLUMNS):
+    """A calibration row's exchange columns (numbers, or space-separated numbers, in ms, waits
+    ascending, as many of each), or None where the row has neither (a one-worker mix). A value
+    out of range is a ValueError naming its column and value."""
+    raw = {c: "" if row.get(c) is None else str(row[c]).strip() for c in EXCHANGE_COLUMNS}
+    if not any(raw.values()):
         return None
-    waits, costs = ([float(v) / 1000 for v in str(row[c]).split()] for c in EXCHANGE_COLUMNS)
-    if len(waits) != len(costs):
-        raise ValueError("exchange columns of different lengths")
-    return ExchangeCost.of(zip(waits, costs))
+    waits, costs = (_exchange_ms(c, raw[c]) for c in EXCHANGE_COLUMNS)
+    if len(waits) != len(costs) or not waits:
+        raise ValueError(f"wants {' and '.join(EXCHANGE_COLUMNS)} as many numbers each, not "
+                         f"{len(waits)} and {len(costs)}")
+    if waits != sorted(waits):
+        raise ValueError(_refused("exchange_wait_ms", raw["exchange_wait_ms"],
+                                  "waits in ascending order"))
+    return ExchangeCost.of((w / 1000, c / 1000) for w, c in zip(waits, costs))
+
+
+def _exchange_ms(column: str, text: str) -> list[float]:
+    """One exchange column's numbers, each a finite, non-negative number of ms."""
+    values = []
+    for word in text.split():
+        try:
+            values.append(float(word))
+        except ValueError:
+            values.append(math.nan)
+    if not all(0 <= v <= MAX_STEP_MS for v in values):
+        raise ValueError(_refused(column, text, f"numbers of ms (0 to {MAX_STEP_MS:g})"))
+    return values
 
 
 def _measured(group: str, measured: dict[int, tuple[float, float]],
