@@ -316,7 +316,7 @@ class RankLoop:
                 busy = rank.clock.now() - started
                 rank.ledger.step(batch, busy)
                 rank.ledger.record_loss(loss)
-                rank.spec.emulate(busy, rank.state.signals.stop.is_set)
+                rank.spec.emulate(busy, rank.sleeping)
                 if not math.isfinite(loss):
                     break
             weight = plan.weights[me]

@@ -135,7 +135,7 @@ class RankLoop:
             else:
                 rank.flat.zero_grad()
             computed = rank.clock.now()
-            rank.spec.emulate(computed - started, rank.state.signals.stop.is_set)
+            rank.spec.emulate(computed - started, rank.sleeping)
             verdict = rank.exchange(rank.flat.grads, rank.flat.buffers, sizes[me] / size, loss)
             stepped = rank.clock.now()
             with torch.no_grad():

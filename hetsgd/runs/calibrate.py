@@ -33,6 +33,7 @@ from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.group import Group, with_free_port
 from hetsgd.engines.distributed.rank import Rank
+from hetsgd.engines.shared_memory.coordinator import FIRST_STEP_FACTOR, KILL_TIMEOUT_S
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import Worker
@@ -149,8 +150,7 @@ def _seconds_per_round(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem
     except queue.Empty:
         item = f"no rank reported within dist.timeout_s={cfg.dist.timeout_s:g} s + 60 s"
     finally:
-        for proc in procs:
-            proc.join(timeout=cfg.dist.timeout_s)
+        _end(procs, cfg.dist.timeout_s)
     if isinstance(item, str):
         raise RuntimeError(f"measuring the mix's exchange failed: {item}")
     return [float(seconds) for seconds in item]
@@ -183,6 +183,28 @@ def _measure_exchange(rows: list[dict], cfg: RunConfig, specs: list[WorkerSpec],
             "exchange_ms": " ".join(f"{1000 * excess:.6g}" for _, excess in points)}
 
 
+def _next(results, wait_s: float) -> object:
+    """The measuring worker's next report; its silence for ``wait_s`` reads as a failure
+    report, since a stopped or hung worker sends nothing."""
+    try:
+        return results.get(timeout=wait_s)
+    except queue.Empty:
+        return f"no measurement within {wait_s:g} s (a worker stopped or hung)"
+
+
+def _end(procs: list, wait_s: float) -> None:
+    """Every process gone within about ``wait_s`` plus a bounded kill: SIGKILL, as a stopped
+    one never handles SIGTERM, and every join bounded, so that multiprocessing's exit handler
+    (which joins children without a timeout) finds none left."""
+    deadline = time.perf_counter() + wait_s
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.perf_counter()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=KILL_TIMEOUT_S)
+
+
 def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
     """Examples/s, ms/step and the part of it spent copying the model to or from the master
     (comm ms/step: a replica's copies; 0 for a worker that steps in place) per group and batch
@@ -206,8 +228,9 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
                   for s in specs if s is not spec]
         for p in [*others, proc]:
             p.start()
+        wait_s = FIRST_STEP_FACTOR * cfg.workers.stall_s  # a start, then one batch size's steps
         try:
-            while (item := results.get()) is not None:
+            while (item := _next(results, wait_s)) is not None:
                 if isinstance(item, str):
                     raise RuntimeError(f"calibrating group '{spec.group}' failed: {item}")
                 batch_size, per_s, ms, comm_ms = item
@@ -217,10 +240,7 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
                              "comm_ms_per_step": comm_ms, "slowdown": spec.slowdown})
         finally:
             state.signals.stop.set()
-            for p in [*others, proc]:
-                p.join(timeout=60)
-                if p.is_alive():
-                    p.terminate()
+            _end([*others, proc], cfg.workers.stall_s)
     exchange = dict.fromkeys(EXCHANGE_COLUMNS)
     if len(specs) > 1:
         exchange = _measure_exchange(rows, cfg, specs, problem, data, EXCHANGE_SECONDS * seconds)

@@ -19,9 +19,14 @@ import torch
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import Checkpoint
-from hetsgd.engines.distributed.group import torchrun, with_free_port
+from hetsgd.engines.distributed.group import check_port, torchrun, with_free_port
 from hetsgd.engines.distributed.rank import RankLoop, rank_process
-from hetsgd.engines.shared_memory.coordinator import Coordinator, OnTick, Training
+from hetsgd.engines.shared_memory.coordinator import (
+    FAILURE_GRACE_S,
+    Coordinator,
+    OnTick,
+    Training,
+)
 from hetsgd.engines.shared_memory.counters import WorkerCounters
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.model.problem import Problem
@@ -50,7 +55,13 @@ class DistributedCoordinator(Coordinator):
     columns)``, e.g. the tau that ``tau: auto`` chose) to summary.json. ``publishing``: rank 0
     keeps its replica to itself and copies it into the master when asked; otherwise it writes
     the master itself and the coordinator never waits for it.
+
+    A rank may wait in a collective for up to ``dist.timeout_s`` (for a slower peer, or one that
+    died), so that, plus a grace to report, is how long a rank may go without progress before it
+    counts as hung, and how long ranks have to report once training ended.
     """
+
+    noun = "rank"
 
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster, on_tick: OnTick | None,
@@ -61,6 +72,8 @@ class DistributedCoordinator(Coordinator):
             started_here = [specs[launch.rank]]  # global rank 0: the other ranks follow()
         elif cfg.dist.master_port is None:
             cfg = with_free_port(cfg)
+        else:
+            check_port(cfg.dist)
         self.columns = loop_type.SETUP_COLUMNS
         self.setup = torch.full((len(specs), len(self.columns)), math.nan,
                                 dtype=torch.float64).share_memory_()
@@ -70,6 +83,7 @@ class DistributedCoordinator(Coordinator):
         self.world, self.setup_summary = specs, setup_summary
         self.state.counters = WorkerCounters(len(specs))
         self.publishers = [0] if publishing else []
+        self.stall_s = self.exit_s = cfg.dist.timeout_s + FAILURE_GRACE_S
 
     def run(self, monitor_factory) -> Training:
         training = super().run(monitor_factory)

@@ -6,6 +6,7 @@ counters, so rank 0 can fill the coordinator's table without a collective of its
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,13 +22,20 @@ class Ledger(CounterRow):
 
     Rank 0 writes the world's table into the coordinator's shared counters, so the epoch count,
     the progress display and workers.csv cover every rank, on one machine or across several.
-    Time spent in collectives (``comm_s``) includes waiting there for slower ranks.
+    Time spent in collectives (``comm_s``) includes waiting there for slower ranks. Each step
+    and exchange also beats this rank's heartbeat (``beat``): the coordinator's table holds the
+    ranks' counters only as of the last exchange, so it cannot tell a rank at work between two.
     """
 
-    def __init__(self, rank: int, batch_size: int, shared: WorkerCounters) -> None:
+    def __init__(self, rank: int, batch_size: int, shared: WorkerCounters,
+                 beat: Callable[[], None]) -> None:
         super().__init__(torch.zeros(len(COUNTERS), dtype=torch.float64), batch_size)
-        self.rank = rank
+        self.rank, self.beat = rank, beat
         self.shared = shared if rank == 0 else None
+
+    def step(self, examples: int, busy_s: float, wait_s: float = 0.0, comm_s: float = 0.0) -> None:
+        super().step(examples, busy_s, wait_s, comm_s)
+        self.beat()
 
     def publish(self, table: torch.Tensor) -> None:
         """Rank 0: the world's counters ([ranks, columns]) into the coordinator's table."""
@@ -80,6 +88,7 @@ class Exchange:
         self.tail[start:start + columns] = self.ledger.row
         self.buffer[sum(self.sizes):].copy_(self.tail)
         self.group.all_reduce_(self.buffer)
+        self.ledger.beat()  # through: a long wait there was for the others
         for part, values in zip(parts, (first, second)):
             values.copy_(part)
         tail = self.buffer[sum(self.sizes):].to("cpu")

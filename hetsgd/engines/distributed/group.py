@@ -38,6 +38,19 @@ def free_port(addr: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def check_port(cfg: DistConfig) -> None:
+    """A port the user chose for the ranks started here must be free: rank 0 could not host the
+    rendezvous there, and the others would retry connecting until ``dist.timeout_s``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own socket
+        try:
+            sock.bind((cfg.master_addr, cfg.master_port))
+        except OSError as exc:
+            raise UserError(f"dist.master_port={cfg.master_port} on {cfg.master_addr} cannot host "
+                            f"the ranks' rendezvous ({exc.strerror or exc}): free it, or set "
+                            "dist.master_port=null for a free one") from exc
+
+
 def with_free_port(cfg: RunConfig) -> RunConfig:
     """``cfg`` with a free port on ``dist.master_addr`` where ``dist.master_port`` is null: where
     the ranks started on this machine meet."""

@@ -44,7 +44,7 @@ from hetsgd.engines.shared_memory.batches import Batches, training_augment
 from hetsgd.engines.shared_memory.counters import COUNTERS
 from hetsgd.engines.shared_memory.links import Link, default_link
 from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.engines.shared_memory.worker import reporting, send_checkpoint
+from hetsgd.engines.shared_memory.worker import beating, reporting, send_checkpoint
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
@@ -82,7 +82,8 @@ class Rank:
         self.train_step = build_step(cfg.optim.step, self.flat, cfg.optim, problem.task)
         self.sgd = self.train_step.sgd
         self.loss = loss_fn(problem.task)
-        self.ledger = Ledger(spec.rank, spec.batch_size, state.counters)
+        self.ledger = Ledger(spec.rank, spec.batch_size, state.counters,
+                             partial(state.signals.beat, spec.rank))
         self._exchange = Exchange(group, self.ledger,
                                   (self.flat.params.numel(), self.flat.buffers.numel()))
         self.restored = state.restored[spec.rank] if state.restored is not None else None
@@ -109,6 +110,10 @@ class Rank:
         loss = self.loss(self.module(x), y)
         loss.backward()
         return loss.item()
+
+    def sleeping(self) -> bool:
+        """The check of this rank's emulated sleep: a heartbeat, then whether training ended."""
+        return self.state.signals.sleeping(self.spec.rank)
 
     def exchange(self, first: torch.Tensor, second: torch.Tensor, weight: float,
                  loss: float | None) -> Verdict:
@@ -215,13 +220,14 @@ def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Shar
     group: Group | None = None
     with reporting(spec.rank, state, reports):
         try:
-            group = Group(cfg.dist, spec.rank, world)
-            loop = loop_type(spec, world, cfg, problem, state, group)
-            if spec.rank == 0:
-                values = loop.setup()
-                setup.copy_(torch.tensor([values[c] for c in loop_type.SETUP_COLUMNS],
-                                         dtype=torch.float64).T)
-            reports.put(("ready", spec.rank, ""))
+            with beating(state, spec.rank):
+                group = Group(cfg.dist, spec.rank, world)
+                loop = loop_type(spec, world, cfg, problem, state, group)
+                if spec.rank == 0:
+                    values = loop.setup()
+                    setup.copy_(torch.tensor([values[c] for c in loop_type.SETUP_COLUMNS],
+                                             dtype=torch.float64).T)
+                reports.put(("ready", spec.rank, ""))
             state.signals.go.wait()
             loop.run(partial(send_checkpoint, reports, spec.rank))
             loop.rank.finish()

@@ -8,7 +8,8 @@ thread count and makes its own CUDA context), waits until every worker has built
 staged its data, then starts the clock and the workers together. While they train it copies the
 master every ``eval.every_s`` seconds, hands each copy to its :class:`Journal` (the run directory,
 so that a killed coordinator loses at most one snapshot interval), ends training at the time
-budget, and notices a worker that failed or died. Evaluation of the snapshots happens after
+budget, and notices a worker that failed, died or hung (:class:`Watch`); whatever happens, every
+worker it started is gone when it returns. Evaluation of the snapshots happens after
 training (see ``evaluate``). With checkpoints on, it asks the workers for their state every
 ``checkpoint.every_s`` seconds and assembles the parts they send back, and those they send at
 the end, into checkpoints for its journal; a resumed run starts from one, its clock and
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from typing import Protocol
 
+import psutil
 import torch.multiprocessing as mp
 
 from hetsgd.config import RunConfig
@@ -46,11 +48,19 @@ STARTUP_TIMEOUT_S = 600.0
 PUBLISH_TIMEOUT_S = 60.0
 PUBLISH_POLL_S = 0.0005  # how often a publish request is checked for its answer
 TICK_S = 0.01  # how often the coordinator looks at the workers
-EXIT_TIMEOUT_S = 30.0  # how long a worker has to exit once training ended
-# After a worker failed, the others get dist.timeout_s (their collectives' own limit) plus this
-# long to notice and report before the coordinator ends them.
-FAILURE_GRACE_S = 10.0
+EXIT_TIMEOUT_S = 30.0  # how long a worker has to report and exit once training ended
+# A rank that ended, or whose peer did, may still wait in a collective for dist.timeout_s (its
+# own limit); it gets this long beyond that to notice and report.
+FAILURE_GRACE_S = 5.0
+# A worker's first step may take this many times its stall window (a first CUDA step compiles
+# and tunes its kernels; a first collective waits for the slowest rank's).
+FIRST_STEP_FACTOR = 4.0
+KILL_TIMEOUT_S = 5.0  # how long a SIGKILLed worker's exit is waited for
+# A tick longer than its wait and its own CPU time by this much: the coordinator was not
+# scheduled (stopped, or starved of CPU), and said so in the summary.
+STARVED_S = 1.0
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+LEFT_TO_COORDINATOR = {signal.SIGINT, signal.SIGHUP}  # what a worker ignores (see guarded)
 
 
 @dataclass
@@ -65,6 +75,68 @@ class Training:
     utilization: list[dict[str, float]] = field(default_factory=list)
     batches: list[dict[str, float]] = field(default_factory=list)  # batch-size changes, if any
     extra: dict = field(default_factory=dict)  # algorithm-specific summary entries
+    warnings: list[str] = field(default_factory=list)  # for summary.json and the log
+
+
+class Watch:
+    """The coordinator's watch over the workers' progress and over its own scheduling.
+
+    A worker progresses when its counted updates or its heartbeat (``Signals.beats``) change;
+    one that does neither for ``window_s`` seconds (``first_window_s`` before it first did) is
+    hung. A tick that came late (the coordinator stopped, starved of CPU, or slow to write a
+    snapshot) is not held against the workers: it could not look. A tick's wait longer than
+    asked and than its CPU time is time the coordinator was not scheduled at all; it is kept
+    for the summary, as a stopped or starved coordinator cannot end training on time either.
+    """
+
+    def __init__(self, ranks: list[int], window_s: float, first_window_s: float) -> None:
+        self.ranks, self.window_s, self.first_window_s = ranks, window_s, first_window_s
+        self.seen: dict[int, tuple[float, float]] = {}  # rank -> (progress, when it last changed)
+        self.stepped: set[int] = set()
+        self.last = 0.0  # the previous tick
+        self.unscheduled_s = 0.0
+        self.longest: tuple[float, float] = (0.0, 0.0)  # (seconds, from what time of training)
+
+    def start(self, now: float, progress: dict[int, float]) -> None:
+        self.seen = {rank: (progress[rank], now) for rank in self.ranks}
+        self.last = now
+
+    def waited(self, wall_s: float, cpu_s: float, elapsed: float) -> None:
+        """A tick's wait for reports took ``wall_s``, of which ``cpu_s`` on the CPU."""
+        off = wall_s - cpu_s - TICK_S
+        if off > STARVED_S:
+            self.unscheduled_s += off
+            self.longest = max(self.longest, (off, elapsed - off))
+
+    def hung(self, now: float, progress: dict[int, float], ended: set[int]) -> list[int]:
+        """The workers not in ``ended`` that are hung now."""
+        late = now - self.last - TICK_S
+        self.last = now
+        if late > STARVED_S:
+            self.seen = {rank: (value, when + late) for rank, (value, when) in self.seen.items()}
+        hung = []
+        for rank in self.ranks:
+            value, when = self.seen[rank]
+            if progress[rank] != value:
+                self.seen[rank] = (progress[rank], now)
+                self.stepped.add(rank)
+            elif rank not in ended and now - when > self.window(rank):
+                hung.append(rank)
+        return hung
+
+    def window(self, rank: int) -> float:
+        return self.window_s if rank in self.stepped else self.first_window_s
+
+    def warnings(self, time_s: float, budget_s: float | None) -> list[str]:
+        if self.unscheduled_s == 0.0:
+            return []
+        seconds, at = self.longest
+        note = (f"the coordinator was not scheduled for {self.unscheduled_s:.1f} s (longest "
+                f"{seconds:.1f} s, from {at:.1f} s of training): it could not watch the workers, "
+                "take snapshots or end training then")
+        if budget_s is not None and time_s > budget_s + STARVED_S:
+            note += f"; the {budget_s:g} s budget overran by {time_s - budget_s:.1f} s"
+        return [note]
 
 
 class Controller(Protocol):
@@ -91,14 +163,25 @@ class Journal(Protocol):
         """A checkpoint just assembled, to replace the previous one."""
 
 
+def _cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (0 once it is gone)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system
+
+
 def guarded(target: Callable, *args) -> None:
-    """A worker process's entry: it leaves Ctrl-C to its coordinator (which stops it through
-    ``stop`` and keeps what was measured) and, on Linux, dies with the coordinator however that
-    dies (the parent-death signal), so no worker outlives its run. The worker was started with
-    SIGINT blocked (see :meth:`Coordinator._start`); a Ctrl-C that came while it was importing
-    is pending, and ignoring SIGINT before unblocking it discards that one too."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    """A worker process's entry: it leaves Ctrl-C and a terminal's hangup (SIGHUP, which reaches
+    the whole foreground process group) to its coordinator (which stops it through ``stop`` and
+    keeps what was measured) and, on Linux, dies with the coordinator however that dies (the
+    parent-death signal), so no worker outlives its run. The worker was started with those
+    signals blocked (see :meth:`Coordinator._start`); one that came while it was importing is
+    pending, and ignoring them before unblocking discards that one too."""
+    for signum in LEFT_TO_COORDINATOR:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_COORDINATOR)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == 1:  # the coordinator died before the line above
@@ -126,6 +209,18 @@ class Coordinator:
         # only once they answered a publish request (see Signals).
         self.publishers = [spec.rank for spec in specs if spec.accel]
         self.journal: Journal | None = None  # where snapshots and counters go as they are taken
+        self.stall_s = cfg.workers.stall_s  # a worker making no progress this long is hung
+        self.exit_s = EXIT_TIMEOUT_S  # how long workers have to report once training ended
+
+    noun = "worker"  # what the messages call one of its processes
+
+    def _name(self, rank: int) -> str:
+        return f"{self.noun} {rank} ({next(s.group for s in self.specs if s.rank == rank)})"
+
+    def _progress(self) -> dict[int, float]:
+        """Each worker's progress as the coordinator can see it: updates counted, beats."""
+        updates, beats = self.state.counters.column("updates"), self.state.signals.beats
+        return {s.rank: float(updates[s.rank]) + float(beats[s.rank]) for s in self.specs}
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -133,7 +228,7 @@ class Coordinator:
         """Ask the publishers to bring the master up to date, and wait for the running ones."""
         signals = self.state.signals
         signals.publish_request += 1
-        deadline = time.perf_counter() + PUBLISH_TIMEOUT_S
+        deadline = time.perf_counter() + min(PUBLISH_TIMEOUT_S, self.stall_s)
         while not signals.answered(running()) and time.perf_counter() < deadline:
             time.sleep(PUBLISH_POLL_S)
 
@@ -186,12 +281,13 @@ class Coordinator:
         snapshots.every_s, snapshots.every_epochs = self.resume.snapshot_spacing
 
     def _start(self, procs: list) -> None:
-        """Start the workers with SIGINT blocked, which they inherit through fork and exec: a
-        Ctrl-C while they import stays pending until :func:`guarded` ignores it, instead of
-        ending each in a traceback. The coordinator gets its own Ctrl-C once it unblocks."""
+        """Start the workers with SIGINT and SIGHUP blocked, which they inherit through fork and
+        exec: a Ctrl-C or hangup while they import stays pending until :func:`guarded` ignores
+        it, instead of ending each in a traceback. The coordinator gets its own once it
+        unblocks."""
         # Started inside the block, the resource tracker would unblock SIGINT after its own start.
         resource_tracker.ensure_running()
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, LEFT_TO_COORDINATOR)
         try:
             for p in procs:
                 p.start()
@@ -209,15 +305,21 @@ class Coordinator:
                                         self.reports))
                  for s in self.specs]
         monitor = monitor_factory(lambda: [p.pid for p in procs if p.pid is not None])
-        finished: dict[int, tuple[str, str]] = {}
+        finished: dict[int, tuple[str, str]] = {}  # by rank: how each reported its end
+        hung: dict[int, str] = {}  # by rank: the coordinator's own verdict on one it ends
         snapshots = self._new_snapshots()
         examples = self.state.counters.column("examples")
         n = self.state.data.num_examples
+        watch = Watch([s.rank for s in self.specs], self.stall_s, FIRST_STEP_FACTOR * self.stall_s)
         t0: float | None = None
         every_s = self.cfg.checkpoint.every_s
+        signals = self.state.signals
+        stopped: float | None = None  # when the coordinator first saw training end
         try:
             self._start(procs)
-            self._await_ready(procs, finished)
+            hung.update(self._await_ready(procs, finished))
+            if hung:  # nobody trains: those still setting up are ended at once, below
+                stopped = time.perf_counter() - self.exit_s
             monitor.start()
             t0 = time.perf_counter() - (self.resume.time_s if self.resume is not None else 0.0)
             monitor.set_time_origin(t0)
@@ -225,26 +327,31 @@ class Coordinator:
                 self._resume_snapshots(t0, snapshots)
             self._take_snapshot(time.perf_counter() - t0, snapshots)
             last_request = time.perf_counter()
-            self.state.signals.go.set()
-            first_failure: float | None = None
-            while len(finished) < len(procs):
+            signals.go.set()
+            watch.start(time.perf_counter(), self._progress())
+            while not hung and len(finished) < len(procs):
+                wall, cpu = time.perf_counter(), time.thread_time()
                 self._collect(procs, finished, timeout=TICK_S)
                 now = time.perf_counter()
-                if first_failure is None and any(k != "done" for k, _ in finished.values()):
-                    first_failure = now
-                grace = self.cfg.dist.timeout_s + FAILURE_GRACE_S
-                if first_failure is not None and now - first_failure > grace:
-                    break  # a worker still alive this long after a failure is hung: end it below
+                watch.waited(now - wall, time.thread_time() - cpu, now - t0)
+                for rank in watch.hung(now, self._progress(), set(finished)):
+                    hung[rank] = (f"{self._name(rank)} made no progress for "
+                                  f"{watch.window(rank):g} s (stopped, or hung in a device call, "
+                                  "a lock or a collective): killed")
                 budget = self.cfg.budget.seconds
-                if budget is not None and now - t0 >= budget:
-                    self.state.signals.stop.set()
+                if hung or (budget is not None and now - t0 >= budget):
+                    signals.stop.set()
+                if stopped is None and signals.stop.is_set():
+                    stopped = now
+                if stopped is not None and now - stopped > self.exit_s:
+                    break  # those still training are ended below
                 epoch = float(examples.sum()) / n
                 if snapshots.due(now - t0, epoch) and len(finished) < len(procs):
                     if self.publishers:
                         self._publish(lambda: [r for r in self.publishers if r not in finished])
                     self._take_snapshot(time.perf_counter() - t0, snapshots)
                 if every_s is not None and now - last_request >= every_s:
-                    self.state.signals.request_checkpoint()
+                    signals.request_checkpoint()
                     last_request = now
                 self._write_checkpoints(t0, snapshots)
                 if self.controller is not None:
@@ -256,47 +363,93 @@ class Coordinator:
             training.snapshots = snapshots.items
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one: keep what was measured
             training.status, training.error = "interrupted", "interrupted by the user"
-            self.state.signals.stop.set()
+            signals.stop.set()
             if t0 is not None:
                 training.time_s = time.perf_counter() - t0
                 self._take_snapshot(time.perf_counter() - t0, snapshots)
                 training.snapshots = snapshots.items
         finally:
-            self.state.signals.stop.set()
-            self.state.signals.go.set()
+            signals.stop.set()
+            signals.go.set()
+            killed = self._wind_down(procs, finished, hung,
+                                     (stopped or time.perf_counter()) + self.exit_s)
             if self.state.checkpointing and t0 is not None:
-                self._await_final_parts(procs, finished)
                 self._write_checkpoints(t0, snapshots)
-            for p in (p for p in procs if p.pid is not None):  # those started
-                p.join(timeout=EXIT_TIMEOUT_S)
-                if p.is_alive():
-                    p.terminate()
             training.utilization = monitor.stop()
-        for status, message in finished.values():
+        # the coordinator's verdict on hung workers first (the others' failures are their release
+        # from a wait on them), then the workers' own reports, then those that never ended
+        failures = [("failed", "; ".join(hung.values()))] if hung else []
+        failures += [*finished.values(), *(("failed", m) for m in killed.values())]
+        for status, message in failures:
             if status != "done" and training.status == "completed":
                 training.status, training.error = status, message
+        training.warnings = watch.warnings(training.time_s, self.cfg.budget.seconds)
         training.counters = [self.state.counters.row(s.rank) for s in self.specs]
         if self.controller is not None:
             training.batches, training.extra = self.controller.log, self.controller.summary()
         return training
 
-    def _await_final_parts(self, procs: list, finished: dict[int, tuple[str, str]]) -> None:
-        """Read reports until every worker has ended (each sends its final part first, and
-        cannot exit before it is read), within the time a worker is given to exit."""
-        deadline = time.perf_counter() + EXIT_TIMEOUT_S
-        while len(finished) < len(procs) and time.perf_counter() < deadline:
+    def _wind_down(self, procs: list, finished: dict[int, tuple[str, str]],
+                   hung: dict[int, str], deadline: float) -> dict[int, str]:
+        """End every worker started, within a bounded time: the hung at once, the others once
+        they have exited or at ``deadline``, their reports read meanwhile (a worker cannot
+        exit before its queued reports, such as its final checkpoint part, are read). Ends are
+        SIGKILLs (a stopped process never handles SIGTERM) and every join is bounded, so that
+        multiprocessing's exit handler, which joins children without a timeout, finds none left.
+        Returns those that had to be killed without having reported, with why."""
+        started = [(s.rank, p) for s, p in zip(self.specs, procs) if p.pid is not None]
+        for rank, p in started:
+            if rank in hung:
+                p.kill()
+        while (any(p.is_alive() for rank, p in started if rank not in hung)
+               and time.perf_counter() < deadline):
             self._collect(procs, finished, timeout=TICK_S)
+        self._collect(procs, finished, timeout=0.0)  # what those that exited sent last
+        killed = {}
+        for rank, p in started:
+            if p.is_alive():
+                p.kill()
+                if rank not in finished and rank not in hung:
+                    killed[rank] = (f"{self._name(rank)} did not end within {self.exit_s:g} s "
+                                    "of the end of training: killed")
+        for _, p in started:
+            p.join(timeout=KILL_TIMEOUT_S)
+        return killed
 
-    def _await_ready(self, procs: list, finished: dict[int, tuple[str, str]]) -> None:
+    def _await_ready(self, procs: list, finished: dict[int, tuple[str, str]]) -> dict[int, str]:
+        """Wait until every worker has set up or ended. A worker setting up is alive while it
+        gets CPU time (importing, building) or beats (:func:`~.worker.beating`, through long
+        waits); one that does neither for its stall window is hung, as is one not set up within
+        ``STARTUP_TIMEOUT_S``, or within ``exit_s`` of another's failure. Returns those hung,
+        with why; training then stops before it starts."""
+
+        def alive() -> dict[int, float]:
+            progress = self._progress()
+            return {s.rank: progress[s.rank] + _cpu_s(p.pid) for s, p in zip(self.specs, procs)}
+
         ready: set[int] = set()
-        deadline = time.perf_counter() + STARTUP_TIMEOUT_S
+        now = time.perf_counter()
+        deadline, failed_at = now + STARTUP_TIMEOUT_S, None
+        watch = Watch([s.rank for s in self.specs], self.stall_s, self.stall_s)
+        watch.start(now, alive())
         while len(ready) + len(finished) < len(procs):
-            if time.perf_counter() > deadline:
-                raise RuntimeError("workers did not start within "
-                                   f"{STARTUP_TIMEOUT_S:.0f} s")
             ready |= self._collect(procs, finished, timeout=0.1)
+            now = time.perf_counter()
+            failed_at = failed_at or (now if finished else None)
+            hung = {rank: f"made no progress for {watch.window(rank):g} s while setting up"
+                    for rank in watch.hung(now, alive(), ready | set(finished))}
+            late = [s.rank for s in self.specs if s.rank not in ready and s.rank not in finished]
+            if now > deadline:
+                hung = dict.fromkeys(late, f"did not set up within {STARTUP_TIMEOUT_S:.0f} s")
+            elif failed_at is not None and now - failed_at > self.exit_s:
+                hung = dict.fromkeys(late, f"did not set up within {self.exit_s:g} s of "
+                                           "another's failure")
+            if hung:
+                self.state.signals.stop.set()
+                return {rank: f"{self._name(rank)} {why}: killed" for rank, why in hung.items()}
         if finished:  # a worker failed during setup: nobody trains
             self.state.signals.stop.set()
+        return {}
 
     def _collect(self, procs: list, finished: dict[int, tuple[str, str]],
                  timeout: float) -> set[int]:
@@ -318,7 +471,7 @@ class Coordinator:
             pass
         for spec, p in zip(self.specs, procs):
             if spec.rank not in finished and p.exitcode is not None and p.exitcode != 0:
-                finished[spec.rank] = ("failed", f"worker {spec.rank} ({spec.group}) exited "
+                finished[spec.rank] = ("failed", f"{self._name(spec.rank)} exited "
                                                  f"with code {p.exitcode}")
                 self.state.signals.stop.set()
         return ready

@@ -28,8 +28,11 @@ class Signals(SharedViews):
     holds their latest step: a resident replica copies itself in, a merging replica answers
     after its next merge. ``checkpoint_request`` and ``checkpoint_done`` work the same way for
     checkpoints, without the coordinator waiting: each worker answers at its next consistent point
-    by sending its part (:mod:`hetsgd.engines.checkpoint`). Workers read and write them through
-    numpy views (every step).
+    by sending its part (:mod:`hetsgd.engines.checkpoint`). ``beats`` (one counter per worker)
+    is a worker's heartbeat where it gets on without counting a step (setting up, an emulated
+    device's sleep, a rank's local steps and exchanges): with the updates it counts, the
+    coordinator tells a slow worker from a hung one. Workers read and write them through numpy
+    views (every step).
     """
 
     go: Event
@@ -38,9 +41,11 @@ class Signals(SharedViews):
     publish_done: torch.Tensor
     checkpoint_request: torch.Tensor
     checkpoint_done: torch.Tensor
+    beats: torch.Tensor
 
     VIEWS = {"_request": "publish_request", "_done": "publish_done",
-             "_checkpoint_request": "checkpoint_request", "_checkpoint_done": "checkpoint_done"}
+             "_checkpoint_request": "checkpoint_request", "_checkpoint_done": "checkpoint_done",
+             "_beats": "beats"}
 
     def __post_init__(self) -> None:
         self._build_views()
@@ -51,7 +56,7 @@ class Signals(SharedViews):
             return torch.zeros(size, dtype=torch.int64).share_memory_()
 
         return cls(ctx.Event(), SharedFlag(), counter(1), counter(num_workers), counter(1),
-                   counter(num_workers))
+                   counter(num_workers), counter(num_workers))
 
     def answer(self, rank: int) -> None:
         """Worker ``rank``: the master holds everything it has done up to now."""
@@ -67,6 +72,16 @@ class Signals(SharedViews):
 
     def answered(self, ranks: list[int]) -> bool:
         return not any(self.asked(r) for r in ranks)
+
+    def beat(self, rank: int) -> None:
+        """Worker ``rank`` is alive and getting on (see ``beats``)."""
+        self._beats[rank] += 1
+
+    def sleeping(self, rank: int) -> bool:
+        """The check of worker ``rank``'s emulated sleep, every slice: a heartbeat (asleep is not
+        hung), then whether training has ended."""
+        self.beat(rank)
+        return self.stop.is_set()
 
     def request_checkpoint(self) -> None:
         self._checkpoint_request[0] += 1

@@ -11,6 +11,7 @@ read only a few times a second.
 from __future__ import annotations
 
 import math
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ from hetsgd.model.step import Pending, build_step
 # How often a worker reads its latest mini-batch loss: reading it waits for a GPU to finish the
 # step, so it is not read every step.
 LOSS_READ_S = 0.1
+SETUP_BEAT_S = 0.2  # how often a worker that sets up beats its heartbeat (see `beating`)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Worker:
         state, emulate, rank = self.state, self.spec.emulate, self.spec.rank
         counters = CounterRow(state.counters.table[rank], self.spec.batch_size)
         stop, cursor = state.signals.stop, state.cursor
+        sleeping = partial(state.signals.sleeping, rank)  # an emulated sleep beats as it waits
         checkpoints = state.signals if state.checkpointing and on_checkpoint else None
         loss: torch.Tensor | None = None
         next_read = 0.0
@@ -115,7 +118,7 @@ class Worker:
             if finished >= next_read:
                 self.read_loss(loss, counters, epoch + start / self.batches.n)
                 next_read = finished + LOSS_READ_S
-            emulate(finished - started, stop.is_set)
+            emulate(finished - started, sleeping)
             if checkpoints is not None and checkpoints.checkpoint_asked(rank):
                 on_checkpoint(self.checkpoint(counters))
                 checkpoints.answer_checkpoint(rank)
@@ -157,8 +160,9 @@ def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Sh
     """Entry point of a spawned worker: threads first, then train, then report how it ended."""
     torch.set_num_threads(spec.threads)
     with reporting(spec.rank, state, reports):
-        worker = Worker(spec, cfg, problem, state, link_factory)
-        reports.put(("ready", spec.rank, ""))
+        with beating(state, spec.rank):
+            worker = Worker(spec, cfg, problem, state, link_factory)
+            reports.put(("ready", spec.rank, ""))
         state.signals.go.wait()
         worker.run(on_checkpoint=partial(send_checkpoint, reports, spec.rank))
 
@@ -166,6 +170,27 @@ def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Sh
 def send_checkpoint(reports, rank: int, part: WorkerState) -> None:
     """A worker's part of a checkpoint, to its coordinator (which assembles and writes it)."""
     reports.put(("checkpoint", rank, part.to_bytes()))
+
+
+@contextmanager
+def beating(state: SharedState, rank: int) -> Iterator[None]:
+    """While a worker sets up, a thread beats its heartbeat: setup is a few long calls (a CUDA
+    context, staging the data, a rendezvous) with no step to count, and a worker stopped there
+    then shows within its stall window. A call that hangs is left to the startup timeout (the
+    thread beats on); once training starts, only the worker's own loop beats."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(SETUP_BEAT_S):
+            state.signals.beat(rank)
+
+    thread = threading.Thread(target=beat, name=f"hetsgd-beat-{rank}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextmanager

@@ -1,0 +1,179 @@
+"""Liveness: a worker or rank that makes no progress ends its run `failed`, named, with nothing
+left running and the sweep going on; a coordinator that was not scheduled says so; a rendezvous
+port in use is one line. The watch itself is checked on a made-up clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import run_config
+from processes import await_snapshots, gone, start, workers
+
+from hetsgd.config import ConfigError, DistConfig
+from hetsgd.engines.distributed.group import check_port
+from hetsgd.engines.shared_memory.coordinator import STARVED_S, TICK_S, Watch
+from hetsgd.errors import UserError
+
+RUN = ("run", "algo=hogwild", "devices=cpu", "dataset=digits", "budget.epochs=null",
+       "eval.every_s=0.2", "eval.every_epochs=null", "progress=false")
+
+
+def _summary(results: Path) -> dict:
+    run_dir, = (results / "runs").iterdir()
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+# -- the watch, on a made-up clock --------------------------------------------------------------
+
+def _ticks(watch: Watch, since: float, until: float, progress: dict[int, float],
+           ended: frozenset[int] = frozenset()) -> list[int]:
+    """Tick every TICK_S from `since` to `until` with `progress`: the hung at the last tick."""
+    hung: list[int] = []
+    for i in range(1, round((until - since) / TICK_S) + 1):
+        hung = watch.hung(since + i * TICK_S, progress, set(ended))
+    return hung
+
+
+def test_the_watch_names_only_the_worker_that_stopped_progressing() -> None:
+    watch = Watch([0, 1], window_s=2.0, first_window_s=8.0)
+    watch.start(0.0, {0: 0.0, 1: 0.0})
+    assert _ticks(watch, 0.0, 1.0, {0: 0.0, 1: 0.0}) == []
+    assert _ticks(watch, 1.0, 1.01, {0: 1.0, 1: 1.0}) == []  # both step at 1 s
+    assert _ticks(watch, 1.01, 2.5, {0: 2.0, 1: 1.0}) == []  # worker 1: 1.5 s without
+    assert _ticks(watch, 2.5, 3.2, {0: 3.0, 1: 1.0}, ended=frozenset({1})) == []  # it reported
+    assert _ticks(watch, 3.2, 3.3, {0: 3.3, 1: 1.0}) == [1]  # 2.3 s without a step or a beat
+
+
+def test_a_first_step_gets_its_longer_window() -> None:
+    watch = Watch([0], window_s=2.0, first_window_s=8.0)
+    watch.start(0.0, {0: 0.0})
+    assert _ticks(watch, 0.0, 7.0, {0: 0.0}) == []
+    assert _ticks(watch, 7.0, 8.5, {0: 0.0}) == [0]
+
+
+def test_a_late_tick_is_not_held_against_the_workers() -> None:
+    """A coordinator stopped for 10 s saw no progress then: the workers are not hung for it."""
+    watch = Watch([0], window_s=2.0, first_window_s=2.0)
+    watch.start(0.0, {0: 0.0})
+    assert watch.hung(10.0 + TICK_S, {0: 0.0}, ended=set()) == []  # one tick, 10 s late
+    assert _ticks(watch, 10.0 + TICK_S, 11.5, {0: 0.0}) == []
+    assert _ticks(watch, 11.5, 12.5, {0: 0.0}) == [0]  # from then on the clock runs
+
+
+def test_time_not_scheduled_is_reported_with_the_overrun() -> None:
+    watch = Watch([0], window_s=2.0, first_window_s=2.0)
+    watch.waited(TICK_S + STARVED_S / 2, 0.0, elapsed=1.0)  # a little late: not reported
+    assert watch.warnings(time_s=4.0, budget_s=4.0) == []
+    watch.waited(20.0 + TICK_S, 0.001, elapsed=21.0)  # stopped 20 s, from 1 s of training
+    watch.waited(TICK_S + 3.0, 3.0, elapsed=22.0)  # 3 s on the CPU: busy, not unscheduled
+    warning, = watch.warnings(time_s=24.0, budget_s=4.0)
+    assert "not scheduled for 20.0 s" in warning and "from 1.0 s of training" in warning
+    assert "the 4 s budget overran by 20.0 s" in warning
+
+
+def test_stall_s_must_be_positive_and_finite() -> None:
+    assert run_config("workers.stall_s=5").workers.stall_s == 5.0
+    for value in ("0", "-1", "inf", "nan"):
+        with pytest.raises(ConfigError, match="workers.stall_s"):
+            run_config(f"workers.stall_s={value}")
+
+
+def test_a_rendezvous_port_in_use_is_one_line_naming_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UserError, match=f"dist.master_port={port} on 127.0.0.1"):
+            check_port(DistConfig(master_port=port))
+    check_port(DistConfig(master_port=port))  # free again
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_a_worker_stopped_while_it_sets_up_fails_the_run_before_training(
+        results_dir: Path) -> None:
+    """While it imports and builds, a worker counts no step; getting no CPU time either, it is
+    hung (rather than left to the 600 s startup timeout)."""
+    proc = start(results_dir, *RUN, "budget.seconds=120", "workers.stall_s=3")
+    pids = workers(proc, count=2)  # spawned, still importing
+    os.kill(pids[1], signal.SIGSTOP)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output
+    summary = _summary(results_dir)
+    assert summary["error"] == "worker 1 (cpu) made no progress for 3 s while setting up: killed"
+    assert summary["updates"] == 0  # nobody trained
+    assert gone(pids, timeout_s=10)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_stopped_rank_fails_the_run_and_the_command_exits(results_dir: Path) -> None:
+    """Rank 0 gives up on the stopped rank 1 within dist.timeout_s; rank 1 is named and killed
+    (the multiprocessing exit handler would otherwise join it forever)."""
+    proc = start(results_dir, *RUN, "algo=local_sgd", "devices=emulated", "budget.seconds=120",
+                 "dist.timeout_s=2")
+    pids = workers(proc, count=2)
+    await_snapshots(results_dir, count=3)
+    os.kill(pids[1], signal.SIGSTOP)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output
+    assert "Traceback" not in output, output
+    summary = _summary(results_dir)
+    assert summary["status"] == "failed"
+    assert summary["error"].startswith("rank 1 (cpu) made no progress for 7 s"), summary["error"]
+    assert gone(pids, timeout_s=10)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_stopped_worker_fails_its_job_naming_it_leaves_nothing_and_the_sweep_goes_on(
+        results_dir: Path) -> None:
+    proc = start(results_dir, "run", "-m", *RUN[1:], "budget.seconds=3", "workers.stall_s=3",
+                 "seed=0,1")
+    pids = workers(proc, count=2)
+    await_snapshots(results_dir / "sweeps", count=3)  # job 0's training under way
+    os.kill(pids[1], signal.SIGSTOP)  # never handles SIGTERM again
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 1, output  # a job failed
+    assert "Traceback" not in output, output
+    assert gone(pids, timeout_s=10)
+    sweep_dir, = (results_dir / "sweeps").iterdir()
+    jobs = pd.read_csv(sweep_dir / "summary.csv")
+    assert jobs["status"].tolist() == ["failed", "completed"], output
+    error = jobs["error"].iloc[0]
+    assert error.startswith("worker 1 (cpu) made no progress for 3 s"), error
+    assert "worker 0" not in error  # the one still stepping is not blamed
+    assert "worker 1 (cpu) made no progress" in output
+    job_dir, = (p for p in sweep_dir.iterdir() if p.name.startswith("0_"))
+    assert len(pd.read_csv(job_dir / "convergence.csv")) >= 3  # the curves are kept
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_stopped_coordinator_says_so_and_its_workers_are_not_blamed(results_dir: Path) -> None:
+    """Stopped 5 s, longer than workers.stall_s: it saw no progress then, and must not call the
+    workers hung for it. It stopped after 0.2 s of training at least, so it overran its 3 s
+    budget by 2.2 s at least."""
+    proc = start(results_dir, *RUN, "budget.seconds=3", "workers.stall_s=2")
+    workers(proc, count=2)
+    await_snapshots(results_dir, count=2)  # at 0 s and 0.2 s of training
+    os.kill(proc.pid, signal.SIGSTOP)
+    time.sleep(5)
+    os.kill(proc.pid, signal.SIGCONT)
+    output, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, output
+    summary = _summary(results_dir)
+    assert summary["status"] == "completed"
+    warning, = summary["warnings"]
+    assert float(re.search(r"not scheduled for ([\d.]+) s", warning).group(1)) >= 4.5
+    assert float(re.search(r"the 3 s budget overran by ([\d.]+) s", warning).group(1)) >= 2.0
+    assert "not scheduled for" in output
