@@ -7,8 +7,9 @@ import logging
 import os
 import signal
 import sys
+from multiprocessing import resource_tracker
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import hydra
 import typer
@@ -17,6 +18,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from hetsgd import data as datasets
 from hetsgd.config import CONF_DIR, ConfigError, RunConfig, compose_run, register_configs, to_run_config
@@ -33,32 +35,54 @@ app = typer.Typer(
 data_app = typer.Typer(help="Datasets and the data cache ($HETSGD_DATA or ~/.cache/hetsgd).",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
-console = Console()
-err = Console(stderr=True)
+# Markup off: what is printed holds paths, overrides and exception text, where `[/x]` is no tag.
+console = Console(markup=False)
+err = Console(stderr=True, markup=False, highlight=False)
 # How `hetsgd run` exits: 0 when every run completed, else the code of the gravest outcome.
 EXIT_CODES = {"completed": 0, "diverged": 3, "failed": 1, "interrupted": 130}
-SIGTERM_EXIT = 143  # interrupted by SIGTERM rather than Ctrl-C
+# SIGTERM (a scheduler, `kill`) and SIGHUP (the terminal went away) stop a run as Ctrl-C does;
+# the exit code is 128 + the signal's number, as a shell reports a command the signal ended
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 run_statuses: list[str] = []  # how each run this process trained ended
-terminated: list[bool] = []  # SIGTERM arrived
+terminated: list[int] = []  # the stop signals that arrived
 # A launcher such as submitit runs sweep jobs in processes that unpickle `train_job` and compose
 # their own config, so the schemas and resolvers are registered wherever this module loads.
 register_configs()
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, taken like Ctrl-C: stop the workers, keep what was measured, write everything."""
+    """SIGTERM or SIGHUP, taken like Ctrl-C: stop the workers, keep what was measured, write
+    everything."""
 
 
 def _terminate(signum: int, frame: object) -> None:
-    terminated.append(True)
+    terminated.append(signum)
     raise Terminated()
+
+
+def _take_stop_signals() -> dict[int, Any]:
+    """Route the stop signals to :func:`_terminate`, except one the user chose to ignore
+    (`nohup` ignores SIGHUP); returns the handlers to put back. Multiprocessing's resource
+    tracker, which the run's workers share, starts first with SIGHUP blocked, which it keeps (it
+    unblocks only what it ignores itself): a hangup, which reaches the whole process group,
+    then stops the run through its coordinator rather than killing the tracker."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, _terminate)
+    return previous
 
 
 def _exit_code(statuses: list[str]) -> int:
     """The gravest outcome's code. A status that is none of EXIT_CODES' (a sweep job that left no
     final summary reads `crashed`) counts as failed."""
     if "interrupted" in statuses:
-        return SIGTERM_EXIT if terminated else EXIT_CODES["interrupted"]
+        return 128 + terminated[0] if terminated else EXIT_CODES["interrupted"]
     if any(status not in ("completed", "diverged") for status in statuses):
         return EXIT_CODES["failed"]
     return EXIT_CODES["diverged"] if "diverged" in statuses else EXIT_CODES["completed"]
@@ -76,8 +100,12 @@ def _composition_error(exc: Exception) -> str:
     return message + (f": {exc.__cause__}" if exc.__cause__ is not None else "")
 
 
+def _print_error(message: str) -> None:
+    err.print(Text.assemble(("hetsgd: error:", "red"), " ", _one_line(message)), soft_wrap=True)
+
+
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[red]hetsgd: error:[/red] {_one_line(message)}", highlight=False, soft_wrap=True)
+    _print_error(message)
     raise typer.Exit(code)
 
 
@@ -115,12 +143,16 @@ def train_job(cfg: DictConfig) -> None:
     from hetsgd.runs import runner  # the training stack loads only when a run starts
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    summary = runner.run(cfg, run_dir, cfg)
+    try:
+        summary = runner.run(cfg, run_dir, cfg, HydraConfig.get().overrides.task)
+    except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written, no figures
+        run_statuses.append("failed")
+        _print_error(str(exc))
+        return
     _draw_figures(run_dir)
     run_statuses.append(summary["status"])
     if summary["status"] == "failed":
-        err.print(f"[red]hetsgd: error:[/red] {_one_line(summary['error'])} "
-                  f"(details in {run_dir})", highlight=False, soft_wrap=True)
+        _print_error(f"{summary['error']} (details in {run_dir})")
         return
     console.print(_summary_table(summary))
     if summary["status"] == "interrupted":
@@ -170,7 +202,7 @@ def run(ctx: typer.Context) -> None:
     _forget_earlier_runs()
     argv, sys.argv = sys.argv, ["hetsgd run", *with_first_group_choices(ctx.args),
                                 *_continue_in_place(ctx.args)]
-    sigterm_handler = signal.signal(signal.SIGTERM, _terminate)
+    stop_handlers = _take_stop_signals()
     interrupted, statuses = False, []  # statuses: read once, on an interrupt
     handlers = list(logging.root.handlers)
     try:
@@ -190,7 +222,8 @@ def run(ctx: typer.Context) -> None:
     finally:
         _detach_log_handlers(keep=handlers)
         sys.argv = argv
-        signal.signal(signal.SIGTERM, sigterm_handler)
+        for signum, handler in stop_handlers.items():
+            signal.signal(signum, handler)
     code = _exit_code([*statuses, "interrupted"] if interrupted else _statuses())
     if code:
         raise typer.Exit(code)
@@ -207,7 +240,9 @@ def _continue_in_place(args: list[str]) -> list[str]:
     if source is None or not is_run_dir(Path(source)):
         return []
     quoted = str(Path(source).resolve()).replace("\\", "\\\\").replace("'", "\\'")
-    return [f"hydra.run.dir='{quoted}'"]
+    # Hydra writes nothing there (no .hydra/): a refused resume leaves RUN_DIR as it was, and
+    # an accepted one records its overrides itself (hetsgd.runs.resume)
+    return [f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
 
 
 def _detach_log_handlers(keep: list[logging.Handler]) -> None:
@@ -255,8 +290,7 @@ def _close_interrupted_sweep(jobs: int) -> None:
         return
     finalize_sweep(sweep_dir)
     err.print(f"hetsgd: sweep interrupted after {jobs} job(s); the others did not run "
-              f"(summary and report of those that ran in {sweep_dir})", highlight=False,
-              soft_wrap=True)
+              f"(summary and report of those that ran in {sweep_dir})", soft_wrap=True)
 
 
 # -- report and plot ---------------------------------------------------------------------------
@@ -273,7 +307,7 @@ def report(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or
     if not path.exists():
         _fail(f"no such run, sweep or results folder: {path}")
     try:
-        console.print(write_report(path, baseline), markup=False, highlight=False)
+        console.print(write_report(path, baseline), highlight=False)
     except UserError as exc:
         _fail(str(exc))
 
@@ -328,7 +362,7 @@ def data_info(name: str) -> None:
     except UserError as exc:
         _fail(str(exc))
     for key, value in vars(info).items():
-        console.print(f"[bold]{key}[/bold]: {value}", highlight=False)
+        console.print(Text.assemble((key, "bold"), f": {value}"), highlight=False)
 
 
 @data_app.command("fetch")
@@ -413,5 +447,54 @@ def devices(ctx: typer.Context,
                   f"{', '.join(device_names())}", soft_wrap=True)
 
 
+class _LastingStream:
+    """sys.stdout or sys.stderr, outlasting its reader. Once a write fails (a pipe whose reader
+    left, as in `hetsgd run | head`; a terminal gone; a full disk), the descriptor is pointed at
+    /dev/null (Python's "Note on SIGPIPE"), so that the run, rich, Hydra's and Python's logging,
+    worker processes started later and the interpreter's last flush all write into nothing
+    instead of raising in the middle of a run or a sweep; the exit code stays the outcome's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            _to_devnull(self._stream.fileno())
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            _to_devnull(self._stream.fileno())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _to_devnull(fd: int) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    if devnull != fd:
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+
+def _lasting_output() -> None:
+    """Wrap stdout and stderr in :class:`_LastingStream`. A descriptor closed from the start
+    (`2>&-`) gets /dev/null first: otherwise the next file opened takes its number, and what the
+    run and its workers print would land in that file."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        stream = getattr(sys, name)
+        try:
+            os.fstat(fd)
+        except OSError:
+            _to_devnull(fd)
+            stream = None
+        setattr(sys, name, _LastingStream(stream or open(fd, "w", closefd=False)))
+
+
 def main() -> None:
+    _lasting_output()
     app()

@@ -24,7 +24,8 @@ class TrainingProgress:
         self.seconds = cfg.budget.seconds
         self.enabled = cfg.progress
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[stats]}"),
+            TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
+            TextColumn("{task.fields[stats]}", markup=False),  # group names are the user's
             TimeElapsedColumn(), console=Console(stderr=True), disable=not self.enabled)
         self.task = self.progress.add_task("training", total=100.0, stats="starting workers")
         self.last_refresh = -1.0

@@ -10,6 +10,7 @@ that was killed or crashed: it is listed as ``crashed``, never left out.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -21,6 +22,8 @@ import yaml
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY, is_alive
+
+log = logging.getLogger(__name__)
 
 MULTIRUN = "multirun.yaml"
 CONFIG = "config.yaml"
@@ -48,6 +51,23 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 #: Required columns that are not numbers.
 TEXT_COLUMNS = frozenset({"group"})
+
+_NUMBER = (int, float, type(None))
+_TEXT = (str, type(None))
+#: The types the runner writes the summary fields that reports read with; a summary holding
+#: another (``"dataset": ["digits"]``, edited by hand or by another tool) is unreadable, so that
+#: it costs its own run, never the report.
+SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
+    "status": (str,), "error": _TEXT, "seed": (int, type(None)),
+    **dict.fromkeys(("algo", "dataset", "model", "devices"), _TEXT),
+    **dict.fromkeys(("emulated", "simulated"), (bool, type(None))),
+    **dict.fromkeys(("time_s", "epochs", "examples", "updates", "examples_per_s"), _NUMBER),
+}
+#: Summary fields that map names (metrics, groups, target losses) to numbers.
+NUMBER_MAPS = ("initial", "final", "updates_by_group", "update_share", "time_to_loss",
+               "epochs_to_loss", "utilization")
+_JSON_TYPES = {dict: "an object", list: "a list", str: "text", bool: "a boolean",
+               type(None): "null"}
 
 
 def _directory(path: Path) -> Path:
@@ -110,27 +130,53 @@ def _crashed(run_dir: Path, what: str) -> str:
                    if left.is_dir() else "")
 
 
-def read_summary(run_dir: Path) -> dict[str, Any]:
-    """The run's summary. An unreadable file reads as a failed run that says why, and a missing
-    one, or one that still says ``running`` while the process it names is gone, as a crashed
-    run, so that one broken run is listed instead of hiding every other run of a report."""
+def _wrong_type(summary: dict[str, Any]) -> str | None:
+    """The first field of ``summary`` whose type the runner never writes, said; None if none."""
+    def kind(value: object) -> str:
+        return _JSON_TYPES.get(type(value), "a number")
+
+    for key, types in SUMMARY_TYPES.items():
+        if not isinstance(summary.get(key), types):
+            return f"{key} is {kind(summary[key])}" if key in summary else f"no {key}"
+    for key in NUMBER_MAPS:
+        numbers = summary.get(key)
+        if numbers is not None and not isinstance(numbers, dict):
+            return f"{key} is {kind(numbers)}, not an object"
+        wrong = next((name for name, n in (numbers or {}).items() if not isinstance(n, _NUMBER)),
+                     None)
+        if wrong is not None:
+            return f"{key}.{wrong} is {kind(numbers[wrong])}, not a number"
+    return None
+
+
+def _read_summary(run_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """:func:`read_summary`, and why the file is unreadable (None when it is not)."""
     file = Path(run_dir) / SUMMARY
     if not file.exists():
         return {**_identity_from_config(run_dir), "status": CRASHED,
                 "error": _crashed(run_dir, f"no {SUMMARY}: the run was killed or crashed "
-                                           "before writing it")}
+                                           "before writing it")}, None
     try:
         summary = json.loads(file.read_text())
-        if not isinstance(summary, dict):
-            raise TypeError("not a JSON object")
-    except (OSError, ValueError, TypeError) as err:
+        why = _wrong_type(summary) if isinstance(summary, dict) else "not a JSON object"
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested too deep
+        why = str(err)
+    if why is not None:
         return {**_identity_from_config(run_dir), "status": "failed",
-                "error": f"unreadable {SUMMARY}: {err}"}
+                "error": f"unreadable {SUMMARY}: {why}"}, why
     if summary.get("status") == RUNNING and not is_alive(summary.get("coordinator")):
         summary.update(status=CRASHED, error=_crashed(
             run_dir, f"{SUMMARY} still says '{RUNNING}' but its process is gone: the run was "
                      "killed or crashed before it ended"))
-    return summary
+    return summary, None
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """The run's summary. An unreadable file (not JSON, not an object, a field of a type the
+    runner never writes) reads as a failed run that says why, and a missing one, or one that
+    still says ``running`` while the process it names is gone, as a crashed run, so that one
+    broken run is listed instead of hiding every other run of a report."""
+    return _read_summary(run_dir)[0]
 
 
 def read_overrides(run_dir: Path) -> list[str]:
@@ -171,13 +217,23 @@ def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
     """One row per run: ``summary.json`` flattened with dots (``final.train_loss``,
     ``update_share.cpu``, ``time_to_loss.0.3456``), plus ``run_dir`` (where the run is now)
-    and ``overrides`` (a tuple)."""
+    and ``overrides`` (a tuple). An unreadable summary or overrides file costs one warning line
+    naming it; the run is listed as failed, or without its overrides."""
     rows = []
     for run_dir in run_dirs:
         row: dict[str, Any] = {key: None for key in ("algo", "dataset", "model", "devices", "seed")}
         row.update(status="unknown", error=None, emulated=False, simulated=False)
-        row.update(_flatten(read_summary(run_dir)))
-        row.update(run_dir=str(run_dir), overrides=tuple(read_overrides(run_dir)))
+        summary, unreadable = _read_summary(run_dir)
+        if unreadable is not None:
+            log.warning("unreadable %s: %s; the run is listed as failed",
+                        Path(run_dir) / SUMMARY, unreadable)
+        try:
+            overrides = read_overrides(run_dir)
+        except UserError as err:
+            log.warning("%s; the run is listed without its overrides", err)
+            overrides = []
+        row.update(_flatten(summary))
+        row.update(run_dir=str(run_dir), overrides=tuple(overrides))
         row["emulated"], row["simulated"] = bool(row["emulated"]), bool(row["simulated"])
         rows.append(row)
     return pd.DataFrame(rows)

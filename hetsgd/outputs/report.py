@@ -350,12 +350,15 @@ def build_report(index: pd.DataFrame, root: Path,
     return "\n\n".join(s for s in sections if s) + "\n", numbers
 
 
-def write_report(path: Path, baseline: str | None = None) -> str:
+def write_report(path: Path, baseline: str | None = None, index: pd.DataFrame | None = None) -> str:
     """Report on every run under ``path`` (a run, a sweep or all of ``results/``): write
     ``report.md`` and ``report.csv`` into ``path`` (each replaced atomically) and return the
-    markdown. Runs that failed, crashed or left unreadable files are listed, never fatal."""
+    markdown. Runs that failed, crashed or left unreadable files are listed, never fatal.
+    ``index``: those runs, when the caller has read them already (a sweep's jobs); when it is
+    missing or empty, the runs are found under ``path``."""
     path = Path(path)
-    markdown, numbers = build_report(index_runs(path), path, baseline)
+    index = index_runs(path) if index is None or index.empty else index
+    markdown, numbers = build_report(index, path, baseline)
     write_text(path / "report.md", markdown)
     write_csv(path / "report.csv", numbers)
     return markdown

@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.figure_style import check_formats
-from hetsgd.outputs.index import find_runs, index_dirs, is_run_dir, read_summary
+from hetsgd.outputs.index import index_dirs, is_run_dir, read_summary
 from hetsgd.outputs.plots import plot_comparison
 from hetsgd.outputs.report import write_report
 from hetsgd.outputs.run_directory import write_csv, write_text
@@ -69,14 +69,14 @@ def job_statuses(sweep_dir: Path) -> list[str]:
     return [read_summary(d)["status"] for d in job_dirs(sweep_dir)]
 
 
-def sweep_summary(sweep_dir: Path) -> pd.DataFrame:
-    """One row per job: number, overrides, status, error and the run's own key metrics (the
-    comparison-wide numbers are in report.csv)."""
-    dirs = job_dirs(sweep_dir)
-    if not dirs:
+def sweep_summary(jobs: pd.DataFrame) -> pd.DataFrame:
+    """One row per job of ``jobs`` (:func:`index_dirs` of :func:`job_dirs`): number,
+    overrides, status, error and the run's own key metrics (the comparison-wide numbers are in
+    report.csv)."""
+    if jobs.empty:
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
-    index = index_dirs(dirs)
-    index["job"] = [_job_number(d) for d in dirs]
+    index = jobs.copy()
+    index["job"] = [_job_number(Path(d)) for d in index["run_dir"]]
     index["overrides"] = index["overrides"].map(" ".join)
     for col in ("job", "seed", "updates"):  # whole numbers that gaps would turn into floats
         if col in index.columns:
@@ -92,17 +92,16 @@ def finalize_sweep(sweep_dir: Path, baseline: str | None = None,
     drew its own when it ended); return the report's markdown. A failed, crashed or unreadable
     job is listed, never fatal."""
     sweep_dir = Path(sweep_dir)
-    summary = sweep_summary(sweep_dir)
-    write_csv(sweep_dir / "summary.csv", summary)
+    jobs = index_dirs(job_dirs(sweep_dir))  # each job read once: an unreadable one warns once
+    write_csv(sweep_dir / "summary.csv", sweep_summary(jobs))
     try:
-        markdown = write_report(sweep_dir, baseline)
+        markdown = write_report(sweep_dir, baseline, jobs)
     except UserError as err:  # no job folder at all, or a bad --baseline
         markdown = f"# hetsgd report: {sweep_dir.name}\n\n{err}\n"
         write_text(sweep_dir / "report.md", markdown)
-    runs = find_runs(sweep_dir)
     try:
-        if runs:
-            plot_comparison(runs, sweep_dir / "figures", formats)
+        if not jobs.empty:
+            plot_comparison(jobs, sweep_dir / "figures", formats)
     except UserError as err:
         log.warning("no figures for the sweep in %s: %s", sweep_dir, err)
     return markdown
