@@ -116,20 +116,16 @@ def test_bad_resumes_are_one_line_errors(results_dir: Path, tmp_path: Path) -> N
     done = _hetsgd(results_dir, f"resume={nowhere}", "progress=false")
     assert done.returncode == 1 and "no such directory" in done.stderr, done.stderr
     assert not nowhere.exists()  # a mistyped path creates nothing there
-    here = tmp_path / "here"
-    (here / ".hydra").mkdir(parents=True)
     cases = {tmp_path / "nowhere": "no such directory", tmp_path: "not a run directory",
              no_checkpoint: "left no checkpoint"}
     for source, message in cases.items():
         with pytest.raises(UserError, match=message) as raised:
-            resume(source, here)
+            resume(source, [])
         assert "\n" not in str(raised.value)
-    (here / ".hydra" / "overrides.yaml").write_text("- optim.lr=0.5\n")
     with pytest.raises(UserError, match="optim cannot change") as raised:
-        resume(with_checkpoint, here)
+        resume(with_checkpoint, ["optim.lr=0.5"])
     assert "\n" not in str(raised.value)
-    (here / ".hydra" / "overrides.yaml").write_text("- budget.epochs=3\n")
-    assert resume(with_checkpoint, here).cfg.budget.epochs == 3
+    assert resume(with_checkpoint, ["budget.epochs=3"]).cfg.budget.epochs == 3
 
 
 def test_checkpoints_need_sync_or_local_sgd() -> None:

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -133,17 +134,36 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return run
 
 
+#: The config groups whose choice decides a schema (an MLP's keys are not logreg's).
+SCHEMA_GROUPS = ("algo", "dataset", "model", "devices")
+
+
+def _recorded_choices(recorded: DictConfig) -> list[str]:
+    """The config groups a recorded config chose, as overrides (``model=logreg``, from its
+    ``model.name``): so that its values land on their own schemas even when the overrides it was
+    composed from are gone (a run started without Hydra has none)."""
+    choices = []
+    for group in SCHEMA_GROUPS:
+        name = OmegaConf.select(recorded, f"{group}.name")
+        if isinstance(name, str) and (CONF_DIR / group / f"{name}.yaml").is_file():
+            choices.append(f"{group}={name}")
+    return choices
+
+
 def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failure: str,
                    now: Sequence[str] = ()) -> tuple[DictConfig, RunConfig]:
-    """A past run's config, for recovery and resuming: composed from its ``overrides`` as
-    `hetsgd run` did, then every value it ``recorded`` in config.yaml (or that file), so that
-    later changes to the defaults do not count. Returned as composed, with ``now`` (a resume's
-    overrides) composed on top and kept over the recorded values (the resume checks it), and
-    typed, without ``now``. A config that cannot be rebuilt (e.g. with a key this version no
-    longer has) is a one-line :class:`UserError` after ``failure``."""
+    """A past run's config, for recovery and resuming: composed from the groups it chose and its
+    ``overrides`` as `hetsgd run` did, then every value it ``recorded`` in config.yaml (or that
+    file), so that later changes to the defaults do not count. Returned as composed, with
+    ``now`` (a resume's overrides) composed on top and kept over the recorded values (the
+    resume checks it), and typed, without ``now``. A config that cannot be rebuilt (e.g. with a
+    key this version no longer has) is a one-line :class:`UserError` after ``failure``."""
     try:
         if isinstance(recorded, Path):
             recorded = OmegaConf.load(recorded)
+        if not isinstance(recorded, DictConfig):
+            raise ConfigError("the recorded config is not a mapping")
+        overrides = [*_recorded_choices(recorded), *overrides]
         config = OmegaConf.merge(compose_run(overrides), recorded)
         run = to_run_config(config)
         if now:
@@ -154,5 +174,18 @@ def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failur
                 OmegaConf.update(config, key, OmegaConf.select(composed, key), merge=False)
         assert isinstance(config, DictConfig)
         return config, run
-    except (OSError, HydraException, OmegaConfBaseException, ConfigError) as err:
+    except (OSError, ValueError, yaml.YAMLError, HydraException, OmegaConfBaseException) as err:
         raise UserError(f"{failure}: {err}".splitlines()[0]) from err
+
+
+def changed_keys(overrides: Sequence[str], now: Sequence[str], keys: Sequence[str],
+                 failure: str) -> list[str]:
+    """Those of ``keys`` whose composed value ``now`` changes on top of ``overrides``: what a
+    resume refuses, found before anything is rebuilt (another model's schema cannot even take
+    the recorded model's values). A composition that fails is a one-line :class:`UserError`
+    after ``failure``."""
+    try:
+        before, after = compose_run(overrides), compose_run([*overrides, *now])
+    except (HydraException, OmegaConfBaseException) as err:
+        raise UserError(f"{failure}: {err}".splitlines()[0]) from err
+    return [key for key in keys if OmegaConf.select(before, key) != OmegaConf.select(after, key)]

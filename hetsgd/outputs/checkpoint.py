@@ -11,17 +11,21 @@ removed: a crash at any point leaves the previous checkpoint, or the new one, wh
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from pathlib import Path
+from typing import IO, Any
 
 import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.shared_memory.snapshots import Snapshot
+from hetsgd.errors import UserError
 from hetsgd.outputs.index import CONFIG, OVERRIDES
-from hetsgd.outputs.run_directory import SNAPSHOTS, replace_file, sync_folder
+from hetsgd.outputs.run_directory import SNAPSHOTS, replace_file, sync_folder, writing
 
 CHECKPOINT = "checkpoint"
 STATE = "state.pt"
@@ -42,34 +46,94 @@ def snapshot_file(snapshot: Snapshot) -> str:
     return f"{time_name(snapshot.time_s)}.pt"
 
 
-def load_snapshot(file: Path, time_s: float, examples: float, updates: list[float]) -> Snapshot:
-    """A snapshot from its file (parameters and buffers) and the row that indexes it."""
-    tensors = torch.load(file, weights_only=True)
-    return Snapshot(time_s, examples, updates, tensors["params"], tensors["buffers"])
+class UnreadableFile(UserError):
+    """A snapshot or checkpoint file that torch cannot load (truncated, overwritten, not one of
+    ours), named in the message; recovery skips it, a resume stops at it."""
+
+    def __init__(self, file: Path, reason: str) -> None:
+        super().__init__(f"cannot read {file}: {reason}".splitlines()[0])
+        self.file, self.reason = Path(file), reason
+
+    def __reduce__(self) -> tuple[type, tuple[Path, str]]:
+        return type(self), (self.file, self.reason)
+
+
+def load_tensors(file: Path) -> dict[str, Any]:
+    """What torch.save wrote to ``file`` (tensors, numbers, lists, dicts only). torch reports a
+    damaged file as whatever failed inside it (a RuntimeError from the zip reader, an
+    UnpicklingError, an EOFError...), never naming the file: an :class:`UnreadableFile`."""
+    try:
+        loaded = torch.load(file, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
+        # torch's own first sentence; what follows is advice about checkpoints in general
+        raise UnreadableFile(file, str(err).split(". ")[0]) from err
+    if not isinstance(loaded, dict):
+        raise UnreadableFile(file, "not a file hetsgd wrote")
+    return loaded
+
+
+def _malformed(file: Path, err: Exception) -> UnreadableFile:
+    """A file torch loads that is not what hetsgd wrote there (a key missing, a wrong type)."""
+    return UnreadableFile(file, f"not as hetsgd writes it ({type(err).__name__}: {err})")
+
+
+def snapshot_row(snapshot: Snapshot) -> dict[str, Any]:
+    """What indexes a snapshot besides its tensors: its time, examples and each worker's
+    updates."""
+    return {"time_s": snapshot.time_s, "examples": snapshot.examples,
+            "updates": list(snapshot.updates)}
+
+
+def save_snapshot(snapshot: Snapshot, handle: IO[bytes]) -> None:
+    """A snapshot's file: its tensors and its own row, so that it is read back whole without
+    any index (:func:`load_snapshot`)."""
+    torch.save({"params": snapshot.params, "buffers": snapshot.buffers,
+                **snapshot_row(snapshot)}, handle)
+
+
+def load_snapshot(file: Path, row: dict[str, Any] | None = None) -> Snapshot:
+    """The snapshot in ``file``, with the row it carries; a file from before snapshots carried
+    their row takes ``row`` (its line in index.csv or state.pt), and is unreadable without."""
+    tensors = load_tensors(file)
+    row = tensors if "time_s" in tensors else row
+    if row is None:
+        raise UnreadableFile(file, "it holds no time, examples or updates, and no row of "
+                             "index.csv names it")
+    try:
+        params, buffers = tensors["params"], tensors["buffers"]
+        if not isinstance(params, torch.Tensor) or not isinstance(buffers, torch.Tensor):
+            raise TypeError("its model is not tensors")
+        return Snapshot(float(row["time_s"]), float(row["examples"]),
+                        [float(u) for u in row["updates"]], params, buffers)
+    except (KeyError, TypeError, ValueError) as err:
+        raise _malformed(file, err) from err
 
 
 def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
-    """Make ``checkpoint`` the run's latest; its snapshots' files are those in ``snapshots/``."""
+    """Make ``checkpoint`` the run's latest; its snapshots' files are those in ``snapshots/``.
+    Any I/O error is a :class:`WriteError` naming the file or the folder being written."""
     folder = Path(run_dir) / CHECKPOINT
     partial = folder / PARTIAL
-    shutil.rmtree(partial, ignore_errors=True)  # left by a crash mid-write
-    partial.mkdir(parents=True)
-    files = [snapshot_file(s) for s in checkpoint.snapshots]
-    for name in files:
-        os.link(Path(run_dir) / SNAPSHOTS / name, partial / name)
-    for name, source in RUN_FILES.items():
-        if (Path(run_dir) / source).is_file():
-            shutil.copyfile(Path(run_dir) / source, partial / name)
+    with writing(partial):
+        shutil.rmtree(partial, ignore_errors=True)  # left by a crash mid-write
+        partial.mkdir(parents=True)
+        files = [snapshot_file(s) for s in checkpoint.snapshots]
+        for name in files:
+            os.link(Path(run_dir) / SNAPSHOTS / name, partial / name)
+        for name, source in RUN_FILES.items():
+            if (Path(run_dir) / source).is_file():
+                shutil.copyfile(Path(run_dir) / source, partial / name)
     state = {"time_s": checkpoint.time_s, "params": checkpoint.params,
              "buffers": checkpoint.buffers,
              "workers": [vars(worker) for worker in checkpoint.workers],
-             "snapshots": [{"file": name, "time_s": s.time_s, "examples": s.examples,
-                            "updates": s.updates} for s, name in zip(checkpoint.snapshots, files)],
+             "snapshots": [{"file": name, **snapshot_row(s)}
+                           for s, name in zip(checkpoint.snapshots, files)],
              "snapshot_spacing": checkpoint.snapshot_spacing}
     replace_file(partial / STATE, lambda handle: torch.save(state, handle), binary=True)
     version = folder / time_name(checkpoint.time_s)
-    shutil.rmtree(version, ignore_errors=True)
-    os.rename(partial, version)
+    with writing(version):
+        shutil.rmtree(version, ignore_errors=True)
+        os.rename(partial, version)
     sync_folder(folder)
     for old in _versions(folder):
         if old != version:
@@ -83,21 +147,33 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def read_checkpoint(version: Path) -> Checkpoint:
-    """The checkpoint in a version folder (:func:`latest_checkpoint`)."""
-    state = torch.load(version / STATE, weights_only=True)
-    snapshots = [load_snapshot(version / row["file"], row["time_s"], row["examples"],
-                               row["updates"]) for row in state["snapshots"]]
-    return Checkpoint(state["time_s"], state["params"], state["buffers"],
-                      [WorkerState(**worker) for worker in state["workers"]], snapshots,
-                      tuple(state["snapshot_spacing"]))
+    """The checkpoint in a version folder (:func:`latest_checkpoint`); a damaged file is an
+    :class:`UnreadableFile` naming it."""
+    file = version / STATE
+    state = load_tensors(file)
+    try:
+        snapshots = [load_snapshot(version / row["file"], row) for row in state["snapshots"]]
+        return Checkpoint(float(state["time_s"]), state["params"], state["buffers"],
+                          [WorkerState(**worker) for worker in state["workers"]], snapshots,
+                          tuple(state["snapshot_spacing"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise _malformed(file, err) from err
 
 
 def run_config(version: Path) -> tuple[DictConfig, list[str]]:
-    """The config a checkpoint's run recorded, and the Hydra overrides it was composed from."""
-    overrides_file = version / "run_overrides.yaml"
-    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
-    config = OmegaConf.load(version / "run_config.yaml")
-    assert isinstance(config, DictConfig)
+    """The config a checkpoint's run recorded, and the Hydra overrides it was composed from; an
+    unreadable one is a UserError naming its file."""
+    overrides_file, config_file = version / "run_overrides.yaml", version / "run_config.yaml"
+    try:
+        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise UserError(f"cannot read {overrides_file}: {err}".splitlines()[0]) from err
+    try:
+        config = OmegaConf.load(config_file)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, OmegaConfBaseException) as err:
+        raise UserError(f"cannot read {config_file}: {err}".splitlines()[0]) from err
+    if not isinstance(config, DictConfig) or not isinstance(overrides or [], list):
+        raise UserError(f"cannot read the config in {version}: not a mapping and a list")
     return config, [str(o) for o in overrides or []]
 
 

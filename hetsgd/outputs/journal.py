@@ -3,35 +3,45 @@ most one snapshot interval.
 
 Snapshots are evaluated only after training (evaluation never takes CPU from the workers), so
 until then the run directory holds them raw, in ``snapshots/``: one file per snapshot kept
-(parameters and buffers, named by the snapshot's time in microseconds) and ``index.csv``, a row
-per snapshot taken (time, examples, every worker's updates); a snapshot that the in-memory cap
-thins out loses its file, not its row. ``utilization.csv`` grows by a row per sample and
-``workers.csv`` is replaced at each snapshot. One writer thread does every write, in order, so
-the coordinator's loop never waits for the disk, and a snapshot's row is appended only once its
-file is complete. Checkpoints go through the same writer, after the snapshots they keep
-(:mod:`hetsgd.outputs.checkpoint`). The runner removes ``snapshots/`` once it has evaluated them; recovery
-(:mod:`hetsgd.runs.recover`) evaluates those of a run that crashed (:func:`read_snapshots`).
+(parameters and buffers, and its own row: time, examples, every worker's updates; named by the
+snapshot's time in microseconds) and ``index.csv``, those rows for every snapshot taken, readable
+without torch; a snapshot that the in-memory cap thins out loses its file, not its row. Recovery
+needs only the files, so a lost or garbled index costs nothing. ``utilization.csv`` grows by a
+row per sample and ``workers.csv`` is replaced at each snapshot. One writer thread does every
+write, in order, so the coordinator's loop never waits for the disk, and a snapshot's row is
+appended only once its file is complete. Checkpoints go through the same writer, after the
+snapshots they keep (:mod:`hetsgd.outputs.checkpoint`). The runner removes ``snapshots/`` once it
+has evaluated them; recovery (:mod:`hetsgd.runs.recover`) evaluates those of a run that crashed
+(:func:`read_snapshots`).
 """
 
 from __future__ import annotations
 
+import csv
+import logging
+import math
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import pandas as pd
-import torch
-
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.shared_memory.snapshots import Snapshot
-from hetsgd.outputs.checkpoint import load_snapshot, snapshot_file, write_checkpoint
+from hetsgd.outputs.checkpoint import (
+    UnreadableFile,
+    load_snapshot,
+    save_snapshot,
+    snapshot_file,
+    write_checkpoint,
+)
 from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, append_rows, replace_file
 
 INDEX = "index.csv"
+log = logging.getLogger("hetsgd")
 
 
 def workers_table(specs: list[WorkerSpec], counters: list[dict[str, float]]
@@ -64,7 +74,8 @@ class RunJournal:
         self._writer.submit(self._write, (self.folder / snapshot_file(snapshot)).unlink)
 
     def checkpoint(self, checkpoint: Checkpoint) -> None:
-        self._raise_failure()
+        """Never raises: the coordinator also checkpoints while it stops its workers, which a
+        failure raised here would leave running; it learns of one at the next snapshot."""
         self._writer.submit(self._write, write_checkpoint, self.out.path, checkpoint)
 
     def utilization(self, row: dict[str, float | None]) -> None:
@@ -96,29 +107,56 @@ class RunJournal:
     def _write_snapshot(self, snapshot: Snapshot, counters: list[dict[str, float]]) -> None:
         self.folder.mkdir(exist_ok=True)
         name = snapshot_file(snapshot)
-        replace_file(self.folder / name, lambda handle: torch.save(
-            {"params": snapshot.params, "buffers": snapshot.buffers}, handle), binary=True)
+        replace_file(self.folder / name, lambda handle: save_snapshot(snapshot, handle),
+                     binary=True)
         append_rows(self.folder / INDEX, [{
             "file": name, "time_s": snapshot.time_s, "examples": snapshot.examples,
             **{f"updates_{rank}": u for rank, u in enumerate(snapshot.updates)}}])
         self.out.write_table("workers", workers_table(self.specs, counters))
 
 
-def read_snapshots(run_dir: Path) -> list[Snapshot]:
-    """The snapshots a run left in ``snapshots/``, oldest first: the rows of its index whose
-    file is there (``[]`` when there is none)."""
+def warn_skipped(err: UnreadableFile) -> None:
+    log.warning("%s: skipped", err)
+
+
+def read_snapshots(run_dir: Path, skip: Callable[[UnreadableFile], None] = warn_skipped,
+                   workers: int | None = None) -> list[Snapshot]:
+    """The snapshots a run left in ``snapshots/``, oldest first: every file that can be read.
+    A file carries its own row; one written before files did takes its row in ``index.csv``,
+    or, without one there, its time from its name and NaN examples and updates for each of the
+    run's ``workers`` (when given). A file that cannot be read (cut short, overwritten) costs
+    only itself: it goes to ``skip`` (by default, :func:`warn_skipped`: a warning naming it)."""
     folder = Path(run_dir) / SNAPSHOTS
-    if not (folder / INDEX).is_file():
-        return []
-    index = pd.read_csv(folder / INDEX).dropna()  # a row cut short by a power cut reads as NaN
-    updates = [column for column in index.columns if column.startswith("updates_")]
+    index = _index_rows(folder / INDEX)
     snapshots = []
-    for row in index.to_dict("records"):
-        file = folder / row["file"]
-        if file.is_file():
-            snapshots.append(load_snapshot(file, row["time_s"], row["examples"],
-                                           [row[column] for column in updates]))
-    return snapshots
+    for file in sorted(folder.glob("*.pt")):
+        row = index.get(file.name)
+        if row is None and workers is not None and file.stem.isdigit():
+            row = {"time_s": int(file.stem) / 1e6, "examples": math.nan,
+                   "updates": [math.nan] * workers}  # the inverse of snapshot_file
+        try:
+            snapshots.append(load_snapshot(file, row))
+        except UnreadableFile as err:
+            skip(err)
+    return sorted(snapshots, key=lambda snapshot: snapshot.time_s)
+
+
+def _index_rows(file: Path) -> dict[str, dict[str, Any]]:
+    """The rows of ``index.csv`` that parse, by file name (``{}`` without one). A row cut short
+    by a power cut, or garbled, is left out: it only matters to a file that does not carry its
+    own row, which then says so."""
+    rows: dict[str, dict[str, Any]] = {}
+    with suppress(OSError, csv.Error), open(file, encoding="utf-8", errors="replace",
+                                            newline="") as handle:
+        for row in csv.DictReader(handle):
+            with suppress(KeyError, TypeError, ValueError):
+                updates = sorted((int(key.removeprefix("updates_")), float(value))
+                                 for key, value in row.items()
+                                 if isinstance(key, str) and key.startswith("updates_"))
+                rows[row["file"]] = {"time_s": float(row["time_s"]),
+                                     "examples": float(row["examples"]),
+                                     "updates": [u for _, u in updates]}
+    return rows
 
 
 def remove_snapshots(run_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
@@ -10,8 +11,8 @@ import os
 import platform
 import socket
 import tempfile
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,26 +27,58 @@ SUMMARY = "summary.json"
 SNAPSHOTS = "snapshots"
 
 
+class WriteError(OSError):
+    """A file of a run or sweep directory that could not be written, named in the message: a
+    full disk reads ``no space left on device, writing FILE``, whatever layer noticed it."""
+
+    @classmethod
+    def of(cls, path: Path, cause: OSError) -> WriteError:
+        reason = (f"no space left on device, writing {path}" if cause.errno == errno.ENOSPC
+                  else f"cannot write {path}: {cause.strerror or cause}")
+        return cls(cause.errno, reason, str(path))
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Raise any failure to write ``path`` as a :class:`WriteError` naming it. torch.save reports
+    a failed write of its file handle as a RuntimeError (``[enforce fail at
+    inline_container.cc] unexpected pos``) with the OSError only as its context: that OSError
+    is the error."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except Exception as err:
+        cause: BaseException | None = err
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise WriteError.of(path, cause) from err
+
+
 def replace_file(path: Path, write: Callable[[IO], None], binary: bool = False) -> None:
     """Write ``path`` atomically: ``write`` fills a temporary file (text, or ``binary``) in the
     same folder, which is flushed, synced to disk and only then renamed onto ``path``. A failure
     at any point (a full disk, a serializer that raises midway) leaves the previous complete
-    file, or none, never a truncated one; an I/O error names ``path``."""
+    file, or none, never a truncated one; an I/O error is a :class:`WriteError` naming ``path``."""
     path = Path(path)
     tmp: str | None = None
     mode: dict[str, Any] = {"mode": "wb"} if binary else {"mode": "w", "encoding": "utf-8",
                                                           "newline": ""}
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are for everyone who may read them
-        with os.fdopen(fd, **mode) as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as err:
-        raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}") from err
+        with writing(path):
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are for everyone who may read them
+            with os.fdopen(fd, **mode) as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+            tmp = None
     finally:
         if tmp is not None:
             with suppress(OSError):
@@ -83,13 +116,10 @@ def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     if not path.exists() or path.stat().st_size == 0:
         writer.writeheader()
     writer.writerows(rows)
-    try:
-        with open(path, "a", encoding="utf-8", newline="") as handle:
-            handle.write(text.getvalue())  # one write: a killed process leaves whole rows
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError as err:
-        raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}") from err
+    with writing(path), open(path, "a", encoding="utf-8", newline="") as handle:
+        handle.write(text.getvalue())  # one write: a killed process leaves whole rows
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def this_process() -> dict[str, Any]:

@@ -1,35 +1,43 @@
 """A result from a run that crashed: its snapshots, evaluated after the fact.
 
 A run whose process was killed (its summary still says ``running`` and names a process that is
-gone, or it has no summary) left on disk what it had measured (:mod:`hetsgd.outputs.journal`):
-the snapshots it had taken, its workers' counters and its utilization samples. Recovery
-evaluates those snapshots as the run would have, into ``convergence.csv``, and writes the summary
-with the results up to the last snapshot. The status stays ``crashed``: the run did not end by
-itself, and its time budget was not spent.
+gone, or it has no summary), or that stopped on a full disk (``crashed`` too), left on disk what
+it had measured (:mod:`hetsgd.outputs.journal`): the snapshots it had taken, its workers'
+counters and its utilization samples. Recovery evaluates every snapshot that can be read as the
+run would have, into ``convergence.csv``, and writes the summary with the results up to the last
+one; a damaged snapshot file is named and skipped. The status stays ``crashed``: the run did not
+end by itself, and its time budget was not spent.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from hetsgd.config import RunConfig
 from hetsgd.config.compose import rebuild_config
 from hetsgd.engines.shared_memory.coordinator import Training
 from hetsgd.errors import UserError
+from hetsgd.outputs.checkpoint import UnreadableFile, latest_checkpoint, run_config
 from hetsgd.outputs.index import (
     CONFIG,
     CRASHED,
     is_run_dir,
     load_csv,
+    override_key,
     read_overrides,
     read_summary,
 )
-from hetsgd.outputs.journal import read_snapshots, remove_snapshots
-from hetsgd.outputs.run_directory import RunDirectory
+from hetsgd.outputs.journal import INDEX, read_snapshots, remove_snapshots, warn_skipped
+from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory
 from hetsgd.runs.runner import evaluate
 from hetsgd.runs.setup import load_run_data
+
+log = logging.getLogger("hetsgd")
 
 
 def _rows(frame: pd.DataFrame | None) -> list[dict[str, Any]]:
@@ -39,10 +47,23 @@ def _rows(frame: pd.DataFrame | None) -> list[dict[str, Any]]:
     return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
+def _config(run_dir: Path) -> RunConfig:
+    """The config the run trained with: its config.yaml, composed from its own overrides. A
+    ``.hydra/overrides.yaml`` that names ``resume`` is not the run's (a resumed run records its
+    overrides without it): an earlier version let Hydra write it for a resume that was then
+    refused. The overrides its checkpoint kept stand in for it."""
+    overrides = read_overrides(run_dir)
+    version = latest_checkpoint(run_dir)
+    if version is not None and any(override_key(o) == "resume" for o in overrides):
+        _, overrides = run_config(version)
+    _, cfg = rebuild_config(run_dir / CONFIG, overrides, f"cannot rebuild the config of {run_dir}")
+    return cfg
+
+
 def recover(run_dir: Path) -> dict[str, Any]:
     """Evaluate what the crashed run in ``run_dir`` left, write its convergence.csv and summary,
-    and return the summary. A run that is not ``crashed``, or left no snapshot, is a
-    :class:`UserError` saying so."""
+    and return the summary. A run that is not ``crashed``, or left no snapshot that can be read,
+    is a :class:`UserError` saying so."""
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
         raise UserError(f"{run_dir} is not a run directory")
@@ -50,20 +71,33 @@ def recover(run_dir: Path) -> dict[str, Any]:
     if summary["status"] != CRASHED:
         raise UserError(f"{run_dir} did not crash (status: {summary['status']}): nothing to "
                         "recover")
-    snapshots, workers = read_snapshots(run_dir), load_csv(run_dir, "workers")
+    skipped: list[UnreadableFile] = []
+
+    def skip(err: UnreadableFile) -> None:
+        warn_skipped(err)
+        skipped.append(err)
+
+    workers = load_csv(run_dir, "workers")
+    snapshots = [] if workers is None else read_snapshots(run_dir, skip, len(workers))
     if not snapshots or workers is None:
-        raise UserError(f"{run_dir} left no snapshot to recover: it crashed before training "
-                        "started, or was recovered already")
-    _, cfg = rebuild_config(run_dir / CONFIG, read_overrides(run_dir),
-                            f"cannot rebuild the config of {run_dir}")
+        why = (f"{len(skipped)} snapshot file(s) cannot be read" if skipped else
+               "it crashed before training started, or was recovered already")
+        raise UserError(f"{run_dir} left no snapshot to recover: {why}")
+    cfg = _config(run_dir)
     data = load_run_data(cfg, progress=cfg.progress)
     training = Training(status=CRASHED, time_s=snapshots[-1].time_s, snapshots=snapshots,
                         utilization=_rows(load_csv(run_dir, "utilization")))
     out = RunDirectory(run_dir)
     summary.pop("coordinator", None)
-    summary.update(error=(
+    notes = [f"{len(skipped)} unreadable one(s) skipped: "
+             f"{', '.join(err.file.name for err in skipped)}"] if skipped else []
+    if timed_only := sum(math.isnan(snapshot.examples) for snapshot in snapshots):
+        notes.append(f"{timed_only} without their row in {SNAPSHOTS}/{INDEX} (files from an "
+                     "earlier version) have their time, but no epochs or updates")
+        log.warning("%s: %s", run_dir, notes[-1])
+    summary.update(error="; ".join([
         f"the run was killed or crashed after {training.time_s:.1f} s of training; these "
-        f"results were recovered from the {len(snapshots)} snapshot(s) it left"))
+        f"results were recovered from the {len(snapshots)} snapshot(s) it left", *notes]))
     summary.update(evaluate(out, cfg, data, training, _rows(workers)))
     out.write_summary(summary)
     if not cfg.eval.keep_snapshots:

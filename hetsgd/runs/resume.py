@@ -3,27 +3,34 @@
 The resumed run trains the model, data, algorithm and mix of the checkpointed one: its config is
 the checkpoint's, composed as recovery does (:mod:`hetsgd.runs.recover`), with this command's
 overrides on top; these may extend or change the budget, evaluation, checkpoints, monitoring,
-torch.distributed and progress, and nothing else. Its clock, counters and snapshots continue the
+torch.distributed, the workers' stall window and progress, and nothing else. Its clock, counters and snapshots continue the
 checkpoint's: what the run measured after the checkpoint is left out, so the resumed run's
 curves continue the old ones as one run's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
 
-from hetsgd.config import to_run_config
-from hetsgd.config.compose import rebuild_config
+from hetsgd.config import ConfigError, to_run_config
+from hetsgd.config.compose import changed_keys, rebuild_config
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.shared_memory.counters import COUNTERS
 from hetsgd.errors import UserError
 from hetsgd.outputs.checkpoint import latest_checkpoint, read_checkpoint, run_config
-from hetsgd.outputs.index import OVERRIDES, is_run_dir, load_csv, override_key, read_overrides
+from hetsgd.outputs.index import (
+    OVERRIDES,
+    RUNNING,
+    is_run_dir,
+    load_csv,
+    override_key,
+    read_summary,
+)
 from hetsgd.outputs.journal import remove_snapshots
 from hetsgd.outputs.run_directory import write_csv, write_text
 
@@ -56,30 +63,37 @@ class Resumption:
         remove_snapshots(run_dir)
 
 
-def resume(source: Path, run_dir: Path) -> Resumption:
-    """Check that ``source`` can be resumed with the overrides Hydra recorded in ``run_dir``
-    and read its checkpoint; a one-line :class:`UserError` says why not."""
+def resume(source: Path, overrides: Sequence[str]) -> Resumption:
+    """Check that ``source`` can be resumed with this command's ``overrides`` and read its
+    checkpoint; a one-line :class:`UserError` says why not. Nothing is written: a refused resume
+    leaves ``source`` as it was."""
     if not source.is_dir():
         raise UserError(f"resume={source}: no such directory")
     if not is_run_dir(source):
         raise UserError(f"resume={source} is not a run directory")
+    summary = read_summary(source)
+    if summary.get("status") == RUNNING:  # read_summary says crashed once its process is gone
+        process = summary.get("coordinator") or {}
+        raise UserError(f"resume={source}: the run is still going (process {process.get('pid')} "
+                        f"on {process.get('host')}): resume it once it has ended")
     version = latest_checkpoint(source)
     if version is None:
         raise UserError(f"resume={source}: the run left no checkpoint (checkpoints are taken "
                         "with checkpoint.every_s=SECONDS)")
-    try:
-        config, recorded = run_config(version)
-    except (OSError, yaml.YAMLError, OmegaConfBaseException) as err:
-        raise UserError(f"resume={source}: cannot read its checkpoint: {err}".splitlines()[0]
-                        ) from err
+    config, recorded = run_config(version)
     # the checkpointed run's overrides never name resume: start_in wrote them without it
-    now = [o for o in read_overrides(run_dir) if override_key(o) != "resume"]
-    cfg, old = rebuild_config(config, recorded, "cannot rebuild the config to resume", now)
+    now = [str(o) for o in overrides if override_key(str(o)) != "resume"]
+    failure = "cannot rebuild the config to resume"
+    changed = changed_keys(recorded, now, KEPT, f"resume={source}: {failure}")
+    if changed:
+        raise UserError(f"resume={source}: a resumed run trains what its checkpoint did, so "
+                        f"{changed[0]} cannot change (only budget, eval, checkpoint, monitor, "
+                        "dist, workers and progress can)")
+    cfg, _ = rebuild_config(config, recorded, f"resume={source}: {failure}", now)
     cfg.resume = str(source)
-    new = to_run_config(cfg)
-    for key in KEPT:
-        if getattr(new, key) != getattr(old, key):
-            raise UserError(f"resume={source}: a resumed run trains what its checkpoint did, "
-                            f"so {key} cannot change (only budget, eval, checkpoint, monitor, "
-                            "dist and progress can)")
-    return Resumption(cfg, [*recorded, *now], read_checkpoint(version), source)
+    try:
+        to_run_config(cfg)
+        checkpoint = read_checkpoint(version)
+    except (ConfigError, UserError) as err:
+        raise UserError(f"resume={source}: {err}") from err
+    return Resumption(cfg, [*recorded, *now], checkpoint, source)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import traceback
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,16 @@ from hetsgd.errors import UserError
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
 from hetsgd.observe.progress import TrainingProgress
-from hetsgd.outputs.index import RUNNING
+from hetsgd.outputs.index import CRASHED, RUNNING
 from hetsgd.outputs.journal import RunJournal, remove_snapshots, workers_table
 from hetsgd.outputs.metrics import target_losses, time_to_losses
-from hetsgd.outputs.run_directory import RunDirectory, environment, this_process
+from hetsgd.outputs.run_directory import (
+    SNAPSHOTS,
+    RunDirectory,
+    WriteError,
+    environment,
+    this_process,
+)
 from hetsgd.runs.resume import resume
 from hetsgd.runs.setup import Handoff, RunData, load_run_data
 
@@ -137,13 +144,16 @@ def _failed(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, er
     return summary
 
 
-def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dict[str, Any]:
+def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
+        overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Run one experiment into `run_dir` and return its summary (also on failure). A composed
     config (`hetsgd run`'s) is checked here, so an out-of-range value ends like any failure.
 
     With ``resume=RUN_DIR`` the run continues that run's checkpoint (:mod:`.resume`) in
-    `run_dir`, which may be RUN_DIR itself: a resume that cannot be is then a
-    :class:`UserError` raised before anything is written over it."""
+    `run_dir`, which may be RUN_DIR itself, with ``overrides`` (the command's) on top of the
+    checkpoint's: a resume that cannot be is then a :class:`UserError` raised before anything
+    is written over it. A full disk (a :class:`WriteError`) ends the run ``crashed``, as a
+    killed run does, so that ``hetsgd recover`` takes what it left once there is room."""
     if torchrun() is not None and (cfg.resume is not None or cfg.checkpoint.every_s is not None):
         error = ("checkpoints are not supported under torchrun (the other nodes' ranks can neither "
                  "send their parts nor read them): set checkpoint.every_s=null, without resume")
@@ -152,13 +162,12 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
     resumption = None
     if cfg.resume is not None:
         try:
-            resumption = resume(Path(cfg.resume), run_dir)
+            resumption = resume(Path(cfg.resume), overrides)
         except UserError as exc:
             if Path(cfg.resume).resolve() == run_dir.resolve():
                 raise
             return _failed(run_dir, cfg, resolved_config, str(exc))
         cfg = resolved_config = resumption.cfg
-        resumption.start_in(run_dir)
     out = RunDirectory(run_dir)
     summary = _identity(cfg)
     if resumption is not None:
@@ -168,6 +177,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
     try:
         out.write_config(resolved_config)
         out.write_summary({**summary, **running})  # until the finally block rewrites it
+        if resumption is not None:  # once it is claimed: a second resume of it is refused
+            resumption.start_in(run_dir)
         if isinstance(cfg, DictConfig):
             cfg = to_run_config(cfg)
         summary["environment"] = environment()
@@ -201,6 +212,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
                 cfg.monitor.interval_s, pids, devices=[s.device for s in specs],
                 on_sample=journal.utilization))
         summary.update(status=training.status, error=training.error)
+        if training.warnings:  # e.g. a coordinator that was not scheduled for a while
+            summary["warnings"] = training.warnings
+            for warning in training.warnings:
+                log.warning("%s", warning)
         workers = workers_table(specs, training.counters)
         out.write_table("workers", workers)
         if training.batches:
@@ -215,11 +230,20 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any) -> dic
         summary.update(status="interrupted", error="interrupted by the user")
     except (UserError, ConfigError) as exc:
         summary.update(status="failed", error=str(exc))
+    except WriteError as exc:  # what is on disk stays: snapshots, counters, utilization
+        left = (f": once there is room, `hetsgd recover {run_dir}` evaluates the snapshots it "
+                "left" if (run_dir / SNAPSHOTS).is_dir() else "")
+        summary.update(status=CRASHED, error=f"{exc}{left}")
     except Exception as exc:  # a failed run must still say why, in its directory
         summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         (run_dir / "error.log").write_text(traceback.format_exc())
     finally:
-        out.write_summary(summary)
+        try:
+            out.write_summary(summary)
+        except WriteError as exc:  # summary.json still names this process: it reads as crashed
+            log.error("%s", exc)
+            summary.update(status=CRASHED, error=str(exc))
+            evaluated = False  # its snapshots stay, for recovery
         if evaluated and not cfg.eval.keep_snapshots:
             remove_snapshots(run_dir)
         if torchrun() is not None and not handed_off:  # the other ranks would wait for a plan

@@ -1,0 +1,297 @@
+"""Commands that refuse change nothing, recovery takes every snapshot it can read, and a full
+disk is named: faults met by `resume=RUN_DIR`, `hetsgd recover` and the files a run writes."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner, Result
+
+from hetsgd.cli import app
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.shared_memory.snapshots import Snapshot
+from hetsgd.outputs import journal
+from hetsgd.outputs.checkpoint import STATE, latest_checkpoint, snapshot_file
+from hetsgd.outputs.index import CRASHED, OVERRIDES, RUNNING, read_summary
+from hetsgd.outputs.journal import INDEX, RunJournal, read_snapshots
+from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY, RunDirectory, WriteError, writing
+from hetsgd.runs import runner
+from hetsgd.runs.recover import recover
+from tests.conftest import compose_config
+
+# every_s past the run's end: its one checkpoint is the one taken as it ends, with every snapshot
+RUN = ("algo=sync", "dataset=digits", "model=mlp", "budget.epochs=null", "budget.seconds=1",
+       "eval.every_s=0.1", "eval.every_epochs=null", "eval.keep_snapshots=true",
+       "checkpoint.every_s=600", "progress=false")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One short real run, made once for the module: its snapshots kept, one checkpoint."""
+    results = tmp_path_factory.mktemp("results")
+    env = {**os.environ, "HETSGD_RESULTS": str(results),
+           "HETSGD_DATA": str(tmp_path_factory.mktemp("data"))}
+    done = subprocess.run([sys.executable, "-m", "hetsgd", "run", *RUN], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, = (results / "runs").iterdir()
+    assert latest_checkpoint(run_dir) is not None and len(_snapshot_files(run_dir)) >= 5
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the module's run, for one test to damage."""
+    monkeypatch.setenv("HETSGD_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "data"))
+    return Path(shutil.copytree(trained, tmp_path / "run", symlinks=True))
+
+
+def _snapshot_files(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / SNAPSHOTS).glob("*.pt"))
+
+
+def _as_crashed(run_dir: Path) -> None:
+    """The summary of a run whose coordinator was killed: still `running`, its process gone."""
+    summary = json.loads((run_dir / SUMMARY).read_text())
+    me = psutil.Process()
+    gone = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time() - 60.0}
+    RunDirectory(run_dir).write_summary({**summary, "status": RUNNING, "coordinator": gone})
+    assert read_summary(run_dir)["status"] == CRASHED
+
+
+def _contents(folder: Path) -> dict[str, str]:
+    """Every file and folder under ``folder``, each file by the hash of its bytes."""
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+            if path.is_file() else "folder" for path in sorted(folder.rglob("*"))}
+
+
+def _hetsgd(*args: str) -> Result:
+    """The `hetsgd` command, in this process (a refused resume trains nothing)."""
+    return CliRunner().invoke(app, list(args))
+
+
+def _refused(run_dir: Path, *overrides: str) -> str:
+    """`hetsgd run resume=RUN_DIR OVERRIDES`, which must fail and leave RUN_DIR byte-identical;
+    the line it printed."""
+    before = _contents(run_dir)
+    result = _hetsgd("run", f"resume={run_dir}", "progress=false", *overrides)
+    assert result.exit_code == 1, result.output
+    assert _contents(run_dir) == before
+    line, = result.stderr.splitlines()  # one line, no traceback
+    assert line.startswith("hetsgd: error: ") and not result.stdout
+    return line
+
+
+@pytest.mark.integration
+def test_a_resume_that_changes_the_model_is_refused_and_writes_nothing(run_dir: Path) -> None:
+    assert "so model cannot change" in _refused(run_dir, "model=logreg")
+    assert "so model cannot change" in _refused(run_dir, "model.hidden=[3]")
+
+
+@pytest.mark.integration
+def test_a_resume_of_a_run_still_going_is_refused(run_dir: Path) -> None:
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        coordinator = {"host": socket.gethostname(), "pid": live.pid,
+                       "started": psutil.Process(live.pid).create_time()}
+        RunDirectory(run_dir).write_summary({"status": RUNNING, "coordinator": coordinator})
+        assert f"the run is still going (process {live.pid}" in _refused(run_dir,
+                                                                         "budget.seconds=2")
+    finally:
+        live.kill()
+        live.wait(timeout=30)
+
+
+@pytest.mark.integration
+def test_a_resume_from_a_corrupt_checkpoint_names_the_file(run_dir: Path) -> None:
+    version = latest_checkpoint(run_dir)
+    assert version is not None
+    state = version / STATE
+    state.write_bytes(state.read_bytes()[:len(state.read_bytes()) // 2])
+    assert f"cannot read {state}: " in _refused(run_dir, "budget.seconds=2")
+
+
+@pytest.mark.integration
+def test_recover_works_after_a_refused_resume(run_dir: Path) -> None:
+    _as_crashed(run_dir)
+    _refused(run_dir, "model=logreg")
+    summary = recover(run_dir)
+    assert summary["status"] == CRASHED
+    assert len(pd.read_csv(run_dir / "convergence.csv")) == len(_snapshot_files(run_dir))
+
+
+@pytest.mark.integration
+def test_recover_ignores_overrides_that_a_refused_resume_wrote(run_dir: Path) -> None:
+    """Hydra of an earlier version wrote a refused resume's overrides over the run's: recovery
+    takes those its checkpoint kept."""
+    _as_crashed(run_dir)
+    (run_dir / OVERRIDES).write_text(yaml.safe_dump(
+        ["progress=false", f"resume={run_dir}", "model=logreg"]))
+    assert recover(run_dir)["model"] == "mlp"
+    assert len(pd.read_csv(run_dir / "convergence.csv")) == len(_snapshot_files(run_dir))
+
+
+@pytest.mark.integration
+def test_recover_skips_a_truncated_snapshot_and_names_it(run_dir: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    _as_crashed(run_dir)
+    files = _snapshot_files(run_dir)
+    bad = files[len(files) // 2]
+    bad.write_bytes(bad.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="hetsgd"):
+        summary = recover(run_dir)
+    warning, = (r.getMessage() for r in caplog.records if bad.name in r.getMessage())
+    assert warning.startswith(f"cannot read {bad}: ") and warning.endswith(": skipped")
+    assert "\n" not in warning
+    convergence = pd.read_csv(run_dir / "convergence.csv")
+    assert len(convergence) == len(files) - 1
+    assert f"1 unreadable one(s) skipped: {bad.name}" in summary["error"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("damage", ["deleted", "garbled"])
+def test_recover_needs_no_index(run_dir: Path, damage: str) -> None:
+    """Each snapshot file carries its own row: time, examples, every worker's updates."""
+    _as_crashed(run_dir)
+    index_file = run_dir / SNAPSHOTS / INDEX
+    if damage == "deleted":
+        index_file.unlink()
+    else:
+        lines = index_file.read_text().splitlines()
+        lines[2] = "not,a,row,of,this,index,at,all"
+        lines.insert(4, "\x00\x00garbage")
+        index_file.write_text("\n".join(lines) + "\n")
+    evaluated = pd.read_csv(run_dir / "convergence.csv")  # by the run, from its own rows
+    recover(run_dir)
+    pd.testing.assert_frame_equal(pd.read_csv(run_dir / "convergence.csv"), evaluated)
+
+
+SPECS = [WorkerSpec(rank, "cpu", "cpu", "cpu", 1, 8, 1.0, False) for rank in range(2)]
+
+
+def _snapshot(time_s: float) -> Snapshot:
+    return Snapshot(time_s, 10 * time_s, [time_s, 2 * time_s], torch.full((3,), time_s),
+                    torch.full((1,), -time_s))
+
+
+def test_a_snapshot_file_without_its_row_takes_the_index_row_or_is_named(tmp_path: Path) -> None:
+    """Files written before snapshots carried their row: index.csv's row, if one parses."""
+    folder = tmp_path / SNAPSHOTS
+    folder.mkdir()
+    for t in (1.0, 2.0):
+        torch.save({"params": torch.zeros(3), "buffers": torch.zeros(1)},
+                   folder / snapshot_file(_snapshot(t)))
+    (folder / INDEX).write_text(f"file,time_s,examples,updates_0,updates_1\n"
+                                f"{snapshot_file(_snapshot(1.0))},1.0,10.0,1.0,2.0\n"
+                                f"{snapshot_file(_snapshot(2.0))},2.0,garbled\n")
+    skipped: list[Exception] = []
+    snapshot, = read_snapshots(tmp_path, skipped.append)
+    assert (snapshot.time_s, snapshot.examples, snapshot.updates) == (1.0, 10.0, [1.0, 2.0])
+    assert [str(err) for err in skipped] == [
+        f"cannot read {folder / snapshot_file(_snapshot(2.0))}: it holds no time, examples or "
+        "updates, and no row of index.csv names it"]
+    # told how many workers the run had, recovery keeps its time, from its name
+    first, second = read_snapshots(tmp_path, skipped.append, workers=2)
+    assert first.examples == 10.0 and second.time_s == 2.0
+    assert math.isnan(second.examples) and len(second.updates) == 2
+    assert all(math.isnan(u) for u in second.updates)
+
+
+class _FullDisk:
+    """A file handle on a disk that fills after a few bytes."""
+
+    def __init__(self, handle: object) -> None:
+        self.handle, self.written = handle, 0
+
+    def write(self, data: bytes) -> int:
+        self.written += len(data)
+        if self.written > 64:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.handle.write(data)  # type: ignore[attr-defined]
+
+    def flush(self) -> None:
+        self.handle.flush()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.save on a full disk: torch turns the failed write into `[enforce fail at
+    inline_container.cc] unexpected pos`."""
+    save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, handle: save(obj, _FullDisk(handle)))
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.rglob("*") if p.name.endswith(".tmp") or p.name == ".partial"]
+
+
+def test_a_full_disk_while_writing_a_snapshot_names_the_file(tmp_path: Path,
+                                                              full_disk: None) -> None:
+    out = RunDirectory(tmp_path / "run")
+    journal_ = RunJournal(out, SPECS)
+    journal_.snapshot(_snapshot(0.5), [{"updates": 0, "examples": 0}] * 2)
+    with pytest.raises(WriteError) as raised:
+        journal_.close()
+    assert str(raised.value) == ("no space left on device, writing "
+                                 f"{out.path / SNAPSHOTS / snapshot_file(_snapshot(0.5))}")
+    assert raised.value.errno == errno.ENOSPC
+    assert not _snapshot_files(out.path) and _leftovers(out.path) == []
+
+
+def test_a_full_disk_while_writing_a_checkpoint_names_the_file(tmp_path: Path,
+                                                                full_disk: None) -> None:
+    from hetsgd.engines.checkpoint import Checkpoint, WorkerState
+
+    out = RunDirectory(tmp_path / "run")
+    part = WorkerState(0, 0.0, torch.zeros(3), None, {"cpu": torch.get_rng_state()})
+    journal_ = RunJournal(out, SPECS)
+    journal_.checkpoint(Checkpoint(1.0, torch.zeros(3), torch.zeros(1), [part], [], (1.0, 1.0)))
+    with pytest.raises(WriteError) as raised:
+        journal_.close()
+    assert str(raised.value) == ("no space left on device, writing "
+                                 f"{out.path / 'checkpoint' / '.partial' / STATE}")
+    assert latest_checkpoint(out.path) is None
+
+
+@pytest.mark.integration
+def test_a_run_that_fills_the_disk_ends_crashed_and_recovers(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a killed run: its files hold what it measured until then, for `hetsgd recover`."""
+    append_rows = journal.append_rows
+
+    def full_disk(path: Path, rows: list) -> None:  # the utilization samples fill the disk
+        if path.name != "utilization.csv":
+            return append_rows(path, rows)
+        with writing(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(journal, "append_rows", full_disk)
+    cfg = compose_config("algo=sync", "dataset=digits", "model=logreg", "devices.simulated=true",
+                         "devices.groups.cpu.profile=xeon_e5_2686v4_core", "budget.epochs=null",
+                         "budget.seconds=0.05", "eval.every_s=0.01")
+    run_dir = tmp_path / "run"
+    summary = runner.run(cfg, run_dir, cfg)
+    expected = (f"no space left on device, writing {run_dir / 'utilization.csv'}: once there is "
+                f"room, `hetsgd recover {run_dir}` evaluates the snapshots it left")
+    assert summary["status"] == CRASHED and summary["error"] == expected
+    assert read_summary(run_dir)["error"] == expected
+    assert not (run_dir / "error.log").exists()  # no traceback: the message says it all
+    monkeypatch.undo()  # room again
+    assert recover(run_dir)["status"] == CRASHED
+    assert len(pd.read_csv(run_dir / "convergence.csv")) >= 2
