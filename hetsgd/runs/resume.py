@@ -3,9 +3,9 @@
 The resumed run trains the model, data, algorithm and mix of the checkpointed one: its config is
 the checkpoint's, composed as recovery does (:mod:`hetsgd.runs.recover`), with this command's
 overrides on top; these may extend or change the budget, evaluation, checkpoints, monitoring,
-torch.distributed, the workers' stall window and progress, and nothing else. Its clock, counters and snapshots continue the
-checkpoint's: what the run measured after the checkpoint is left out, so the resumed run's
-curves continue the old ones as one run's.
+torch.distributed, the workers' stall window and progress, and nothing else. Its clock,
+counters and snapshots continue the checkpoint's: what the run measured after the checkpoint is
+left out, so the resumed run's curves continue the old ones as one run's.
 """
 
 from __future__ import annotations
