@@ -7,6 +7,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 from hydra.core.config_store import ConfigStore
@@ -22,8 +23,11 @@ from hetsgd.config.checks import ConfigError
 from hetsgd.config.paths import safe_component
 from hetsgd.config.schema import (
     MODEL_SCHEMAS,
+    CustomModelConfig,
     DatasetConfig,
     DevicesConfig,
+    FilesConfig,
+    FolderConfig,
     RunConfig,
     SyntheticConfig,
 )
@@ -53,12 +57,22 @@ def register_configs() -> None:
     # Schemas live under schema/ so that they do not show up as choices of the config groups.
     cs.store(group="schema", name="run", node=RunConfig)
     cs.store(group="schema", name="dataset", node=DatasetConfig)
-    cs.store(group="schema/dataset", name="synthetic", node=SyntheticConfig)
+    for dataset_schema in (SyntheticConfig, FilesConfig, FolderConfig):
+        cs.store(group="schema/dataset", name=dataset_schema.name, node=dataset_schema)
     for model_name, model_schema in MODEL_SCHEMAS.items():
-        cs.store(group="schema/model", name=model_name, node=model_schema)
+        cs.store(group="schema/model", name=model_name, node=_open(model_schema)
+                 if model_schema is CustomModelConfig else model_schema)
     cs.store(group="schema", name="devices", node=DevicesConfig)
     for algo_name, schema in ALGO_SCHEMAS.items():
         cs.store(group="schema/algo", name=algo_name, node=schema)
+
+
+def _open(schema: type) -> DictConfig:
+    """A schema that takes keys it does not declare: a custom model's factory arguments, from a
+    user's YAML or `+model.NAME=VALUE` (:func:`to_run_config` gathers them into ``kwargs``)."""
+    node = OmegaConf.structured(schema)
+    OmegaConf.set_struct(node, False)
+    return node
 
 
 def compose_run(overrides: Sequence[str]) -> DictConfig:
@@ -108,11 +122,15 @@ def _first_group_choice(parser: OverridesParser, arg: str) -> str | None:
     return f"{override.get_key_element()}={next(iter(override.sweep_string_iterator()))}"
 
 
+def _declared(schema: Any) -> set[str] | None:
+    return {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+
+
 def _unknown_keys(node: DictConfig, path: str = "") -> list[str]:
-    """Keys that no schema declares (added with `+key=value`): OmegaConf would drop them."""
+    """Keys that no schema declares (added with `+key=value`): OmegaConf would drop them. A
+    custom model's undeclared keys are its factory's arguments."""
     schema = OmegaConf.get_type(node)
-    declared = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) \
-        else None
+    declared = None if schema is CustomModelConfig else _declared(schema)
     unknown = [f"{path}{key}" for key in node.keys() if declared is not None and key not in declared]
     for key in node.keys():
         child = node._get_node(key)
@@ -128,10 +146,20 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: no schema has them")
     try:
         run = OmegaConf.to_object(cfg)
+        if isinstance(run, RunConfig) and isinstance(run.model, CustomModelConfig):
+            run.model.kwargs = {**run.model.kwargs, **_factory_arguments(cfg.model)}
     except OmegaConfBaseException as exc:  # e.g. a key added with `+` that no schema has
         raise ConfigError(" ".join(str(exc).split())) from exc
     assert isinstance(run, RunConfig)
     return run
+
+
+def _factory_arguments(model: DictConfig) -> dict[str, Any]:
+    """A custom model's keys that its schema does not declare, resolved to plain values."""
+    declared = _declared(CustomModelConfig) or set()
+    values = OmegaConf.to_container(model, resolve=True)
+    assert isinstance(values, dict)
+    return {str(key): value for key, value in values.items() if key not in declared}
 
 
 #: The config groups whose choice decides a schema (an MLP's keys are not logreg's).

@@ -10,6 +10,7 @@ The algorithms' schemas are in :mod:`hetsgd.config.algorithms`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -63,6 +64,50 @@ class SyntheticConfig(DatasetConfig):
         require(self.n_classes > 1, "dataset.n_classes", "at least 2", self.n_classes)
 
 
+FILE_FORMATS = ("auto", "npz", "npy", "csv", "parquet", "libsvm")
+
+
+@dataclass
+class FilesConfig(DatasetConfig):
+    """Your own data in a file (`dataset=files dataset.path=FILE`, see hetsgd/data/tables.py):
+    `.npz` (arrays `x_array` and `y_array`), `.npy` features with labels in `labels_path`, a CSV
+    or Parquet table (the `label` column; every other column a numeric feature), or a LIBSVM
+    file. The test part comes from `test_path` (and `test_labels_path` for `.npy`), else the
+    seeded stratified split of `test_fraction`."""
+
+    name: str = "files"
+    format: str = "auto"  # auto: from the file's suffix (.npz .npy .csv .parquet; else LIBSVM)
+    label: str = "label"  # CSV / Parquet: the label column
+    x_array: str = "X"  # .npz: the features array
+    y_array: str = "y"  # .npz: the labels array
+    labels_path: str | None = None  # .npy: the labels of `path`
+    test_path: str | None = None
+    test_labels_path: str | None = None  # .npy: the labels of `test_path`
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        one_of("dataset.format", self.format, FILE_FORMATS)
+
+
+@dataclass
+class FolderConfig(DatasetConfig):
+    """An image folder, one subfolder per class (`dataset=folder dataset.path=DIR`), read through
+    torchvision (the `images` extra). Every image is resized to `image_size` (empty: the first
+    image's size, which every other must have) and converted to `channels` (1 or 3)."""
+
+    name: str = "folder"
+    image_size: list[int] = field(default_factory=list)  # [height, width]
+    channels: int = 3
+    test_path: str | None = None  # a second folder of the same classes
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(not self.image_size or (len(self.image_size) == 2 and min(self.image_size) > 0),
+                "dataset.image_size", "[height, width] in pixels, or empty", self.image_size)
+        require(self.channels in (1, 3), "dataset.channels", "1 (grayscale) or 3 (RGB)",
+                self.channels)
+
+
 ACTIVATIONS = ("sigmoid", "relu", "tanh")
 
 
@@ -103,6 +148,7 @@ class LogregConfig(ModelConfig):
 class CnnConfig(ModelConfig):
     name: str = "cnn"
     channels: list[int] = field(default_factory=lambda: [16, 32])  # conv widths
+    batch_norm: bool = False  # a BatchNorm2d after each convolution
 
     def __post_init__(self) -> None:
         require(len(self.channels) > 0 and all(c > 0 for c in self.channels), "model.channels",
@@ -114,9 +160,22 @@ class ResNet20Config(ModelConfig):
     name: str = "resnet20"
 
 
+@dataclass
+class CustomModelConfig(ModelConfig):
+    """Your own ``nn.Module`` (`model=custom model._target_=PKG.MODULE.FACTORY`), built by
+    ``hydra.utils.instantiate`` (hetsgd/model/custom.py). Every other key of ``model`` (given as
+    `+model.NAME=VALUE` or in your own YAML) is an argument of the factory: composition gathers
+    them into ``kwargs``. Where the factory takes them, hetsgd adds what the data says:
+    ``in_features``, ``input_shape``, ``num_classes``, ``num_outputs`` and ``task``."""
+
+    name: str = "custom"
+    _target_: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
 MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {
     "mlp_paper": MlpPaperConfig, "mlp": MlpConfig, "logreg": LogregConfig, "cnn": CnnConfig,
-    "resnet20": ResNet20Config}
+    "resnet20": ResNet20Config, "custom": CustomModelConfig}
 
 
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -309,6 +368,45 @@ class DevicesConfig:
 
 
 # --------------------------------------------------------------------------------------------
+# trackers
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TensorBoardConfig:
+    """TensorBoard event files (`logger=tensorboard`): one directory per run under `dir`, a
+    sweep's runs under one directory named for the sweep."""
+
+    dir: str = "${results_dir}/tensorboard"
+
+
+@dataclass
+class MlflowConfig:
+    """MLflow (`logger=mlflow`): a run per run, a sweep as one experiment. `tracking_uri` is a
+    database URI or a server's address; artifacts of new experiments go to `artifact_dir`."""
+
+    tracking_uri: str = "sqlite:///${results_dir}/mlflow.db"
+    artifact_dir: str = "${results_dir}/mlruns"
+    experiment: str | None = None  # null: the sweep's folder name, or "hetsgd" for a single run
+    timeout_s: float = 10.0  # for each request to a tracking server
+    retries: int = 0  # of a failed request to a tracking server
+
+    def __post_init__(self) -> None:
+        seconds("logger.mlflow.timeout_s", self.timeout_s)
+        require(0 <= self.retries <= 10, "logger.mlflow.retries", "0 to 10", self.retries)
+
+
+@dataclass
+class LoggersConfig:
+    """Where a run's results go besides its run directory (`logger=tensorboard`,
+    `logger=[tensorboard,mlflow]`; default none). Loggers read the run directory once the run
+    has written it; a logger that fails costs a warning, never the run."""
+
+    tensorboard: TensorBoardConfig | None = None
+    mlflow: MlflowConfig | None = None
+
+
+# --------------------------------------------------------------------------------------------
 # the whole run
 # --------------------------------------------------------------------------------------------
 
@@ -365,6 +463,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggersConfig = field(default_factory=LoggersConfig)
     resume: str | None = None  # a run directory whose checkpoint this run continues
     seed: int = 0
     results_dir: str = "results"
