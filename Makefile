@@ -5,8 +5,6 @@ BIN    := $(VENV)/bin
 # torch 2.13.0: on this project's CI machines it resolves to a local CPU build; on a GPU
 # server PyPI serves the CUDA build of the same version. Override with `make setup TORCH=torch`.
 TORCH  ?= torch==2.13.0
-# the torchvision release made for that torch (dataset=folder); TORCHVISION= leaves it out
-TORCHVISION ?= torchvision==0.28.0
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup run test test-quick lint plots bench bench-quick clean
@@ -16,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)" $(if $(TORCHVISION),"$(TORCHVISION)")
+	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 

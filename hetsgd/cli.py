@@ -44,6 +44,8 @@ EXIT_CODES = {"completed": 0, "diverged": 3, "failed": 1, "interrupted": 130}
 # the exit code is 128 + the signal's number, as a shell reports a command the signal ended
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 run_statuses: list[str] = []  # how each run this process trained ended
+runs_started: list[Path] = []  # the run directory of each run this command started
+errors_printed: list[str] = []  # the error lines this command printed (for hetsgd.api)
 terminated: list[int] = []  # the stop signals that arrived
 # A launcher such as submitit runs sweep jobs in processes that unpickle `train_job` and compose
 # their own config, so the schemas and resolvers are registered wherever this module loads.
@@ -101,6 +103,7 @@ def _composition_error(exc: Exception) -> str:
 
 
 def _print_error(message: str) -> None:
+    errors_printed.append(_one_line(message))
     err.print(Text.assemble(("hetsgd: error:", "red"), " ", _one_line(message)), soft_wrap=True)
 
 
@@ -143,6 +146,7 @@ def train_job(cfg: DictConfig) -> None:
     from hetsgd.runs import runner  # the training stack loads only when a run starts
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    runs_started.append(run_dir)
     try:
         summary = runner.run(cfg, run_dir, cfg, HydraConfig.get().overrides.task)
     except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written, no figures
@@ -151,6 +155,7 @@ def train_job(cfg: DictConfig) -> None:
         return
     _draw_figures(run_dir)
     run_statuses.append(summary["status"])
+    _log_to_trackers(run_dir, cfg)
     if summary["status"] == "failed":
         _print_error(f"{summary['error']} (details in {run_dir})")
         return
@@ -170,6 +175,16 @@ def _draw_figures(run_dir: Path) -> None:
         plot_run(run_dir)
     except Exception as exc:  # noqa: BLE001 - the results are on disk; say why figures are missing
         logging.getLogger("hetsgd").warning("could not draw the figures of %s: %s", run_dir, exc)
+
+
+def _log_to_trackers(run_dir: Path, cfg: DictConfig) -> None:
+    """The trackers `logger=...` chose (none by default) log the files just written, figures
+    included; like drawing them, failing never fails the run."""
+    if cfg.logger.tensorboard is None and cfg.logger.mlflow is None:
+        return
+    from hetsgd.outputs.trackers import track  # tensorboard and mlflow load only here
+
+    track(run_dir, cfg.logger)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -260,11 +275,11 @@ def _forget_earlier_runs() -> None:
     the runs it started, and only those."""
     from hetsgd.outputs.sweep import sweeps_started
 
-    for record in (run_statuses, terminated, sweeps_started):
+    for record in (run_statuses, runs_started, errors_printed, terminated, sweeps_started):
         record.clear()
 
 
-def _started_sweep() -> Path | None:
+def started_sweep() -> Path | None:
     """The folder of the sweep this command started, once it exists."""
     from hetsgd.outputs.sweep import sweeps_started
 
@@ -276,7 +291,7 @@ def _statuses() -> list[str]:
     run them in other processes), a single run's as it returned."""
     from hetsgd.outputs.sweep import job_statuses
 
-    sweep_dir = _started_sweep()
+    sweep_dir = started_sweep()
     return job_statuses(sweep_dir) if sweep_dir else run_statuses
 
 
@@ -285,7 +300,7 @@ def _close_interrupted_sweep(jobs: int) -> None:
     those, and a line saying the others did not."""
     from hetsgd.outputs.sweep import finalize_sweep
 
-    sweep_dir = _started_sweep()
+    sweep_dir = started_sweep()
     if sweep_dir is None:
         return
     finalize_sweep(sweep_dir)

@@ -27,6 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"outputs"}),
     frozenset({"runs"}),
     frozenset({"cli", "__main__"}),
+    frozenset({"api"}),
 )
 
 

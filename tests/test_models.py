@@ -11,7 +11,7 @@ from torch import nn
 from hetsgd.config import ConfigError, to_run_config
 from hetsgd.config.schema import MODEL_SCHEMAS
 from hetsgd.errors import UserError
-from hetsgd.model.architectures import SPARSE_INPUT_MODELS, BasicBlock, build_model
+from hetsgd.model.architectures import BasicBlock, build_model
 
 
 def _build(name: str, features: int = 20, outputs: int = 3,
@@ -114,6 +114,17 @@ def test_cnn_layers_follow_channels():
     assert _linears(model)[0].in_features == 6 * 2 * 2
 
 
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_cnn_batch_norm_follows_each_convolution_before_its_relu(batch_norm: bool):
+    model = _build("cnn", 64, 10, (1, 8, 8), channels=[4, 6], batch_norm=batch_norm)
+    kinds = [type(m) for m in model]
+    block = [nn.Conv2d, *([nn.BatchNorm2d] if batch_norm else []), nn.ReLU, nn.MaxPool2d]
+    assert kinds == [nn.Unflatten, *block, *block, nn.Flatten, nn.Linear]
+    norms = [m for m in model if isinstance(m, nn.BatchNorm2d)]
+    assert [n.num_features for n in norms] == ([4, 6] if batch_norm else [])
+    assert model(torch.randn(3, 64)).shape == (3, 10)
+
+
 @pytest.mark.parametrize("name", ["cnn", "resnet20"])
 def test_image_models_need_an_image_shape(name: str):
     with pytest.raises(UserError, match="image dataset"):
@@ -154,7 +165,6 @@ def _sparse_batch(rows: int, features: int) -> tuple[torch.Tensor, torch.Tensor]
 @pytest.mark.parametrize("name, fields", [("mlp_paper", {}), ("mlp", {"hidden": [16]}),
                                           ("logreg", {"bias": True}), ("logreg", {"bias": False})])
 def test_sparse_and_dense_inputs_agree(name: str, fields: dict):
-    assert name in SPARSE_INPUT_MODELS
     dense, sparse = _sparse_batch(6, 300)
     assert sparse.layout == torch.sparse_csr
     model = _build(name, 300, 3, **fields)

@@ -173,6 +173,8 @@ def _recorded_choices(recorded: DictConfig) -> list[str]:
     choices = []
     for group in SCHEMA_GROUPS:
         name = OmegaConf.select(recorded, f"{group}.name")
+        if group == "model" and OmegaConf.select(recorded, "model._target_") is not None:
+            name = CustomModelConfig.name  # a user's model, whatever its YAML called it
         if isinstance(name, str) and (CONF_DIR / group / f"{name}.yaml").is_file():
             choices.append(f"{group}={name}")
     return choices

@@ -383,7 +383,9 @@ class TensorBoardConfig:
 @dataclass
 class MlflowConfig:
     """MLflow (`logger=mlflow`): a run per run, a sweep as one experiment. `tracking_uri` is a
-    database URI or a server's address; artifacts of new experiments go to `artifact_dir`."""
+    database URI or a server's address (http://...); artifacts of new experiments go to
+    `artifact_dir`, except on a server, which keeps its own. A server's requests give up after
+    `timeout_s`, retried `retries` times."""
 
     tracking_uri: str = "sqlite:///${results_dir}/mlflow.db"
     artifact_dir: str = "${results_dir}/mlruns"

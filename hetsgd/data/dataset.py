@@ -55,6 +55,8 @@ class Parsed:
     (mean, std) of [0, 1] pixels to normalise with, or None to measure them on the training part.
     ``x_test`` is None where the source publishes no test split. Dense features may be ``Rows``
     read block by block, so that preparation never holds them whole besides its result.
+    ``class_names`` names the classes 0..C-1 where the data names them (text labels, the
+    subfolders of an image folder), None where classes are numbers only.
     """
 
     task: str
@@ -67,6 +69,12 @@ class Parsed:
     image_shape: tuple[int, int, int] | None = None
     channel_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     synthetic: bool = False
+    class_names: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # the parsed cache gives the names back as a JSON list
+        if self.class_names is not None:
+            object.__setattr__(self, "class_names", tuple(self.class_names))
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,8 @@ class Dataset:
     # image sets: per channel, the value a zero (black) pixel takes after the scaling, which is
     # what zero padding in pixel space becomes (data.augment=crop_flip pads with it)
     pixel_zero: tuple[float, ...] | None = None
+    # the names of classes 0..C-1 where the data gives them (text labels, image subfolders)
+    class_names: tuple[str, ...] | None = None
 
     @property
     def num_train(self) -> int:

@@ -1,8 +1,10 @@
 """Label encoding shared by the file parsers: raw label values in, ``Dataset`` label arrays out.
 
 Binary files label their classes {-1, +1}, {0, 1} or {1, 2}: the smaller value becomes 0, the
-larger 1. Multiclass labels become 0..C-1 in sorted order of their values. Train and test are
-encoded together, so a class missing from one part keeps its index.
+larger 1. Multiclass labels become 0..C-1 in sorted order of their values. Text labels (a CSV's
+class names) are numbered the same way, in sorted order of the names, which are kept for the
+run's summary. Train and test are encoded together, so a class missing from one part keeps its
+index.
 """
 
 from __future__ import annotations
@@ -36,6 +38,20 @@ def encode(parts: Sequence[np.ndarray], task: str, where: str) -> tuple[str, int
     if task != "multiclass":
         raise UserError(f"{where}: single-label data cannot be read as task={task}")
     return task, len(values), [np.searchsorted(values, p).astype(np.int64) for p in parts]
+
+
+def encode_named(parts: Sequence[np.ndarray], task: str,
+                 where: str) -> tuple[str, int, list[np.ndarray], tuple[str, ...] | None]:
+    """``encode`` for labels that may be text: numbers (and booleans) as ``encode`` takes them,
+    with no names; anything else read as names, numbered in sorted order, names returned."""
+    arrays = [np.asarray(p) for p in parts]
+    if all(a.dtype.kind in "biuf" for a in arrays):
+        return (*encode([a.astype(np.float64) if a.dtype.kind == "b" else a for a in arrays],
+                        task, where), None)
+    texts = [a.astype(str) for a in arrays]
+    names = np.unique(np.concatenate(texts))
+    task, num_classes, encoded = encode([np.searchsorted(names, t) for t in texts], task, where)
+    return task, num_classes, encoded, tuple(str(name) for name in names)
 
 
 def multi_hot(parts: Sequence[Sequence[Sequence[float]]], where: str,

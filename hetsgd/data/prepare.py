@@ -77,7 +77,7 @@ def prepare(parsed: Parsed, cfg: DatasetConfig, seed: int, scaling: str,
     x_train, x_test = scaler.apply(x_train), scaler.apply(x_test)
     return Dataset(cfg.name, parsed.task, x_train, y_train, x_test, y_test, parsed.num_classes,
                    parsed.image_shape, parsed.synthetic, source, scaler.name,
-                   pixel_zero=pixel_zero(parsed, scaler))
+                   pixel_zero=pixel_zero(parsed, scaler), class_names=parsed.class_names)
 
 
 def _take(y: np.ndarray, rows: np.ndarray, allocate: Allocate) -> np.ndarray:

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data import covtype, embedded, images, libsvm, synthetic, xc
+from hetsgd.config.schema import FilesConfig
+from hetsgd.data import covtype, embedded, folder, images, libsvm, synthetic, tables, xc
 from hetsgd.data.dataset import Allocate, Dataset
 from hetsgd.data.prepare import prepare
 from hetsgd.data.source import Source, SourceInfo
@@ -15,7 +16,7 @@ from hetsgd.errors import UserError
 
 SOURCES: dict[str, Source] = {
     source.name: source
-    for module in (embedded, libsvm, covtype, xc, images, synthetic)
+    for module in (embedded, libsvm, covtype, xc, images, synthetic, tables, folder)
     for source in module.SOURCES
 }
 
@@ -42,12 +43,19 @@ def load_dataset(cfg: DatasetConfig, seed: int, progress: bool = True,
     _check_task(cfg.task, source.task, source.name)
     parsed = source.load(cfg, seed, progress)
     _check_task(cfg.task, parsed.task, source.name)
-    return prepare(parsed, cfg, seed, resolve_scale(cfg.scale, source), allocate)
+    return prepare(parsed, cfg, seed, resolve_scale(cfg.scale, source, cfg), allocate)
 
 
-def resolve_scale(scale: str, source: Source) -> str:
-    """``dataset.scale`` with ``auto`` replaced by the source's ``default_scale``."""
-    return source.default_scale if scale == "auto" else scale
+def resolve_scale(scale: str, source: Source, cfg: DatasetConfig | None = None) -> str:
+    """``dataset.scale`` with ``auto`` replaced by the source's ``default_scale``; for a LIBSVM
+    file read by ``dataset=files`` (``cfg`` given), that of ``dataset=libsvm``, so that the same
+    file is treated alike by both."""
+    if scale != "auto":
+        return scale
+    if (isinstance(cfg, FilesConfig) and cfg.path
+            and tables.file_format(Path(cfg.path), cfg.format) == "libsvm"):
+        return get_source("libsvm").default_scale
+    return source.default_scale
 
 
 def list_sources() -> list[SourceInfo]:

@@ -4,7 +4,8 @@ Every model takes a flat batch ``[B, num_features]`` and returns logits ``[B, nu
 models reshape the batch themselves, so the data layer and the workers never need to know the
 model's input shape. The MLP family (``mlp_paper``, ``mlp``, ``logreg``) also accepts a sparse CSR
 batch: ``nn.Linear`` multiplies a CSR input with a sparse-dense kernel and autograd returns the
-dense weight gradient, so a 20,958-feature sparse set is never densified.
+dense weight gradient, so a 20,958-feature sparse set is never densified. A user's own model
+(``model=custom``) is built by :mod:`hetsgd.model.custom` under the same seeding.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 
 from hetsgd.config.schema import (
     CnnConfig,
+    CustomModelConfig,
     LogregConfig,
     MlpConfig,
     MlpPaperConfig,
@@ -24,14 +26,12 @@ from hetsgd.config.schema import (
     ResNet20Config,
 )
 from hetsgd.errors import UserError
+from hetsgd.model.custom import build_custom
 
 ImageShape = tuple[int, int, int]
 
 PAPER_LAYERS = 8
 PAPER_WIDTH = 512
-
-# Models whose first layer is an nn.Linear on the flat batch, and so accept sparse CSR input.
-SPARSE_INPUT_MODELS = frozenset({"mlp_paper", "mlp", "logreg"})
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU, "tanh": nn.Tanh}
 
@@ -75,12 +75,17 @@ def _require_image(name: str, num_features: int, image_shape: ImageShape | None)
     return image_shape
 
 
-def small_cnn(image_shape: ImageShape, channels: list[int], num_outputs: int) -> nn.Sequential:
-    """3x3 conv + ReLU + 2x2 max-pool per width in ``channels``, then a linear head."""
+def small_cnn(image_shape: ImageShape, channels: list[int], num_outputs: int,
+              batch_norm: bool = False) -> nn.Sequential:
+    """3x3 conv (+ BatchNorm2d with ``batch_norm``) + ReLU + 2x2 max-pool per width in
+    ``channels``, then a linear head."""
     depth, height, width = image_shape
     layers: list[nn.Module] = [nn.Unflatten(1, image_shape)]
     for out_channels in channels:
-        layers += [nn.Conv2d(depth, out_channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+        layers.append(nn.Conv2d(depth, out_channels, 3, padding=1))
+        if batch_norm:
+            layers.append(nn.BatchNorm2d(out_channels))
+        layers += [nn.ReLU(), nn.MaxPool2d(2)]
         depth, height, width = out_channels, height // 2, width // 2
     if height == 0 or width == 0:
         raise UserError(f"model.channels={channels} pools a {image_shape[1]}x{image_shape[2]} "
@@ -145,7 +150,7 @@ class ResNet20(nn.Module):
 
 
 def _build(cfg: ModelConfig, num_features: int, num_outputs: int,
-           image_shape: ImageShape | None) -> nn.Module:
+           image_shape: ImageShape | None, task: str | None) -> nn.Module:
     """The architecture of ``cfg``'s schema; the schema has already checked every value."""
     match cfg:
         case MlpConfig():
@@ -155,21 +160,27 @@ def _build(cfg: ModelConfig, num_features: int, num_outputs: int,
             return nn.Sequential(nn.Linear(num_features, num_outputs, bias=cfg.bias))
         case CnnConfig():
             shape = _require_image(cfg.name, num_features, image_shape)
-            return small_cnn(shape, list(cfg.channels), num_outputs)
+            return small_cnn(shape, list(cfg.channels), num_outputs, cfg.batch_norm)
         case ResNet20Config():
             return ResNet20(_require_image(cfg.name, num_features, image_shape), num_outputs)
         case MlpPaperConfig():
             return paper_mlp(num_features, num_outputs)
+        case CustomModelConfig():
+            if task is None:
+                raise TypeError("a custom model needs the data's task: build it with "
+                                "Problem.build_model")
+            return build_custom(cfg, num_features, num_outputs, image_shape, task)
     raise TypeError(f"no architecture is registered for {type(cfg).__name__}")
 
 
 def build_model(cfg: ModelConfig, num_features: int, num_outputs: int,
-                image_shape: ImageShape | None, seed: int) -> nn.Module:
+                image_shape: ImageShape | None, seed: int, task: str | None = None) -> nn.Module:
     """Build the model ``cfg.name`` with float32 parameters in registration order.
 
     The same seed gives the same weights; the global RNG state is left as it was, so building a
-    model never shifts the data order or any other seeded stream. CUDA is never touched.
+    model never shifts the data order or any other seeded stream. CUDA is never touched by the
+    in-tree models. ``task`` is needed by a custom model only (its factory may take it).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return _build(cfg, num_features, num_outputs, image_shape)
+        return _build(cfg, num_features, num_outputs, image_shape, task)

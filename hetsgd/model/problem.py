@@ -33,4 +33,5 @@ class Problem:
 
     def build_model(self, model: ModelConfig, seed: int) -> torch.nn.Module:
         """The run's seeded initial model for this data: the same in every process."""
-        return build_model(model, self.num_features, self.num_outputs, self.image_shape, seed)
+        return build_model(model, self.num_features, self.num_outputs, self.image_shape, seed,
+                           self.task)

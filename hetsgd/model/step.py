@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.nn.modules import module as module_hooks
+from torch.nn.utils import parametrize
 
 from hetsgd.config import OptimConfig
 from hetsgd.errors import UserError
@@ -117,10 +119,33 @@ class AutogradStep(Step):
 Activation = tuple[Forward, Backward]
 
 
+def _plain(module: nn.Module) -> bool:
+    """Whether calling ``module`` runs exactly its class's forward and autograd's backward:
+    no instance-level ``forward``, no module hooks (its own or global), no parametrization, and
+    no hook on a parameter's gradient."""
+    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
+             module._backward_pre_hooks)
+    return ("forward" not in vars(module) and not any(hooks)
+            and not parametrize.is_parametrized(module)
+            and not any(getattr(p, "_backward_hooks", None)
+                        or getattr(p, "_post_accumulate_grad_hooks", None)
+                        for p in module.parameters(recurse=False)))
+
+
+def _global_module_hooks() -> bool:
+    """Hooks registered for every module (``nn.modules.module.register_module_forward_hook``
+    and its kin), which the fused step would skip."""
+    return any((module_hooks._global_forward_hooks, module_hooks._global_forward_pre_hooks,
+                module_hooks._global_backward_hooks, module_hooks._global_backward_pre_hooks))
+
+
 def mlp_layers(module: nn.Module) -> list[tuple[nn.Linear, Activation | None]] | None:
     """``module``'s linear layers, each with the activation that follows it (None after the
-    last), when it is an MLP the fused step can run; None otherwise."""
-    if not isinstance(module, nn.Sequential):
+    last), when the fused step provably computes what the module's forward does: a plain
+    ``nn.Sequential`` (a subclass may override ``forward``) of ``nn.Linear`` layers with sigmoid,
+    ReLU or tanh between them, no buffers, and nothing that changes a call (see :func:`_plain`);
+    None otherwise."""
+    if type(module) is not nn.Sequential:
         return None
     children = list(module)
     linears, activations = children[0::2], children[1::2]
@@ -129,6 +154,10 @@ def mlp_layers(module: nn.Module) -> list[tuple[nn.Linear, Activation | None]] |
     if not all(type(m) is nn.Linear for m in linears):
         return None
     if not all(type(a) in _ACTIVATIONS for a in activations):
+        return None
+    if next(module.buffers(), None) is not None or _global_module_hooks():
+        return None
+    if not all(_plain(m) for m in module.modules()):
         return None
     return list(zip(linears, [_ACTIVATIONS[type(a)] for a in activations] + [None]))
 
@@ -190,15 +219,28 @@ class FusedMlpStep(Step):
             self.sgd.apply_product(param, momentum, left, right, pending.lr)
 
 
+def _fused_layers(module: nn.Module, kind: str) -> list[tuple[nn.Linear, Activation | None]] | None:
+    """The layers of the fused step when ``optim.step=kind`` gets it for ``module``, None for the
+    autograd step; ``fused`` on a model it cannot run is an error."""
+    layers = mlp_layers(module) if kind != "autograd" else None
+    if layers is None and kind == "fused":
+        raise UserError(f"optim.step=fused needs an MLP (linear layers with sigmoid, relu or tanh "
+                        f"between them); this model is a {type(module).__name__}: use "
+                        "optim.step=auto")
+    return layers
+
+
+def step_kind(module: nn.Module, kind: str) -> str:
+    """Which step (``fused`` or ``autograd``) :func:`build_step` gives ``module`` under
+    ``optim.step=kind``: what a run's summary reports."""
+    return "fused" if _fused_layers(module, kind) is not None else "autograd"
+
+
 def build_step(kind: str, flat: FlatModel, optim: OptimConfig, task: str) -> Step:
     """The step ``optim.step`` (one of ``config.schema.STEP_KINDS``) asks for: ``fused`` where
     the model allows it under ``auto``."""
     sgd = SGD(optim, flat)
-    layers = mlp_layers(flat.module) if kind != "autograd" else None
+    layers = _fused_layers(flat.module, kind)
     if layers is not None:
         return FusedMlpStep(flat, sgd, task, layers)
-    if kind == "fused":
-        raise UserError(f"optim.step=fused needs an MLP (linear layers with sigmoid, relu or tanh "
-                        f"between them); this model is a {type(flat.module).__name__}: use "
-                        "optim.step=auto")
     return AutogradStep(flat, sgd, task)

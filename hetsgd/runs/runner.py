@@ -31,6 +31,7 @@ from hetsgd.engines.shared_memory.coordinator import Training
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.shared_memory.snapshots import Snapshot
 from hetsgd.errors import UserError
+from hetsgd.model.step import step_kind
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
 from hetsgd.observe.progress import TrainingProgress
@@ -197,10 +198,15 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         summary["dataset_source"] = data.source
         summary["synthetic"] = data.synthetic
         summary["scaling"] = data.scaling
+        if data.class_names is not None:  # text labels, numbered in sorted order
+            summary["classes"] = list(data.class_names)
         log.info("%s on %s, %d worker(s): %s", cfg.algo.name, data.summary_line(), len(specs),
                  ", ".join(f"{group}: {count} x {kind}"
                            for (group, kind), count in _worker_groups(specs).items()))
         master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
+        # which step the workers take: fused only where it computes the model's own forward
+        summary["plan"] = {**plan.settled, "step": step_kind(
+            data.problem.build_model(cfg.model, cfg.seed), cfg.optim.step)}
         out.write_summary({**summary, **running})  # what recovery after a crash starts from
         with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
               RunJournal(out, specs) as journal):

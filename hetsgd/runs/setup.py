@@ -27,6 +27,8 @@ class RunData:
     source: str
     synthetic: bool
     scaling: str  # the feature scaling applied (dataset.scale=auto resolved per source)
+    # the names of classes 0..C-1 where the data gives them (text labels, image subfolders)
+    class_names: tuple[str, ...] | None = None
 
     def summary_line(self) -> str:
         """For the log: what the run trains on."""
@@ -45,7 +47,7 @@ def load_run_data(cfg: RunConfig, progress: bool,
     check_fills_a_batch(dataset.num_train, workers)
     return RunData(Problem.of(dataset), arena.data(dataset.x_train, dataset.y_train),
                    arena.data(dataset.x_test, dataset.y_test), dataset.name,
-                   dataset.source, dataset.synthetic, dataset.scaling)
+                   dataset.source, dataset.synthetic, dataset.scaling, dataset.class_names)
 
 
 def check_fills_a_batch(num_train: int, workers: Sequence[WorkerSpec]) -> None:

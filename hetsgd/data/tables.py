@@ -1,0 +1,337 @@
+"""Your own data in a file (``dataset=files``): ``.npz``, a ``.npy`` pair, CSV, Parquet or LIBSVM.
+
+The format is ``dataset.format``, else the file's suffix: ``.npz``, ``.npy``, ``.csv``,
+``.parquet`` (or ``.pq``); anything else is LIBSVM, read by :mod:`hetsgd.data.libsvm` as
+``dataset=libsvm`` reads it (and, with ``dataset.scale=auto``, left unscaled as it leaves it). A
+CSV or LIBSVM file may be compressed (``.gz``, ``.bz2``, ``.xz``); binary formats are read in
+place, uncompressed. ``dataset.test_path`` is a test file of the same format whose rows are the
+test part; without it, :mod:`hetsgd.data.prepare` splits a seeded stratified part off.
+
+Features are numbers: a table's cell that is not one, or a value that is NaN or infinite, is one
+UserError naming the file, the row (a table's counted from 1 after its header; an array's by its
+index) and the column. Labels are numbers, encoded as every source encodes them, or text, the
+classes then numbered 0..C-1 in sorted order of their names, which are kept
+(``Parsed.class_names``).
+
+Cache: text parses slowly (pandas reads a CSV at tens of MB/s), so CSV and LIBSVM arrays go
+through the parsed cache; binary files read at disk speed, and a cached copy would be checked
+(its CRC-32) about as fast as the file itself is read while doubling the disk it takes, so
+``.npz``, ``.npy`` and Parquet are read from the file each time.
+
+Memory: ``.npy`` features are memory-mapped and read a block of rows at a time, so the prepared
+copy is the only private whole one (the mapped pages are the file's, which the kernel may drop);
+an ``.npz`` array or a table is read whole, as every source holds its parsed arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hetsgd.config import DatasetConfig
+from hetsgd.config.schema import FilesConfig
+from hetsgd.data.cache import existing_file, load_or_parse, strip_compression
+from hetsgd.data.dataset import Parsed, Rows, row_blocks
+from hetsgd.data.download_progress import status
+from hetsgd.data.files import COMPRESSIONS, open_data
+from hetsgd.data.labels import encode_named
+from hetsgd.data.libsvm import read_libsvm
+from hetsgd.data.source import Source
+from hetsgd.errors import UserError
+
+_SUFFIXES = {".npz": "npz", ".npy": "npy", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+_CACHED = ("csv", "libsvm")  # text: slow to parse
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0}
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def file_format(path: Path, wanted: str) -> str:
+    """``dataset.format``, with ``auto`` read off the suffix (under any compression suffix)."""
+    if wanted != "auto":
+        return wanted
+    return _SUFFIXES.get(Path(strip_compression(path.name)).suffix.lower(), "libsvm")
+
+
+def one_line(exc: Exception) -> str:
+    """A parser's message on one line (pandas' and numpy's may span several)."""
+    return " ".join(str(exc).split())
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One file's features and raw labels, and how errors name its cells."""
+
+    x: Rows
+    y: np.ndarray
+    where: str
+    cell: Callable[[int, int], str]  # (row index, column index) -> "row 3, column 'p7'"
+    columns: tuple[str, ...] = ()  # a table's feature columns, in the order of x
+
+
+def check_finite(part: _Part) -> None:
+    """Every feature a finite number, checked a block of rows at a time (a memory-mapped
+    ``.npy`` is never read whole); the first that is not is named."""
+    if part.x.dtype.kind != "f":
+        return
+    for start, stop in row_blocks(part.x):
+        block = part.x[start:stop]
+        bad = ~np.isfinite(block)
+        if bad.any():
+            row, column = (int(i) for i in np.argwhere(bad)[0])
+            raise UserError(f"{part.where}: {part.cell(start + row, column)} is "
+                            f"{block[row, column]}, not a finite number")
+
+
+def _labels(values: np.ndarray, where: str, cell: Callable[[int], str]) -> np.ndarray:
+    """Raw labels, one per row, every one present (and finite where they are numbers)."""
+    values = np.asarray(values)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values.ravel()
+    if values.ndim != 1:
+        raise UserError(f"{where}: labels must be one per row, not of shape {values.shape}")
+    missing = (~np.isfinite(values) if values.dtype.kind == "f"
+               else pd.isna(values) if values.dtype.kind == "O" else np.zeros(len(values), bool))
+    if missing.any():
+        row = int(np.argmax(missing))
+        raise UserError(f"{where}: {cell(row)} has no label ({values[row]!r})")
+    return values
+
+
+def _parsed(parts: list[_Part], task: str, source: str) -> Parsed:
+    """Train (and test) parts checked and their labels encoded together."""
+    for part in parts:
+        if part.x.shape[0] == 0:
+            raise UserError(f"{part.where} holds no examples")
+        if part.x.shape[0] != len(part.y):
+            raise UserError(f"{part.where}: {part.x.shape[0]} rows of features but "
+                            f"{len(part.y)} labels")
+        check_finite(part)
+    train, test = parts[0], (parts[1:] or [None])[0]
+    if test is not None and test.x.shape[1] != train.x.shape[1]:
+        raise UserError(f"{test.where} has {test.x.shape[1]} features; {train.where} has "
+                        f"{train.x.shape[1]}")
+    where = " and ".join(part.where for part in parts)
+    task, num_classes, ys, names = encode_named([part.y for part in parts], task, where)
+    return Parsed(task, num_classes, train.x, ys[0], test.x if test is not None else None,
+                  ys[1] if test is not None else None, source, class_names=names)
+
+
+# --------------------------------------------------------------------------------------------
+# arrays: .npz, .npy
+# --------------------------------------------------------------------------------------------
+
+
+def _features(x: np.ndarray, where: str) -> np.ndarray:
+    """Numeric features as [rows, features]; higher ranks (images) are flattened per row."""
+    if x.dtype.kind not in "biuf":
+        raise UserError(f"{where}: features must be numbers, not of dtype {x.dtype}")
+    if x.ndim < 2:
+        raise UserError(f"{where}: features must be [rows, features], not of shape {x.shape}")
+    return x if x.ndim == 2 else x.reshape(len(x), -1)
+
+
+def _array_part(x: np.ndarray, y: np.ndarray, where: str, x_name: str, y_name: str) -> _Part:
+    return _Part(_features(x, where), _labels(y, where, lambda row: f"{y_name}[{row}]"), where,
+                 lambda row, column: f"{x_name}[{row}, {column}]")
+
+
+def read_npz(path: Path, x_name: str, y_name: str) -> _Part:
+    with open_data(path, decompress=False) as f:
+        if f.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+            raise UserError(f"{path} is not an .npz archive (a single array is read as .npy, "
+                            "with its labels in dataset.labels_path)")
+        f.seek(0)
+        try:
+            with np.load(f, allow_pickle=False) as archive:
+                for name, key in ((x_name, "x_array"), (y_name, "y_array")):
+                    if name not in archive.files:
+                        raise UserError(f"{path} has no array {name!r} (dataset.{key}); it "
+                                        f"holds: {', '.join(archive.files) or 'nothing'}")
+                x, y = archive[x_name], archive[y_name]
+        except (ValueError, OSError, EOFError) as exc:  # zipfile.BadZipFile is an OSError
+            raise UserError(f"cannot read {path} as .npz: {one_line(exc)}") from exc
+    return _array_part(x, y, str(path), x_name, y_name)
+
+
+def map_npy(path: Path) -> np.ndarray:
+    """The array of an ``.npy`` file memory-mapped read-only, from the descriptor that
+    ``open_data`` checked: rows are read from disk only as they are used."""
+    with open_data(path, decompress=False) as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            if version not in _NPY_HEADERS:
+                raise ValueError(f"unsupported .npy version {version}")
+            shape, fortran_order, dtype = _NPY_HEADERS[version](f)
+            if dtype.hasobject:
+                raise ValueError("it holds Python objects, which are not read (no pickles)")
+            if 0 in shape:
+                return np.empty(shape, dtype)
+            return np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape,
+                             order="F" if fortran_order else "C")
+        except ValueError as exc:
+            raise UserError(f"cannot read {path} as .npy: {one_line(exc)}") from exc
+
+
+def load_npy(path: Path) -> np.ndarray:
+    """A small ``.npy`` (labels) read whole, without pickles."""
+    with open_data(path, decompress=False) as f:
+        try:
+            np.lib.format.read_magic(f)  # else np.load takes any other file for a pickle
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+        except (ValueError, EOFError) as exc:
+            raise UserError(f"cannot read {path} as .npy: {one_line(exc)}") from exc
+
+
+def read_npy_pair(features: Path, labels: Path) -> _Part:
+    return _array_part(map_npy(features), load_npy(labels), f"{features} (labels {labels})",
+                       "x", "y")
+
+
+# --------------------------------------------------------------------------------------------
+# tables: CSV, Parquet
+# --------------------------------------------------------------------------------------------
+
+
+def read_frame(path: Path, fmt: str) -> pd.DataFrame:
+    """The whole table: a CSV through pandas' parser (its first line the header), a Parquet file
+    through pyarrow."""
+    if fmt == "csv":
+        with open_data(path, text=True) as f:
+            try:
+                return pd.read_csv(f)
+            except ValueError as exc:  # pandas' ParserError and EmptyDataError, bad encodings
+                raise UserError(f"cannot parse {path} as CSV: {one_line(exc)}") from exc
+    try:
+        import pyarrow
+    except ImportError:
+        raise UserError("reading Parquet needs pyarrow: pip install 'hetsgd[tables]'") from None
+    with open_data(path, decompress=False) as f:
+        try:
+            return pd.read_parquet(f, engine="pyarrow")
+        except (ValueError, pyarrow.ArrowException) as exc:
+            raise UserError(f"cannot read {path} as Parquet: {one_line(exc)}") from exc
+
+
+def _numeric(column: pd.Series, path: Path, label: str) -> pd.Series:
+    """A feature column as numbers, or a UserError naming its first cell that is not one."""
+    if pd.api.types.is_numeric_dtype(column) and not isinstance(column.dtype, pd.CategoricalDtype):
+        return column
+    values = column.astype(object)
+    numbers = pd.to_numeric(values, errors="coerce")
+    bad = (numbers.isna() & values.notna()).to_numpy()
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise UserError(f"{path}: row {row + 1}, column {column.name!r} holds "
+                        f"{values.iloc[row]!r}, not a number (every column but "
+                        f"dataset.label={label!r} is a feature)")
+    return numbers
+
+
+def read_table(path: Path, fmt: str, label: str, columns: tuple[str, ...] | None = None) -> _Part:
+    """A table's ``label`` column as the labels, every other column a numeric feature (in the
+    order of ``columns``, the training file's, where given), written column by column into one
+    float32 array."""
+    frame = read_frame(path, fmt)
+    frame.columns = [str(name) for name in frame.columns]
+    if label not in frame.columns:
+        raise UserError(f"{path} has no column {label!r} (dataset.label); its columns: "
+                        f"{', '.join(frame.columns) or 'none'}")
+    features = tuple(name for name in frame.columns if name != label)
+    if not features:
+        raise UserError(f"{path} has no feature column besides dataset.label={label!r}")
+    if columns is not None and set(features) != set(columns):
+        differ = sorted(set(features) ^ set(columns))
+        raise UserError(f"{path}'s feature columns are not the training file's (differing: "
+                        f"{', '.join(differ)})")
+    order = columns or features
+    x = np.empty((len(frame), len(order)), np.float32)
+    for j, name in enumerate(order):
+        x[:, j] = _numeric(frame[name], path, label)
+    y = _labels(frame[label].to_numpy(), str(path), lambda row: f"row {row + 1}")
+    return _Part(x, y, str(path), lambda row, column: f"row {row + 1}, column {order[column]!r}",
+                 order)
+
+
+# --------------------------------------------------------------------------------------------
+# the source
+# --------------------------------------------------------------------------------------------
+
+
+def _check_options(cfg: FilesConfig, fmt: str, paths: list[Path]) -> None:
+    """Options the format would ignore, compressed binaries and mixed formats: one line each."""
+    if cfg.labels_path and fmt != "npy":
+        raise UserError(f"dataset.labels_path is for .npy features; {paths[0]} is read as {fmt}")
+    if cfg.test_labels_path and not (fmt == "npy" and cfg.test_path):
+        raise UserError("dataset.test_labels_path is for the labels of a .npy dataset.test_path")
+    for path in paths:
+        if fmt not in _CACHED and path.suffix in COMPRESSIONS:
+            raise UserError(f"{path}: a compressed {fmt} file is not read; decompress it first")
+        if file_format(path, cfg.format) != fmt:
+            raise UserError(f"{path} is not of the training file's format ({fmt})")
+
+
+def _npy_labels(cfg: FilesConfig) -> list[Path]:
+    if not cfg.labels_path:
+        raise UserError(f"{cfg.path}: .npy features need their labels: "
+                        "dataset.labels_path=LABELS.npy")
+    if cfg.test_path and not cfg.test_labels_path:
+        raise UserError(f"{cfg.test_path}: .npy test features need their labels: "
+                        "dataset.test_labels_path=LABELS.npy")
+    return [existing_file(p) for p in (cfg.labels_path, cfg.test_labels_path) if p]
+
+
+def read_files(cfg: FilesConfig, paths: list[Path], fmt: str, source: str) -> Parsed:
+    """The train (and test) file of ``cfg`` in format ``fmt``, labels encoded for ``cfg.task``."""
+    if fmt == "libsvm":
+        return read_libsvm(paths[0], (paths[1:] or [None])[0], cfg.task, source)
+    if fmt == "npz":
+        parts = [read_npz(path, cfg.x_array, cfg.y_array) for path in paths]
+    elif fmt == "npy":
+        parts = [read_npy_pair(x, y) for x, y in zip(paths, _npy_labels(cfg))]
+    else:
+        train = read_table(paths[0], fmt, cfg.label)
+        parts = [train] + [read_table(path, fmt, cfg.label, train.columns) for path in paths[1:]]
+    return _parsed(parts, cfg.task, source)
+
+
+@dataclass(frozen=True)
+class Files(Source):
+    """The user's file as ``dataset.path`` (and ``dataset.test_path``)."""
+
+    def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
+        assert isinstance(cfg, FilesConfig), "dataset=files is composed into a FilesConfig"
+        if not cfg.path:
+            raise UserError("dataset=files needs dataset.path=FILE (.npz, .npy, .csv, .parquet "
+                            "or LIBSVM)")
+        paths = [existing_file(p) for p in (cfg.path, cfg.test_path) if p]
+        fmt = file_format(paths[0], cfg.format)
+        _check_options(cfg, fmt, paths)
+        source = f"{fmt} file {paths[0]}" + (f"; test: {paths[1]}" if len(paths) > 1 else "")
+
+        def parse() -> Parsed:
+            with status(f"reading {paths[0].name}", progress):
+                return read_files(cfg, paths, fmt, source)
+
+        if fmt not in _CACHED:
+            return parse()
+        return load_or_parse(self.name, paths, {"format": fmt, "label": cfg.label,
+                                                "task": cfg.task}, parse)
+
+    def cached(self) -> bool:
+        return True
+
+    def fetch(self, progress: bool) -> list[Path]:
+        raise UserError("the files source reads dataset.path=FILE; there is nothing to fetch")
+
+    def note(self) -> str:
+        return ("reads dataset.path=FILE: .npz, .npy (+ dataset.labels_path), .csv or .parquet "
+                "(dataset.label column), or LIBSVM")
+
+
+SOURCES = (Files("files", "your own data: an .npz, .npy, CSV, Parquet or LIBSVM file", "auto"),)

@@ -1,0 +1,157 @@
+"""A user's own ``nn.Module``, built from ``model._target_`` by ``hydra.utils.instantiate``.
+
+The factory (a function or an ``nn.Module`` class) gets ``model.kwargs``, and, where its
+signature takes them by name or through ``**kwargs``, what the data says: ``in_features``,
+``input_shape`` (the image's ``(C, H, W)`` on image sets, else ``(in_features,)``),
+``num_classes``, ``num_outputs`` (the width of the last layer: 1 for a binary task, else the
+classes) and ``task`` (``binary``, ``multiclass`` or ``multilabel``). A kwarg the user gives wins.
+
+Like every model here, a custom one receives a flat batch ``[B, in_features]`` (a sparse CSR
+tensor on a sparse dataset) and must return logits ``[B, num_outputs]``: an image model reshapes
+the batch itself, e.g. with ``nn.Unflatten(1, input_shape)`` as its first layer, as the in-tree
+ones do. Every process (workers, ranks, the evaluator) builds the model from the config under
+the same seed, so the factory must draw its initial weights from torch's global generator only.
+
+Every engine keeps the model in one float32 vector: floating parameters and buffers of another
+precision are converted with ``.float()``; a model with other (complex, integer) parameters is
+refused. Before training, one forward pass on two zero examples checks the output's shape, so a
+wrong model is one error line naming the target instead of a traceback in a worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from torch import nn
+
+from hetsgd.config.schema import CustomModelConfig
+from hetsgd.errors import UserError
+
+PROBE_BATCH = 2
+
+
+def data_arguments(num_features: int, num_outputs: int, image_shape: tuple[int, ...] | None,
+                   task: str) -> dict[str, Any]:
+    """What the data says about the model, under the names a factory may take."""
+    return {"in_features": num_features,
+            "input_shape": tuple(image_shape) if image_shape is not None else (num_features,),
+            "num_classes": 2 if task == "binary" else num_outputs,
+            "num_outputs": num_outputs,
+            "task": task}
+
+
+def _locate(target: str) -> Any:
+    """The object ``target`` names: its longest importable module prefix, then attributes (as
+    Hydra resolves a ``_target_``), or a one-line error saying why it cannot be found."""
+    parts = target.split(".")
+    if len(parts) < 2 or not all(parts):
+        raise UserError(f"model._target_={target}: not a dotted path PKG.MODULE.FACTORY")
+    for i in range(len(parts) - 1, 0, -1):
+        name = ".".join(parts[:i])
+        try:
+            obj = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and f"{name}.".startswith(f"{exc.name}."):
+                continue  # this prefix is no module: a shorter one may be
+            raise _raised(target, exc, f"importing {name}") from None
+        except Exception as exc:
+            raise _raised(target, exc, f"importing {name}") from None
+        for attribute in parts[i:]:
+            if not hasattr(obj, attribute):
+                raise UserError(f"model._target_={target}: {name} has no attribute {attribute!r}")
+            obj, name = getattr(obj, attribute), f"{name}.{attribute}"
+        return obj
+    raise UserError(f"model._target_={target}: no module named {parts[0]!r}; is its package on "
+                    "PYTHONPATH?")
+
+
+def _accepted(factory: Any, offered: dict[str, Any]) -> dict[str, Any]:
+    """The part of ``offered`` that ``factory``'s signature takes by name (all of it with
+    ``**kwargs``); nothing where the signature cannot be read."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return offered
+    named = {p.name for p in parameters
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return {name: value for name, value in offered.items() if name in named}
+
+
+def _check_parameters(target: str, module: nn.Module) -> None:
+    params = list(module.named_parameters())
+    if not params:
+        raise UserError(f"model._target_={target}: the {type(module).__name__} it returns has no "
+                        "parameters to train")
+    for name, param in params:
+        if param.dtype != torch.float32:
+            raise UserError(f"model._target_={target}: parameter {name!r} is {param.dtype}; "
+                            "hetsgd trains real floating-point parameters (kept as float32)")
+
+
+def _probe(target: str, module: nn.Module, num_features: int, num_outputs: int,
+           task: str) -> None:
+    """One forward on two zero examples, in training mode, its output's shape checked; the
+    buffers (BatchNorm's running statistics) are restored afterwards."""
+    device = next(module.parameters()).device
+    saved = [buffer.clone() for buffer in module.buffers()]
+    try:
+        with torch.no_grad():
+            out = module(torch.zeros(PROBE_BATCH, num_features, device=device))
+    except Exception as exc:
+        raise UserError(f"model._target_={target}: its forward on a batch [{PROBE_BATCH}, "
+                        f"{num_features}] raised {type(exc).__name__}: {exc}"
+                        .replace("\n", " ")) from None
+    finally:
+        with torch.no_grad():
+            for buffer, value in zip(module.buffers(), saved):
+                buffer.copy_(value)
+    expected = (PROBE_BATCH, num_outputs)
+    if isinstance(out, torch.Tensor) and tuple(out.shape) == expected:
+        return
+    got = (f"[{', '.join(map(str, out.shape))}] logits" if isinstance(out, torch.Tensor)
+           else f"a {type(out).__name__}")
+    needs = ("the task is binary, so the model must return 1 logit per example, [B, 1]"
+             if task == "binary" else
+             f"the data has {num_outputs} {'labels' if task == 'multilabel' else 'classes'}, "
+             f"so the model must return [B, {num_outputs}]")
+    raise UserError(f"model._target_={target}: on a batch [{PROBE_BATCH}, {num_features}] it "
+                    f"returns {got}; {needs}")
+
+
+def _raised(target: str, exc: BaseException, doing: str = "building it") -> UserError:
+    return UserError(f"model._target_={target}: {doing} raised {type(exc).__name__}: {exc}"
+                     .replace("\n", " "))
+
+
+def build_custom(cfg: CustomModelConfig, num_features: int, num_outputs: int,
+                 image_shape: tuple[int, ...] | None, task: str) -> nn.Module:
+    """The user's module, checked: float32 parameters, logits ``[B, num_outputs]``. Seeding is
+    the caller's (``build_model``)."""
+    target = cfg._target_
+    factory = _locate(target)
+    offered = data_arguments(num_features, num_outputs, image_shape, task)
+    given = {name: value for name, value in _accepted(factory, offered).items()
+             if name not in cfg.kwargs}
+    try:  # the user's kwargs go through Hydra (nested _target_s are built too); ours stay tuples
+        build = instantiate({"_target_": target, "_partial_": True, "_convert_": "all",
+                             **cfg.kwargs})
+    except InstantiationException as exc:
+        raise _raised(target, exc.__cause__ if exc.__cause__ is not None else exc) from None
+    try:
+        module = build(**given)
+    except Exception as exc:
+        raise _raised(target, exc) from None
+    if not isinstance(module, nn.Module):
+        raise UserError(f"model._target_={target}: it returns a {type(module).__name__}, not an "
+                        "nn.Module")
+    module.float()
+    _check_parameters(target, module)
+    _probe(target, module, num_features, num_outputs, task)
+    return module

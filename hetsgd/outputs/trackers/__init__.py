@@ -1,0 +1,52 @@
+"""Trackers (`logger=tensorboard`, `logger=mlflow`, or both): like the figures, a view of a
+finished run directory, logged by the coordinator once the run has written it, never while it
+trains. A tracker that fails (a server down, a full disk) costs one warning and its own output,
+never the run: its status and files are already written, and the warning lands in the run's
+``cli.log`` with everything else the command logged."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import cast
+
+from omegaconf import DictConfig, OmegaConf
+
+from hetsgd.config.schema import LoggersConfig
+
+log = logging.getLogger("hetsgd")
+
+
+def _cause(exc: BaseException) -> str:
+    """The exception on one line, with the install that a missing tracker package needs."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    cause = f"{type(exc).__name__}: {' '.join(lines)[:500]}" if lines else type(exc).__name__
+    return cause + (" (pip install 'hetsgd[tracking]')" if isinstance(exc, ImportError) else "")
+
+
+def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
+    """Log the run in ``run_dir`` to each tracker ``loggers`` chooses."""
+    from hetsgd.outputs.trackers.record import read_run
+
+    try:
+        chosen = (loggers if isinstance(loggers, LoggersConfig)
+                  else cast(LoggersConfig, OmegaConf.to_object(loggers)))
+        record = read_run(run_dir)
+    except Exception as exc:  # noqa: BLE001 - the run is written; say why it is not tracked
+        log.warning("trackers: could not read the run in %s: %s", run_dir, _cause(exc))
+        return
+    if chosen.tensorboard is not None:
+        try:
+            from hetsgd.outputs.trackers.tensorboard_events import write_events
+
+            write_events(record, chosen.tensorboard)
+        except Exception as exc:  # noqa: BLE001 - costs the event files, never the run
+            log.warning("tensorboard: could not log the run in %s: %s", run_dir, _cause(exc))
+    if chosen.mlflow is not None:
+        try:
+            from hetsgd.outputs.trackers.mlflow_runs import log_run
+
+            log_run(record, chosen.mlflow)
+        except Exception as exc:  # noqa: BLE001 - costs the MLflow run, never the run
+            log.warning("mlflow: could not log the run in %s to %s: %s", run_dir,
+                        chosen.mlflow.tracking_uri, _cause(exc))

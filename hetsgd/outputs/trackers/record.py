@@ -1,0 +1,144 @@
+"""What a tracker logs of one finished run, read from its run directory alone (the layout in
+docs/architecture.md), so that every tracker logs the same numbers the report and figures show.
+
+Each snapshot (a row of ``convergence.csv``) is logged at step = its row number (0: the initial
+model) and at wall time = the run's start + its ``time_s``; each utilization sample at step = its
+row number. Step is the snapshot's number rather than its updates so that it rises strictly, as
+trackers expect; updates, epochs and examples are series of their own. The run's start is not
+written down: it is the time ``workers.csv`` was written last (as training ended) less the
+training time, which is exact to the time between the end of training and that write.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from hetsgd.outputs.index import CONFIG, MULTIRUN, override_key, read_overrides, read_summary
+from hetsgd.outputs.run_directory import SUMMARY
+
+#: convergence.csv's columns and the series they are logged as; ``updates_<group>`` is
+#: ``updates/<group>`` and any other column keeps its name.
+CONVERGENCE_SERIES = {"train_loss": "train/loss", "test_loss": "test/loss",
+                      "test_acc": "test/accuracy", "updates": "updates/total",
+                      "epoch": "progress/epoch"}
+#: Utilization columns left out: one per core, as many as the machine has; the run-wide CPU
+#: series and the figure cover them.
+PER_CORE = re.compile(r"cpu\d+_percent")
+IDENTITY = ("algo", "dataset", "model", "devices", "seed", "status")
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    time: float  # wall-clock seconds since the epoch
+    value: float
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as the trackers log it."""
+
+    run_dir: Path
+    sweep: str | None  # the sweep's folder name, for a sweep's job
+    status: str
+    started: float  # wall-clock seconds at the run's time 0
+    ended: float  # when its summary was written
+    params: dict[str, str]  # the resolved config, flattened to dotted keys
+    tags: dict[str, str]  # identity and status, then the values this job's sweep varies
+    series: dict[str, list[Point]]
+    figures: list[Path]
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    def final(self, series: str) -> float | None:
+        points = self.series.get(series)
+        return points[-1].value if points else None
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
+    """``{"optim": {"lr": 0.1}}`` -> ``{"optim.lr": "0.1"}``; values other than text are written
+    as JSON (``null``, ``true``, ``[64, 32]``), as one would type them in an override."""
+    if isinstance(tree, dict):
+        flat: dict[str, str] = {}
+        for key, value in tree.items():
+            flat.update(flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: tree if isinstance(tree, str) else json.dumps(tree)}
+
+
+def swept_values(run_dir: Path) -> dict[str, str]:
+    """The values of the keys the job's sweep varies, as the job's overrides set them (``{}`` for
+    a run outside a sweep). The sweep's overrides are in ``multirun.yaml`` beside its job folders:
+    those on the command line and the sweeper's params (an experiment's)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    file = run_dir.parent / MULTIRUN
+    if not file.is_file():
+        return {}
+    hydra = (yaml.safe_load(file.read_text()) or {}).get("hydra") or {}
+    listed = [str(o) for o in (hydra.get("overrides") or {}).get("task") or []]
+    params = (hydra.get("sweeper") or {}).get("params") or {}
+    listed += [f"{key}={value}" for key, value in params.items()]
+    parser = OverridesParser.create()
+    swept = {override_key(text) for text in listed
+             if parser.parse_override(text).is_sweep_override()}
+    job = (o.split("=", 1) for o in read_overrides(run_dir) if "=" in o)
+    return {override_key(key): value for key, value in job if override_key(key) in swept}
+
+
+def _points(frame: pd.DataFrame, column: str, started: float) -> list[Point]:
+    """The column's numbers; an empty cell (NaN) has nothing to draw and is left out."""
+    return [Point(step, started + float(time_s), float(value))
+            for step, (time_s, value) in enumerate(zip(frame["time_s"], frame[column]))
+            if not math.isnan(value)]
+
+
+def _table(run_dir: Path, name: str) -> pd.DataFrame:
+    file = run_dir / f"{name}.csv"
+    if not file.is_file():
+        return pd.DataFrame({"time_s": []})
+    return pd.read_csv(file).apply(pd.to_numeric, errors="coerce")
+
+
+def _series(run_dir: Path, summary: dict[str, Any], started: float) -> dict[str, list[Point]]:
+    conv = _table(run_dir, "convergence")
+    series = {CONVERGENCE_SERIES.get(column) or re.sub(r"^updates_", "updates/", column):
+              _points(conv, column, started) for column in conv.columns if column != "time_s"}
+    if "epoch" in conv and summary.get("epochs") and summary.get("examples"):
+        # the summary's epochs are its examples / the training examples, as each row's epoch
+        per_epoch = summary["examples"] / summary["epochs"]
+        series["progress/examples"] = [Point(p.step, p.time, round(p.value * per_epoch))
+                                       for p in series["progress/epoch"]]
+    util = _table(run_dir, "utilization")
+    series.update({f"utilization/{column}": _points(util, column, started)
+                   for column in util.columns
+                   if column != "time_s" and not PER_CORE.fullmatch(column)})
+    return series
+
+
+def read_run(run_dir: Path) -> RunRecord:
+    """The run in ``run_dir``, once its summary is final."""
+    run_dir = Path(run_dir)
+    summary = read_summary(run_dir)
+    ended = (run_dir / SUMMARY).stat().st_mtime
+    trained = run_dir / "workers.csv"
+    started = (trained.stat().st_mtime if trained.is_file() else ended) - (summary.get("time_s")
+                                                                              or 0.0)
+    config = yaml.safe_load((run_dir / CONFIG).read_text()) if (run_dir / CONFIG).is_file() else {}
+    tags = {key: str(summary[key]) for key in IDENTITY if summary.get(key) is not None}
+    sweep = run_dir.parent.name if (run_dir.parent / MULTIRUN).is_file() else None
+    return RunRecord(run_dir=run_dir, sweep=sweep, status=summary["status"], started=started,
+                     ended=ended, params=flatten(config or {}),
+                     tags={**tags, **swept_values(run_dir)},
+                     series=_series(run_dir, summary, started),
+                     figures=sorted((run_dir / "figures").glob("*.png")))

@@ -1,0 +1,111 @@
+"""hetsgd from Python (hetsgd/api.py): the same run as the command line's, read back typed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import hetsgd
+from hetsgd.errors import UserError
+from hetsgd.outputs.summary import Losses, RunSummary
+
+# seeded and bounded in epochs, so two runs of it take the same steps and end the same
+SEEDED = ("algo=sync", "dataset=digits", "model=logreg", "budget.epochs=1", "budget.seconds=null",
+          "eval.every_s=10", "eval.every_epochs=0.5", "seed=3", "progress=false")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("api") / "results"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HETSGD_RESULTS", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def from_python(results: Path) -> hetsgd.RunResult:
+    return hetsgd.run(*SEEDED)
+
+
+@pytest.mark.integration
+def test_run_from_python_is_the_command_lines_run(from_python: hetsgd.RunResult,
+                                                  results: Path) -> None:
+    shell = subprocess.run([sys.executable, "-m", "hetsgd", "run", *SEEDED], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "HETSGD_RESULTS": str(results)})
+    assert shell.returncode == 0, shell.stderr
+    (shell_dir,) = [d for d in (results / "runs").iterdir() if d != from_python.run_dir]
+    by_shell = json.loads((shell_dir / "summary.json").read_text())
+    assert from_python.exit_code == 0 and from_python.status == "completed"
+    summary = from_python.summary
+    assert (summary.algo, summary.dataset, summary.model, summary.seed) == ("sync", "digits",
+                                                                            "logreg", 3)
+    for field in ("updates", "examples", "epochs", "updates_by_group", "plan", "mix", "scaling"):
+        value = getattr(summary, field) if hasattr(summary, field) else summary.extra[field]
+        assert value == by_shell[field], field
+    for when in ("initial", "final"):
+        assert getattr(summary, when) == Losses(**by_shell[when]), when
+    # the snapshots between are taken when the coordinator looks (time-dependent); the ends are not
+    shell_curve = pd.read_csv(shell_dir / "convergence.csv").drop(columns="time_s")
+    curve = from_python.convergence.drop(columns="time_s")
+    for row in (0, -1):
+        pd.testing.assert_series_equal(curve.iloc[row], shell_curve.iloc[row], check_names=False)
+
+
+@pytest.mark.integration
+def test_load_reads_a_run_back(from_python: hetsgd.RunResult) -> None:
+    loaded = hetsgd.load(from_python.run_dir)
+    assert loaded.summary == from_python.summary
+    assert loaded.exit_code is None
+    assert loaded.summary.run_dir == str(from_python.run_dir)
+    for table in ("convergence", "utilization", "workers"):
+        pd.testing.assert_frame_equal(getattr(loaded, table),
+                                      pd.read_csv(from_python.run_dir / f"{table}.csv"))
+    assert len(loaded.convergence) >= 2  # the start and the end at least
+    assert loaded.summary.final.train_loss < loaded.summary.initial.train_loss
+
+
+@pytest.mark.integration
+def test_a_failed_run_is_a_result_with_its_exit_status(results: Path) -> None:
+    failed = hetsgd.run("optim.lr=-1", "progress=false")
+    assert failed.exit_code == 1 and failed.status == "failed"
+    assert "optim.lr" in failed.summary.error
+    assert failed.convergence is None and failed.summary.final is None
+
+
+def test_overrides_that_compose_no_run_raise_the_one_line_error(results: Path) -> None:
+    with pytest.raises(UserError, match=r"^no config 'algo/nope': choose one of .*sync"):
+        hetsgd.run("algo=nope")
+
+
+@pytest.mark.integration
+def test_sweep_reads_back_each_job_in_order(results: Path) -> None:
+    swept = hetsgd.sweep("seed=0,1", "budget.epochs=0.5", "budget.seconds=null", "progress=false")
+    assert swept.exit_code == 0
+    assert [run.summary.seed for run in swept.runs] == [0, 1]
+    assert all(run.status == "completed" for run in swept.runs)
+    assert (swept.sweep_dir / "report.md").is_file()
+
+
+def test_load_of_no_directory_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no such run directory"):
+        hetsgd.load(tmp_path / "absent")
+
+
+def test_a_summary_keeps_what_it_does_not_name() -> None:
+    summary = RunSummary.from_dict({"status": "completed", "adaptive": {"max_gpu_batch": 64},
+                                    "final": {"train_loss": 1.0, "test_loss": 2.0,
+                                              "test_acc": 0.5}})
+    assert summary.extra == {"adaptive": {"max_gpu_batch": 64}}
+    assert summary.final == Losses(1.0, 2.0, 0.5) and summary.algo is None
+
+
+def test_importing_hetsgd_loads_no_training_stack() -> None:
+    code = "import sys, hetsgd; print(sorted(m for m in ('torch', 'hetsgd.cli') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr

@@ -1,0 +1,233 @@
+"""Trackers log what the run directory holds, the same numbers: TensorBoard's event files and
+MLflow's runs read back equal convergence.csv; a sweep is one experiment, a run per job tagged
+with its swept values; a tracker that cannot log costs a warning, never the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner, Result
+
+from hetsgd.cli import app
+from hetsgd.config.schema import LoggersConfig, MlflowConfig, TensorBoardConfig
+from hetsgd.outputs.index import MULTIRUN, OVERRIDES
+from hetsgd.outputs.run_directory import SUMMARY
+from hetsgd.outputs.trackers import track
+from hetsgd.outputs.trackers.record import flatten, read_run, swept_values
+
+SHORT = ("budget.epochs=null", "eval.every_s=0.25", "progress=false")
+
+
+def _hetsgd(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One results folder for the module, so that its one SQLite store is created once."""
+    path = tmp_path_factory.mktemp("results")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HETSGD_RESULTS", str(path))
+        patch.setenv("HETSGD_DATA", str(tmp_path_factory.mktemp("data")))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def tracked(results: Path) -> Path:
+    """A one-second run logged to both trackers at their defaults (under the results folder)."""
+    before = set(_runs(results))
+    result = _hetsgd("run", *SHORT, "budget.seconds=1", "logger=[tensorboard,mlflow]")
+    assert result.exit_code == 0, result.output
+    run_dir, = set(_runs(results)) - before
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def swept(results: Path) -> Path:
+    """A sweep of two half-second jobs, seeds 0 and 1, logged to MLflow."""
+    result = _hetsgd("run", "-m", "seed=0,1", *SHORT, "budget.seconds=0.5", "logger=mlflow")
+    assert result.exit_code == 0, result.output
+    sweep_dir, = (results / "sweeps").iterdir()
+    return sweep_dir
+
+
+def _runs(results: Path) -> list[Path]:
+    return list((results / "runs").iterdir()) if (results / "runs").is_dir() else []
+
+
+def _client(results: Path):  # noqa: ANN202 - mlflow loads only in the tests that need it
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+
+
+def _convergence(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "convergence.csv")
+
+
+@pytest.mark.integration
+def test_tensorboard_events_hold_every_snapshot_of_convergence_csv(results: Path,
+                                                                  tracked: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(results / "tensorboard" / tracked.name),
+                              size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    conv = _convergence(tracked)
+    loss = events.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(len(conv)))
+    np.testing.assert_allclose([e.value for e in loss], conv["train_loss"], rtol=1e-6)
+    times = np.array([e.wall_time for e in loss])
+    np.testing.assert_allclose(times - times[0], conv["time_s"] - conv["time_s"][0], atol=1e-3)
+    assert len(events.Scalars("updates/cpu")) == len(conv)
+    assert {"test/accuracy", "progress/examples",
+            "utilization/workers_cpu_percent"} <= set(events.Tags()["scalars"])
+    assert {f"figures/{png.stem}" for png in (tracked / "figures").glob("*.png")} == set(
+        events.Tags()["images"]) != set()
+
+
+@pytest.mark.integration
+def test_mlflow_run_holds_the_config_the_metrics_and_the_figures(results: Path,
+                                                                 tracked: Path) -> None:
+    client = _client(results)
+    experiment = client.get_experiment_by_name("hetsgd")
+    run, = client.search_runs([experiment.experiment_id])
+    config = yaml.safe_load((tracked / "config.yaml").read_text())
+    assert run.data.params["optim.lr"] == json.dumps(config["optim"]["lr"])
+    assert run.data.params["algo.name"] == "sync"
+    assert run.data.tags["seed"] == "0" and run.data.tags["status"] == "completed"
+    assert run.info.run_name == tracked.name and run.info.status == "FINISHED"
+    conv = _convergence(tracked)
+    history = sorted(client.get_metric_history(run.info.run_id, "train/loss"),
+                     key=lambda m: m.step)
+    assert [m.step for m in history] == list(range(len(conv)))
+    np.testing.assert_allclose([m.value for m in history], conv["train_loss"], rtol=1e-12)
+    stamps = np.array([m.timestamp for m in history])
+    np.testing.assert_allclose(stamps - stamps[0], 1000 * (conv["time_s"] - conv["time_s"][0]),
+                               atol=1.0)
+    summary = json.loads((tracked / SUMMARY).read_text())
+    examples = client.get_metric_history(run.info.run_id, "progress/examples")
+    assert max(m.value for m in examples) == summary["examples"]
+    figures = {f.path for f in client.list_artifacts(run.info.run_id, "figures")}
+    assert figures == {f"figures/{png.name}" for png in (tracked / "figures").glob("*.png")}
+
+
+@pytest.mark.integration
+def test_a_sweep_is_one_experiment_with_a_run_per_job_tagged_with_its_seed(results: Path,
+                                                                          swept: Path) -> None:
+    client = _client(results)
+    experiment = client.get_experiment_by_name(swept.name)
+    runs = client.search_runs([experiment.experiment_id])
+    jobs = sorted(d.name for d in swept.iterdir() if (d / SUMMARY).is_file())
+    assert sorted(r.info.run_name for r in runs) == jobs and len(jobs) == 2
+    assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"]
+    assert all("budget.seconds" not in r.data.tags for r in runs)  # set, not swept
+    assert not (results / "tensorboard").joinpath(swept.name).exists()  # mlflow only
+
+
+def test_swept_values_are_those_the_command_line_and_the_sweeper_vary(tmp_path: Path) -> None:
+    job = tmp_path / "sweep" / "3_+method=hogbatch,seed=1"
+    (job / ".hydra").mkdir(parents=True)
+    multirun = {"hydra": {"overrides": {"task": ["seed=0,1", "budget.seconds=2"]},
+                          "sweeper": {"params": {"+method": "hogwild,hogbatch", "optim.lr": 0.1}}}}
+    (job.parent / MULTIRUN).write_text(yaml.safe_dump(multirun))
+    (job / OVERRIDES).write_text(yaml.safe_dump(["seed=1", "budget.seconds=2",
+                                                 "+method=hogbatch", "optim.lr=0.1"]))
+    assert swept_values(job) == {"seed": "1", "method": "hogbatch"}
+    assert swept_values(tmp_path) == {}
+
+
+def test_flattened_config_keys_are_dotted_and_values_as_typed() -> None:
+    assert flatten({"optim": {"lr": 0.1, "momentum": None}, "model": {"hidden": [64, 32]},
+                    "algo": {"name": "sync", "fixed": True}, "plan": {}}) == {
+        "optim.lr": "0.1", "optim.momentum": "null", "model.hidden": "[64, 32]",
+        "algo.name": "sync", "algo.fixed": "true"}
+
+
+@pytest.mark.integration
+def test_an_unreachable_tracking_server_costs_a_warning_not_the_run(results: Path) -> None:
+    with socket.socket() as taken:  # bound, not listening: connections to it are refused
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        before, started = set(_runs(results)), time.monotonic()
+        result = _hetsgd("run", *SHORT, "budget.seconds=0.3", "logger=mlflow",
+                         f"logger.mlflow.tracking_uri=http://127.0.0.1:{port}")
+        assert time.monotonic() - started < 120
+    assert result.exit_code == 0, result.output
+    run_dir, = set(_runs(results)) - before
+    assert json.loads((run_dir / SUMMARY).read_text())["status"] == "completed"
+    warning, = (line for line in (run_dir / "cli.log").read_text().splitlines()
+                if "mlflow:" in line)
+    assert "WARNING" in warning
+    assert f"could not log the run in {run_dir} to http://127.0.0.1:{port}: " in warning
+
+
+@pytest.mark.integration
+def test_a_silent_tracking_server_costs_its_timeout(tracked: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as silent:  # accepts connections (the kernel does), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="hetsgd"):
+            track(tracked, LoggersConfig(mlflow=MlflowConfig(tracking_uri=uri, timeout_s=1)))
+        assert time.monotonic() - started < 10
+    warning, = (r.getMessage() for r in caplog.records)
+    assert warning.startswith(f"mlflow: could not log the run in {tracked} to {uri}: ")
+    assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ  # put back
+
+
+def test_a_run_directory_that_cannot_be_read_costs_a_warning(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture
+                                                             ) -> None:
+    with caplog.at_level("WARNING", logger="hetsgd"):
+        track(tmp_path, LoggersConfig(mlflow=MlflowConfig(tracking_uri="http://127.0.0.1:1")))
+    warning, = (r.getMessage() for r in caplog.records)
+    assert warning.startswith(f"trackers: could not read the run in {tmp_path}: ")
+
+
+def test_importing_the_command_loads_no_tracker() -> None:
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, hetsgd.cli; print(sorted({m.split('.')[0] for m in "
+         "sys.modules} & {'mlflow', 'tensorboard'}) + [m for m in sys.modules "
+         "if m.startswith('torch.utils.tensorboard')])"],
+        capture_output=True, text=True, timeout=120, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
+@pytest.mark.integration
+def test_a_run_record_reads_the_run_directory(tracked: Path) -> None:
+    record = read_run(tracked)
+    assert record.sweep is None and record.status == "completed"
+    assert record.started < record.ended
+    assert not any(name.startswith("utilization/cpu0") for name in record.series)
+
+
+def test_a_failed_sweep_job_is_logged_in_its_sweeps_folder(tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    job = tmp_path / "sweep" / "0_seed=0"
+    job.mkdir(parents=True)
+    (job.parent / MULTIRUN).write_text(yaml.safe_dump({"hydra": {"overrides": {"task": []}}}))
+    (job / "config.yaml").write_text(yaml.safe_dump({"optim": {"lr": 0.1}}))
+    (job / SUMMARY).write_text(json.dumps({"status": "failed", "error": "no data", "seed": 0}))
+    with caplog.at_level("WARNING", logger="hetsgd"):
+        track(job, LoggersConfig(tensorboard=TensorBoardConfig(dir=str(tmp_path / "tb"))))
+    assert not caplog.records
+    events = EventAccumulator(str(tmp_path / "tb" / "sweep" / job.name))
+    events.Reload()
+    assert events.Tags()["scalars"] == [] and "config/text_summary" in events.Tags()["tensors"]
