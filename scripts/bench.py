@@ -20,7 +20,7 @@ g. the virtual-clock engine's own cost: one worker's examples per real second si
 A ratio below its goal says so, with (for the step) the profile that explains it. ``--quick``
 (``make bench-quick``) runs a-d and g with 2 s training runs.
 
-Runs use w8a when the file is at hand (the shared copy beside the repository, or the data cache),
+Runs use w8a when the file is at hand (``$HETSGD_W8A``, see scripts/w8a_path.py, or the data cache),
 else a synthetic set of w8a's shape. ``--seconds`` (or ``$HETSGD_BENCH_SECONDS``) sets the budget of
 each training run; results go to ``$HETSGD_RESULTS/bench/<time>/`` (default ``results/``).
 """
@@ -53,6 +53,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from w8a_path import W8A, cache_name  # scripts/: $HETSGD_W8A and its default
 
 from hetsgd.config import RunConfig, compose_run, to_run_config
 from hetsgd.data import source_info
@@ -70,8 +71,6 @@ from hetsgd.outputs.run_directory import environment
 from hetsgd.runs import runner
 from hetsgd.runs.setup import load_run_data
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_W8A = ROOT.parent / "shared" / "data" / "w8a.xz"
 # w8a's shape (49,749 + 14,951 examples, 300 features), dense, when the real file is absent
 W8A_LIKE = ("dataset=synthetic", "dataset.n_samples=64700", "dataset.n_features=300")
 STEP_REPEATS = 3
@@ -204,13 +203,13 @@ class Jobs:
 
 
 def choose_data(tmp: Path) -> tuple[tuple[str, ...], str]:
-    """w8a from the shared copy (through a temporary data cache) or the cache, else w8a-like."""
-    if SHARED_W8A.exists():
+    """w8a from ``$HETSGD_W8A`` (through a temporary data cache) or the cache, else w8a-like."""
+    if W8A.exists():
         home = tmp / "data"
         home.mkdir()
-        (home / SHARED_W8A.name).symlink_to(SHARED_W8A)
+        (home / cache_name()).symlink_to(W8A.resolve())
         os.environ["HETSGD_DATA"] = str(home)
-        return ("dataset=w8a",), f"w8a ({SHARED_W8A})"
+        return ("dataset=w8a",), f"w8a ({W8A})"
     if source_info("w8a").cached:
         return ("dataset=w8a",), "w8a (data cache)"
     return W8A_LIKE, "synthetic, w8a's shape (dense; the w8a file is not here)"

@@ -6,7 +6,7 @@ FOLDER/paper_table.md. Per machine and method, mean ± std over seeds of: the up
 simulated GPU's busy share (``utilization.gpu_util_mean``) and the CPU workers' (workers.csv
 busy / time), the virtual time to each of the runs' absolute target losses, and the speedup over
 the GPU alone (per seed, the GPU's time over the method's: every method of a seed starts from the
-same model). The paper's numbers are those of ``shared/papers/hogbatch.md`` (read off its figures,
+same model). The paper's numbers are those of ``docs/papers.md`` (read off its figures,
 w8a); "not reported" where it gives none. ``--shares-only``: the first table alone, for runs too
 short for their losses to mean anything.
 """

@@ -11,19 +11,19 @@ cd "$(dirname "$0")/.."
 make -s setup
 BIN=.venv/bin
 
-# w8a from the data cache, else the shared copy beside this checkout, through a temporary cache
+# w8a from the data cache, else $HETSGD_W8A (scripts/w8a_path.py), through a temporary cache
 if ! "$BIN/python" -c "import sys; from hetsgd.data import source_info
 sys.exit(not source_info('w8a').cached)"; then
-  shared=$(cd .. && pwd)/shared/data/w8a.xz
-  if [[ ! -f $shared ]]; then
-    echo "reproduce_biased_local_sim: w8a is not cached and $shared is missing" \
-      "(hetsgd data fetch w8a)" >&2
+  w8a=$("$BIN/python" scripts/w8a_path.py)
+  if [[ ! -f $w8a ]]; then
+    echo "reproduce_biased_local_sim: w8a is not cached and $w8a is missing" \
+      "(hetsgd data fetch w8a, or set HETSGD_W8A)" >&2
     exit 1
   fi
   HETSGD_DATA=$(mktemp -d)
   export HETSGD_DATA
   trap 'rm -rf "$HETSGD_DATA"' EXIT
-  ln -s "$shared" "$HETSGD_DATA/w8a.xz"
+  ln -s "$w8a" "$HETSGD_DATA/$("$BIN/python" scripts/w8a_path.py --name)"
 fi
 
 # one folder for both sweeps, so that one report compares them
@@ -53,7 +53,7 @@ from hetsgd.outputs.report import markdown_table
 
 out = Path(sys.argv[1])
 ORDER = ("sync", "fast_alone", "local_balanced", "local_unbalanced", "local_biased")
-PAPER = {  # Lim et al., abstract and TL;DR: ../shared/papers/biased-local-sgd.md
+PAPER = {  # Lim et al., abstract and TL;DR: docs/papers.md
     "sync": "baseline",
     "local_biased": "up to 32x faster than sync, nearly identical accuracy",
 }

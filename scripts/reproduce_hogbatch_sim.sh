@@ -17,12 +17,12 @@ make -s setup
 out=${HETSGD_RESULTS:-results}/hogbatch_sim/$(date +%Y-%m-%d_%H-%M-%S)
 mkdir -p "$out"
 
-# w8a: the data cache, else the copy shared beside the repository through a cache of our own
+# w8a: the data cache, else $HETSGD_W8A (scripts/w8a_path.py) through a cache of our own
 cached=$(.venv/bin/python -c "from hetsgd.data import source_info; print(source_info('w8a').cached)")
-shared=$(cd .. && pwd)/shared/data/w8a.xz
-if [[ $cached != True && -f $shared ]]; then
+w8a=$(.venv/bin/python scripts/w8a_path.py)
+if [[ $cached != True && -f $w8a ]]; then
   mkdir -p "$out/data"
-  ln -sf "$shared" "$out/data/w8a.xz"
+  ln -sf "$w8a" "$out/data/$(.venv/bin/python scripts/w8a_path.py --name)"
   export HETSGD_DATA=$out/data
 fi
 
@@ -59,7 +59,7 @@ sweep paper_net/adaptive algo=adaptive "${paper_net[@]}" budget.seconds=0.2 \
 echo
 echo "Virtual time; rooflines of hetsgd/engines/virtual/devices.yaml; w8a; total $SECONDS s real."
 echo "Main comparison: model=mlp ([128, 128] ReLU; NOT the paper's net), lr 0.03, 0.5 virtual s,"
-echo "3 seeds; mean ± std over seeds. The paper's columns: its figures (shared/papers/hogbatch.md)."
+echo "3 seeds; mean ± std over seeds. The paper's columns: its figures (docs/papers.md)."
 .venv/bin/python scripts/paper_table.py "$out/main" || status=1
 echo "The paper's net (mlp_paper), seed 0, lr 0.01, Hogbatch 0.1 and Adaptive 0.2 virtual s:"
 echo "update shares and utilization only."

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import W8A, W8A_NAME
 
 from hetsgd.config import DatasetConfig
 from hetsgd.config.schema import SCALINGS, SyntheticConfig
@@ -29,7 +30,6 @@ from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD, read_idx
 from hetsgd.data.registry import SOURCES, get_source, resolve_scale
 from hetsgd.errors import UserError
 
-SHARED_W8A = Path(__file__).resolve().parents[2] / "shared" / "data" / "w8a.xz"
 COMPRESS = {".xz": lzma.compress, ".bz2": bz2.compress, ".gz": gzip.compress, "": bytes}
 
 
@@ -307,10 +307,10 @@ def test_every_libsvm_format_source_is_covered() -> None:
     assert libsvm_format == LIBSVM_AS_PUBLISHED | {"covtype_binary"}
 
 
-@pytest.mark.skipif(not SHARED_W8A.exists(), reason=f"the real w8a file is absent ({SHARED_W8A})")
+@pytest.mark.skipif(not W8A.exists(), reason=f"the real w8a file is absent ({W8A}; set HETSGD_W8A)")
 def test_w8a_from_the_shared_file(home: Path) -> None:
     home.mkdir()
-    shutil.copy(SHARED_W8A, home / "w8a.xz")
+    shutil.copy(W8A, home / W8A_NAME)
     assert source_info("w8a").cached
     data = load_dataset(cfg("w8a", scale="none"), seed=0, progress=False)
     assert data.num_train + data.num_test == 49749 and data.num_features == 300

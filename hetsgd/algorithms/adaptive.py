@@ -1,7 +1,7 @@
 """Adaptive Hogbatch (Ma & Rusu): Hogbatch plus a controller that resizes batches from measured
 update rates toward a target share of model updates between the accelerator and host classes.
 
-The paper does not give its rule. This is the project's reconstruction (see the README):
+The paper does not give its rule. This is the project's reconstruction (docs/algorithms.md):
 
 * every ``period_s`` seconds, measure each class's update rate U over the last ``window_s``;
 * with s* = ``target_share`` (the accelerator class's wanted share of updates),

@@ -55,7 +55,7 @@ class HogbatchConfig(AlgoConfig):
 @dataclass
 class AdaptiveConfig(HogbatchConfig):
     """Adaptive Hogbatch. The paper does not give its rule; this is the project's
-    reconstruction (see hetsgd/algorithms/adaptive.py and the README)."""
+    reconstruction (see hetsgd/algorithms/adaptive.py and docs/algorithms.md)."""
 
     name: str = "adaptive"
     target_share: float = 0.5  # wanted share of model updates made by the accel class

@@ -2,7 +2,7 @@
 
 An accelerator worker runs the same code whether its device is a GPU or the CPU that emulates
 one; only these functions branch on the device type. Their CUDA branches are the only lines of
-the engines that no test reaches without a GPU (the README lists them).
+the engines that no test reaches without a GPU (docs/how_it_works.md lists them).
 """
 
 from __future__ import annotations
