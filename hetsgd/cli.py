@@ -20,7 +20,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hetsgd import data as datasets
 from hetsgd.config import CONF_DIR, ConfigError, RunConfig, compose_run, register_configs, to_run_config
 from hetsgd.config.compose import with_first_group_choices
 from hetsgd.engines.distributed.torchrun import follower
@@ -362,6 +361,7 @@ def recover(run_dir: Path = typer.Argument(..., help="A run directory left by a 
 @data_app.command("list")
 def data_list() -> None:
     """List the datasets hetsgd knows, and whether each is in the cache."""
+    from hetsgd import data as datasets  # the data stack loads only for data commands
     table = Table("name", "task", "cached", "description")
     for info in datasets.list_sources():
         table.add_row(info.name, str(info.task), "yes" if info.cached else "no", info.description)
@@ -372,6 +372,7 @@ def data_list() -> None:
 @data_app.command("info")
 def data_info(name: str) -> None:
     """Show where a dataset comes from, its size, and where its files go in the cache."""
+    from hetsgd import data as datasets
     try:
         info = datasets.source_info(name)
     except UserError as exc:
@@ -383,6 +384,7 @@ def data_info(name: str) -> None:
 @data_app.command("fetch")
 def data_fetch(name: str) -> None:
     """Download a dataset into the cache (checksums verified)."""
+    from hetsgd import data as datasets
     try:
         paths = datasets.fetch(name)
     except UserError as exc:

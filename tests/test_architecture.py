@@ -144,3 +144,18 @@ def test_the_command_line_and_the_config_load_no_torch() -> None:
             "print(sorted(m for m in ('torch', 'torch.distributed', 'psutil') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "torch" not in done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", [["--help"], ["data", "list"], ["report", "--help"]])
+def test_commands_load_only_what_they_use(command: list[str]) -> None:
+    """`hetsgd --help` parses without the data stack (scikit-learn, pandas); no command that
+    trains nothing loads torch or matplotlib's pyplot, and only reading data loads scikit-learn."""
+    code = ("import sys; from hetsgd.cli import app\n"
+            f"try: app({command!r})\nexcept SystemExit: pass\n"
+            "print('LOADED', sorted(m for m in ('torch', 'matplotlib.pyplot', 'sklearn', 'pandas') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = done.stdout.rsplit("LOADED", 1)[1].strip()
+    expected = "['pandas']" if command[0] == "data" else "[]"
+    assert loaded == expected, done.stdout

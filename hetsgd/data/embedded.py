@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sklearn.datasets import load_digits
 
 from hetsgd.config import DatasetConfig
 from hetsgd.data.dataset import Parsed
@@ -19,6 +18,8 @@ from hetsgd.data.source import Source
 @dataclass(frozen=True)
 class Digits(Source):
     def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
+        from sklearn.datasets import load_digits  # scikit-learn loads only to read the set
+
         self.no_path(cfg)
         x, y = load_digits(return_X_y=True)
         return Parsed("multiclass", 10, x.astype(np.float32), y.astype(np.int64), None, None,

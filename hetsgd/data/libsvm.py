@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.datasets import load_svmlight_file
 
 from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import existing_file, find_local, load_or_parse
@@ -79,6 +78,8 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
 
 def _parse(path: Path, multilabel: bool) -> tuple[sp.csr_matrix, list | np.ndarray]:
     """One file's features (indices as written) and raw labels; the first bad line is named."""
+    from sklearn.datasets import load_svmlight_file  # scikit-learn loads only to parse a file
+
     with open_data(path, text=True) as f:
         try:
             x, y = load_svmlight_file(f, dtype=np.float32, multilabel=multilabel,

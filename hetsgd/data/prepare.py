@@ -32,7 +32,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.model_selection import train_test_split
 
 from hetsgd.config import DatasetConfig
 from hetsgd.data.dataset import Allocate, Dataset, Features, Parsed, Rows, row_blocks
@@ -123,6 +122,8 @@ def split_rows(y: np.ndarray, task: str, seed: int, *, test_size: float | None =
                train_size: int | None = None) -> tuple[np.ndarray, np.ndarray, str]:
     """Seeded (kept, rest) row numbers, each in file order, stratified by class where possible:
     not for multilabel sets, nor where a part is too small to hold every class."""
+    from sklearn.model_selection import train_test_split  # scikit-learn loads only for a split
+
     rows = np.arange(len(y))
     kwargs = {"test_size": test_size, "train_size": train_size, "random_state": seed}
     if task != "multilabel":

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sklearn.datasets import load_svmlight_file
 
 from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import data_home, existing_file, find_local, load_or_parse
@@ -34,6 +33,8 @@ MAX_LABELS = 1 << 16
 
 def read_xc(path: Path, splits: tuple[Path, Path] | None, source: str) -> Parsed:
     """Parse an extreme classification data file (and its split files) into multi-hot labels."""
+    from sklearn.datasets import load_svmlight_file  # scikit-learn loads only to parse a file
+
     with open_data(path, text=True) as f:
         header = f.readline().split()
         try:
