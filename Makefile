@@ -20,11 +20,10 @@ $(STAMP): pyproject.toml
 
 ## the main job, offline: does the CPU help the accelerator? The accelerator alone, CPU Hogwild,
 ## Hogbatch and Adaptive with the Hogbatch authors' net on the embedded digits set, 3 seeds of
-## 6 s each (about 2.5 minutes on 2 cores); the sweep's report (mean and spread) and figures
+## 6 s each (about 2.5 minutes on 2 cores); the sweep's report (mean and spread) and figures.
+## The sweep is hetsgd/conf/experiment/make_run.yaml
 run: setup
-	$(BIN)/hetsgd run -m +method=gpu,hogwild,hogbatch,adaptive dataset=digits model=mlp_paper \
-	    seed=0,1,2 budget.epochs=null budget.seconds=6 eval.every_s=0.25 eval.every_epochs=null \
-	    monitor.interval_s=0.25
+	$(BIN)/hetsgd run -m +experiment=make_run
 
 ## the whole test suite, every tier (GPU tests skip, with the reason, without CUDA), two tests at
 ## a time: most of its time is processes starting and waiting on each other, not computing; then
@@ -48,10 +47,10 @@ plots: setup
 ## (step, loop overhead, Hogwild scaling, memory, the virtual engine's overhead) with 2 s runs,
 ## under 3 minutes
 bench: setup
-	$(BIN)/python scripts/bench.py
+	$(BIN)/python -m scripts.bench
 
 bench-quick: setup
-	$(BIN)/python scripts/bench.py --quick
+	$(BIN)/python -m scripts.bench --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache

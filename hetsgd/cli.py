@@ -61,7 +61,7 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
 
-def _take_stop_signals() -> dict[int, Any]:
+def _take_stop_signals() -> dict[signal.Signals, Any]:
     """Route the stop signals to :func:`_terminate`, except one the user chose to ignore
     (`nohup` ignores SIGHUP); returns the handlers to put back. Multiprocessing's resource
     tracker, which the run's workers share, starts first with SIGHUP blocked, which it keeps (it

@@ -31,7 +31,7 @@ class WorkerSpec:
 
     rank: int
     group: str
-    kind: str  # cpu | cuda
+    kind: str  # cpu | cuda: the device type it computes on (its label says more)
     device: str  # "cpu" or "cuda:<i>"
     threads: int
     batch_size: int
@@ -59,6 +59,8 @@ class WorkerSpec:
 
     @property
     def label(self) -> str:
+        """What tables and plots call the worker: its ``kind``, unless it is simulated or
+        emulated, which every result must say."""
         return "simulated" if self.simulated else "emulated" if self.emulated else self.kind
 
 

@@ -10,7 +10,7 @@ make -s setup
 results=${HETSGD_RESULTS:-results}
 before=$(ls -1 "$results/sweeps" 2>/dev/null | sort | tail -n 1 || true)
 status=0
-.venv/bin/hetsgd run "+experiment=${experiment}${variant}" "$@" || status=$?
+.venv/bin/hetsgd run -m "+experiment=${experiment}${variant}" "$@" || status=$?
 sweep=$(ls -1 "$results/sweeps" 2>/dev/null | sort | tail -n 1 || true)
 if [[ -z "$sweep" || "$sweep" == "$before" ]]; then
   echo "reproduce: no sweep was written" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Ma & Rusu's Hogbatch comparison on their own machines, simulated (docs/simulation.md): CPU
 # Hogwild alone, the GPU alone, Hogbatch and Adaptive on w8a, on paper_hogbatch_v100 and
-# paper_hogbatch_k80, then the tables beside the paper's numbers (scripts/paper_table.py).
+# paper_hogbatch_k80, then the tables beside the paper's numbers (hetsgd/outputs/paper_table.py).
 #   scripts/reproduce_hogbatch_sim.sh [OVERRIDES...]   (about 10 minutes on 2 cores)
 # OVERRIDES go to the main comparison's runs (e.g. budget.seconds=1 optim.lr=0.01).
 #
@@ -10,7 +10,7 @@
 # costs real time, so the main comparison trains `mlp` ([128, 128] ReLU), NOT the paper's
 # 8 x 512 sigmoid net, for 0.5 virtual seconds, 3 seeds (hetsgd/conf/experiment/
 # hogbatch_paper_sim.yaml says why). A second part runs the paper's net (mlp_paper) briefly, one
-# seed, for its update shares and utilizations only.
+# seed, for its update shares and utilizations only (hogbatch_paper_sim_net.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make -s setup
@@ -27,42 +27,38 @@ if [[ $cached != True && -f $w8a ]]; then
 fi
 
 status=0
-# sweep NAME OVERRIDES...: one sweep of the experiment into $out/NAME, its output in NAME.log
+# sweep NAME EXPERIMENT OVERRIDES...: one sweep of EXPERIMENT into $out/NAME, its output in NAME.log
 sweep() {
-  local name=$1 started=$SECONDS
-  shift
-  echo "$name: $*"
-  if ! .venv/bin/hetsgd run +experiment=hogbatch_paper_sim progress=false \
+  local name=$1 experiment=$2 started=$SECONDS
+  shift 2
+  echo "$name: +experiment=$experiment $*"
+  if ! .venv/bin/hetsgd run -m "+experiment=$experiment" progress=false \
       "hydra.sweep.dir=$out/$name" "$@" >"$out/${name//\//_}.log" 2>&1; then
     status=1
     tail -n 5 "$out/${name//\//_}.log" >&2
   fi
   echo "  $((SECONDS - started)) s real"
 }
-adaptive_clock=(algo.period_s=0.05 algo.window_s=0.1)  # 10 control periods in 0.5 virtual s
-# CPU Hogwild alone once: the two mixes' CPU groups are the same (48 one-example Broadwell workers)
-sweep main/hogwild algo=hogwild devices=paper_hogbatch_v100 devices.only=[cpu] "$@"
-sweep main/gpu algo=sync devices.only=[gpu] "$@"
-sweep main/hogbatch algo=hogbatch "$@"
-sweep main/adaptive algo=adaptive "${adaptive_clock[@]}" "$@"
-# the paper's net: speeds as the paper's, so shares and utilizations as the paper's machines
-# would give them (lr 0.01: 0.03 sends this net's loss up; its losses are not compared here)
-# Hogbatch's shares hold from its first steps (0.1 s: the steps in flight at the budget, which
-# land after it while the other workers wait, are a few % of the run); Adaptive's controller
-# needs about 0.16 virtual s at these periods to reach its bounds
-# (eval.every_s=1: no snapshot but the first and the last, each a costly evaluation of this net)
-paper_net=(model=mlp_paper seed=0 optim.lr=0.01 eval.every_s=1)
-sweep paper_net/hogbatch algo=hogbatch "${paper_net[@]}" budget.seconds=0.1
-sweep paper_net/adaptive algo=adaptive "${paper_net[@]}" budget.seconds=0.2 \
+# the main comparison: hogbatch_paper_sim (both machines, 3 seeds), one sweep per method. CPU
+# Hogwild alone runs once: the two mixes' CPU groups are the same (48 one-example Broadwell
+# workers). Adaptive's controller: 10 control periods in 0.5 virtual s
+sweep main/hogwild hogbatch_paper_sim algo=hogwild devices=paper_hogbatch_v100 devices.only=[cpu] "$@"
+sweep main/gpu hogbatch_paper_sim algo=sync devices.only=[gpu] "$@"
+sweep main/hogbatch hogbatch_paper_sim algo=hogbatch "$@"
+sweep main/adaptive hogbatch_paper_sim algo=adaptive algo.period_s=0.05 algo.window_s=0.1 "$@"
+# the paper's net, for its update shares and utilizations (hogbatch_paper_sim_net says why these
+# budgets)
+sweep paper_net/hogbatch hogbatch_paper_sim_net algo=hogbatch budget.seconds=0.1
+sweep paper_net/adaptive hogbatch_paper_sim_net algo=adaptive budget.seconds=0.2 \
   algo.period_s=0.01 algo.window_s=0.02
 
 echo
 echo "Virtual time; rooflines of hetsgd/engines/virtual/devices.yaml; w8a; total $SECONDS s real."
 echo "Main comparison: model=mlp ([128, 128] ReLU; NOT the paper's net), lr 0.03, 0.5 virtual s,"
 echo "3 seeds; mean ± std over seeds. The paper's columns: its figures (docs/papers.md)."
-.venv/bin/python scripts/paper_table.py "$out/main" || status=1
+.venv/bin/python -m hetsgd.outputs.paper_table "$out/main" || status=1
 echo "The paper's net (mlp_paper), seed 0, lr 0.01, Hogbatch 0.1 and Adaptive 0.2 virtual s:"
 echo "update shares and utilization only."
-.venv/bin/python scripts/paper_table.py --shares-only "$out/paper_net" || status=1
+.venv/bin/python -m hetsgd.outputs.paper_table --shares-only "$out/paper_net" || status=1
 echo "runs and logs: $out"
 exit $status

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +14,7 @@ import pytest
 
 import hetsgd
 from hetsgd.errors import UserError
-from hetsgd.outputs.summary import Losses, RunSummary
+from hetsgd.outputs.summary import GroupMix, Losses, Mix, RunSummary, TargetLosses
 
 # seeded and bounded in epochs, so two runs of it take the same steps and end the same
 SEEDED = ("algo=sync", "dataset=digits", "model=logreg", "budget.epochs=1", "budget.seconds=null",
@@ -46,8 +47,7 @@ def test_run_from_python_is_the_command_lines_run(from_python: hetsgd.RunResult,
     assert (summary.algo, summary.dataset, summary.model, summary.seed) == ("sync", "digits",
                                                                             "logreg", 3)
     for field in ("updates", "examples", "epochs", "updates_by_group", "plan", "mix", "scaling"):
-        value = getattr(summary, field) if hasattr(summary, field) else summary.extra[field]
-        assert value == by_shell[field], field
+        assert summary.to_dict()[field] == by_shell[field], field
     for when in ("initial", "final"):
         assert getattr(summary, when) == Losses(**by_shell[when]), when
     # the snapshots between are taken when the coordinator looks (time-dependent); the ends are not
@@ -103,6 +103,24 @@ def test_a_summary_keeps_what_it_does_not_name() -> None:
                                               "test_acc": 0.5}})
     assert summary.extra == {"adaptive": {"max_gpu_batch": 64}}
     assert summary.final == Losses(1.0, 2.0, 0.5) and summary.algo is None
+
+
+def test_a_summary_writes_what_the_run_reached_and_reads_back_the_same() -> None:
+    failed = RunSummary(status="failed", error="boom", algo="sync", dataset="digits",
+                        model="mlp", devices="cpu", seed=0)
+    assert failed.to_dict() == {"status": "failed", "error": "boom", "algo": "sync",
+                                "dataset": "digits", "model": "mlp", "devices": "cpu", "seed": 0}
+    ran = replace(failed, status="completed", error=None, emulated=False, plan={},
+                  mix=Mix({"cpu": GroupMix("cpu", "host", 2, 1, 32, ["cpu", "cpu"])}),
+                  time_s=0.0, examples_per_s=None, final=Losses(1.0, 2.0, 0.5),
+                  target_losses=TargetLosses([0.5], "eval.target_losses"),
+                  extra={"adaptive": {"bound": None}})
+    written = ran.to_dict()
+    assert written["emulated"] is False and written["plan"] == {}
+    assert "examples_per_s" in written and "initial" not in written
+    assert written["mix"]["cpu"]["devices"] == ["cpu", "cpu"] and ran.mix.cores == 2
+    assert written["adaptive"] == {"bound": None}
+    assert RunSummary.from_dict(written) == ran
 
 
 def test_importing_hetsgd_loads_no_training_stack() -> None:

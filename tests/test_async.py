@@ -13,7 +13,7 @@ import torch
 from conftest import compose_config, run_config
 
 from hetsgd.devices import WorkerSpec, expand
-from hetsgd.engines.shared_memory.coordinator import TICK_S
+from hetsgd.engines.base import TICK_S
 from hetsgd.engines.shared_memory.links import Replica, Resident
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
@@ -129,7 +129,7 @@ def test_hogbatch_shows_the_update_imbalance_on_w8a(w8a_home: Path, tmp_path: Pa
     assert summary["update_share"]["cpu"] > 0.5  # the small-batch host makes most updates
     assert summary["emulated"] is True
     workers = pd.read_csv(run_dir / "workers.csv")
-    assert list(workers["kind"]) == ["emulated", "cpu"]
+    assert list(workers["label"]) == ["emulated", "cpu"]
     assert (workers["updates"] > 0).all() and workers.loc[0, "comm_s"] > 0
     # w8a is 3 % positive: a model that learned nothing scores test loss 0.13 at best
     assert summary["final"]["test_loss"] < 0.1
@@ -161,7 +161,7 @@ def test_adaptive_moves_the_accel_share_toward_its_target_or_names_the_bound(
         late = abs(accel_share(conv[conv["time_s"] >= conv["time_s"].iloc[-1] - 4.0]) - target)
         assert late < early - 0.03, (early, late)
     else:
-        assert adaptive["bound"] in ("min_gpu_batch and max_cpu_batch", "max_gpu_batch")
+        assert adaptive["bound"] in ("min_accel_batch and max_host_batch", "max_accel_batch")
     batches = pd.read_csv(run_dir / "batches.csv")
     accel = batches[batches["group"] == "accel"]["batch_size"]
     assert accel.iloc[0] == 256 and accel.iloc[-1] < 256  # the accelerator batch shrank

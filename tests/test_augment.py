@@ -22,8 +22,8 @@ from hetsgd.data.dataset import Parsed
 from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD
 from hetsgd.data.prepare import prepare
 from hetsgd.devices import expand
-from hetsgd.engines.shared_memory.batches import Batches
-from hetsgd.engines.shared_memory.batches import training_augment as engine_augment
+from hetsgd.engines.batches import Batches
+from hetsgd.engines.batches import training_augment as engine_augment
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import StepRecord, Worker

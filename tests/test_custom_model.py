@@ -18,12 +18,12 @@ from torch import nn
 from typer.testing import CliRunner
 
 from hetsgd import algorithms
-from hetsgd.algorithms.base import coordinator
 from hetsgd.cli import app
 from hetsgd.config import to_run_config
 from hetsgd.config.schema import CustomModelConfig
 from hetsgd.data import load_dataset
 from hetsgd.devices import expand
+from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
@@ -244,7 +244,7 @@ def _trained(*model: str) -> tuple[torch.Tensor, torch.Tensor]:
     master = SharedMaster.initial(cfg.model, problem, cfg.seed)
     algorithm = algorithms.get(cfg.algo.name)
     plan = algorithm.plan(cfg, expand(cfg.devices))
-    training = coordinator(plan, algorithm.hooks(plan), problem, data, master, None).run(
+    training = build_engine(plan, algorithm.hooks(plan), problem, data, master, None).run(
         _NoMonitor)
     assert training.status == "completed", training.error
     return master.params.clone(), master.buffers.clone()

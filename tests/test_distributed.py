@@ -21,14 +21,14 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.nn.parallel import DistributedDataParallel
 
 from hetsgd import algorithms
-from hetsgd.algorithms.base import coordinator
 from hetsgd.algorithms.sync import split
 from hetsgd.config import RunConfig, to_run_config
 from hetsgd.data import load_dataset
 from hetsgd.devices import expand
 from hetsgd.engines.distributed.group import free_port
-from hetsgd.engines.shared_memory.coordinator import OnTick, Training
+from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.training import OnTick, Training
 from hetsgd.model.architectures import build_model
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn
@@ -72,7 +72,7 @@ def _train(cfg: RunConfig, on_tick: OnTick | None = None,
             monitors.append(made)
         return made
 
-    engine = coordinator(plan, algorithm.hooks(plan), problem, data, master, on_tick)
+    engine = build_engine(plan, algorithm.hooks(plan), problem, data, master, on_tick)
     training = engine.run(monitor)
     return training, master.params.clone()
 

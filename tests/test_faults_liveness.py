@@ -18,8 +18,9 @@ from conftest import run_config
 from processes import await_snapshots, gone, start, workers
 
 from hetsgd.config import ConfigError, DistConfig
+from hetsgd.engines.base import TICK_S
 from hetsgd.engines.distributed.group import check_port
-from hetsgd.engines.shared_memory.coordinator import STARVED_S, TICK_S, Watch
+from hetsgd.engines.shared_memory.coordinator import STARVED_S, Watch
 from hetsgd.errors import UserError
 
 RUN = ("run", "algo=hogwild", "devices=cpu", "dataset=digits", "budget.epochs=null",

@@ -24,7 +24,7 @@ from typer.testing import CliRunner, Result
 
 from hetsgd.cli import app
 from hetsgd.devices import WorkerSpec
-from hetsgd.engines.shared_memory.snapshots import Snapshot
+from hetsgd.engines.snapshots import Snapshot
 from hetsgd.outputs import journal
 from hetsgd.outputs.checkpoint import STATE, latest_checkpoint, snapshot_file
 from hetsgd.outputs.index import CRASHED, OVERRIDES, RUNNING, read_summary

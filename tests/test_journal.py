@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hetsgd.devices import WorkerSpec
-from hetsgd.engines.shared_memory.snapshots import Snapshot, Snapshots
+from hetsgd.engines.snapshots import Snapshot, Snapshots
 from hetsgd.observe.monitor import UtilizationMonitor
 from hetsgd.outputs.checkpoint import snapshot_file
 from hetsgd.outputs.index import CRASHED, RUNNING, read_summary

@@ -1,18 +1,11 @@
-"""scripts/paper_table.py: times and speedups over the GPU alone, where it got there, where it
+"""hetsgd.outputs.paper_table: times and speedups over the GPU alone, where it got there, where it
 did not, and where its run cannot say when."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "paper_table.py"
-spec = importlib.util.spec_from_file_location("paper_table", SCRIPT)
-paper_table = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = paper_table  # its dataclasses look their module up there
-spec.loader.exec_module(paper_table)
+from hetsgd.outputs import paper_table
 
 
 def run(seed: int, reached: float | None, snapshots: int = 50, time_s: float = 0.5):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +13,9 @@ import pytest
 from test_report import write_broken_runs, write_failed, write_run, write_sweep
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.index import read_summary
 from hetsgd.outputs.plots import plot_all
 from hetsgd.outputs.run_figures import _cores_given, _run_utilization, plot_run, run_title
+from hetsgd.outputs.summary import Mix, RunSummary
 
 RUN_FIGURES = {"loss_vs_time", "loss_vs_epoch", "accuracy_vs_time", "utilization",
                "update_shares"}
@@ -64,11 +65,11 @@ def test_svg_and_pdf_are_reproducible(tmp_path: Path) -> None:
 
 def test_titles_name_dataset_and_mark_emulated_mixes(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", algo="sync", devices="auto", seed=3, emulated=True)
-    assert run_title(read_summary(run)) == "digits · mlp: sync on auto (emulated), seed 3"
+    assert run_title(RunSummary.read(run)) == "digits · mlp: sync on auto (emulated), seed 3"
     real = write_run(tmp_path / "real", algo="sync", devices="gpu", seed=0)
-    assert "(emulated)" not in run_title(read_summary(real))
+    assert "(emulated)" not in run_title(RunSummary.read(real))
     failed = write_failed(tmp_path / "failed", algo="sync", devices="gpu", seed=0, error="x")
-    assert run_title(read_summary(failed)).endswith("seed 0 [failed]")
+    assert run_title(RunSummary.read(failed)).endswith("seed 0 [failed]")
 
 
 def test_one_bad_run_does_not_stop_the_figures_of_the_others(
@@ -98,8 +99,10 @@ def test_failed_run_and_bad_format(tmp_path: Path) -> None:
 def test_utilization_figure_shows_the_runs_own_cpu_apart_from_the_hosts(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", algo="sync", devices="cpu+gpu", seed=0)
     util = pd.read_csv(run / "utilization.csv")
-    summary = read_summary(run)
-    summary["mix"]["cpu"]["threads"] = 3  # 1 + 3 cores given, the host has 2 (cpu0, cpu1)
+    summary = RunSummary.read(run)
+    assert summary.mix is not None
+    groups = {**summary.mix.groups, "cpu": replace(summary.mix.groups["cpu"], threads=3)}
+    summary = replace(summary, mix=Mix(groups))  # 1 + 3 cores given, the host has 2 (cpu0, cpu1)
     assert _cores_given(summary) == 4
     fig = _run_utilization(util, None, "title", _cores_given(summary))
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
@@ -111,7 +114,7 @@ def test_utilization_figure_shows_the_runs_own_cpu_apart_from_the_hosts(tmp_path
     assert [label for label in lines if label.startswith("GPU")] == ["GPU cuda:0"]
     np.testing.assert_allclose(lines["GPU cuda:0"].get_ydata(), util["gpu0_util"])
 
-    del summary["mix"]  # a summary that does not say: a share of every host core, labelled so
+    summary = replace(summary, mix=None)  # one that does not say: a share of every host core
     fig = _run_utilization(util, None, "title", _cores_given(summary))
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
     np.testing.assert_allclose(lines["workers' CPU\n(of all 2 host cores)"].get_ydata(),

@@ -17,8 +17,9 @@ from omegaconf import OmegaConf
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import index_runs, load_csv
-from hetsgd.outputs.metrics import target_losses, time_to_losses
+from hetsgd.outputs.metrics import loss_key, target_losses, time_to_losses
 from hetsgd.outputs.report import comparisons, crossing, write_report
+from hetsgd.outputs.summary import GroupMix, Losses, Mix, RunSummary, TargetLosses
 from hetsgd.outputs.sweep import SweepReport
 
 ALGOS = {"sync": 1.0, "adaptive": 2.0}  # algo -> speed of its loss decay (1/s)
@@ -35,8 +36,8 @@ def write_failed(run_dir: Path, *, algo: str, devices: str, seed: int, error: st
                  dataset: str = "digits") -> Path:
     """A failed run: only summary.json, with its identity and error."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    summary = {"status": "failed", "error": error, "algo": algo, "dataset": dataset,
-               "model": "mlp", "devices": devices, "seed": seed}
+    summary = RunSummary(status="failed", error=error, algo=algo, dataset=dataset, model="mlp",
+                         devices=devices, seed=seed).to_dict()
     (run_dir / "summary.json").write_text(json.dumps(summary))
     return run_dir
 
@@ -86,37 +87,35 @@ def write_run(run_dir: Path, *, algo: str, devices: str, seed: int, speed: float
                       "group": ["accel"] * 3 + ["cpu"] * 2,
                       "batch_size": [256, 512, 1024, 16, 32]}).to_csv(
             run_dir / "batches.csv", index=False)
-    final = {"train_loss": float(loss[-1]), "test_loss": float(loss[-1] + 0.05),
-             "test_acc": float(acc[-1])}
-    summary = {
-        "status": "completed", "error": None, "algo": algo, "dataset": dataset, "model": "mlp",
-        "devices": devices, "seed": seed, "time_s": float(t[-1]), "epochs": float(epoch[-1]),
-        "examples": 2000, "updates": int(updates[-1]),
-        "updates_by_group": {"cpu": int(cpu_updates[-1]),
-                             "accel": int(updates[-1] - cpu_updates[-1])},
-        "update_share": {"cpu": cpu_updates[-1] / updates[-1],
-                         "accel": 1 - cpu_updates[-1] / updates[-1]},
-        "examples_per_s": 500.0, "final": final,
-        "initial": {"train_loss": float(loss[0]), "test_loss": float(loss[0] + 0.05),
-                    "test_acc": 0.1},
-        "target_losses": {"losses": [loss[0] / 2, loss[0] / 5, loss[0] / 10],
-                          "reference": "0.5 / 0.2 / 0.1 x the initial training loss"},
-        "time_to_loss": {f"{loss[0] / 2:.4g}": 1.0, f"{loss[0] / 5:.4g}": 1.5,
-                         f"{loss[0] / 10:.4g}": None},
-        "mix": {"accel": {"kind": "cuda" if gpu else "emulated", "role": "accel", "count": 1,
-                          "threads": 1, "batch_size": 256,
-                          "devices": ["cuda:0" if gpu else "cpu"]},
-                "cpu": {"kind": "cpu", "role": "host", "count": 1, "threads": 1,
-                        "batch_size": 16, "devices": ["cpu"]}},
-        "utilization": {
-            "workers_cpu_cores_mean": float(util["workers_cpu_percent"].mean()) / 100,
-            "workers_cpu_share_mean": float(util["workers_cpu_percent"].mean()) / 100 / 2,
+    updates_by_group = {"cpu": int(cpu_updates[-1]), "accel": int(updates[-1] - cpu_updates[-1])}
+    targets = [loss[0] / 2, loss[0] / 5, loss[0] / 10]
+    groups = {"accel": GroupMix(kind="cuda" if gpu else "emulated", role="accel", count=1,
+                                threads=1, batch_size=256, devices=["cuda:0" if gpu else "cpu"]),
+              "cpu": GroupMix(kind="cpu", role="host", count=1, threads=1, batch_size=16,
+                              devices=["cpu"])}
+    workers_cores = float(util["workers_cpu_percent"].mean()) / 100
+    summary = RunSummary(
+        status="completed", error=None, algo=algo, dataset=dataset, model="mlp",
+        devices=devices, seed=seed, time_s=float(t[-1]), epochs=float(epoch[-1]),
+        examples=2000, updates=int(updates[-1]), updates_by_group=updates_by_group,
+        update_share={"cpu": cpu_updates[-1] / updates[-1],
+                      "accel": 1 - cpu_updates[-1] / updates[-1]},
+        examples_per_s=500.0,
+        initial=Losses(float(loss[0]), float(loss[0] + 0.05), 0.1),
+        final=Losses(float(loss[-1]), float(loss[-1] + 0.05), float(acc[-1])),
+        target_losses=TargetLosses(targets, "0.5 / 0.2 / 0.1 x the initial training loss"),
+        time_to_loss={loss_key(targets[0]): 1.0, loss_key(targets[1]): 1.5,
+                      loss_key(targets[2]): None},
+        mix=Mix(groups),
+        utilization={
+            "workers_cpu_cores_mean": workers_cores,
+            "workers_cpu_share_mean": workers_cores / 2,
             "host_cpu_percent_mean": float(util["host_cpu_percent"].mean()),
             "gpu_util_mean": float(util["gpu0_util"].mean()) if gpu else None},
-        "emulated": emulated,
-        "environment": {"torch": "2.13", "python": "3.11", "cpu_model": "test", "cores": 2,
-                        "gpus": ["H200"] if gpu else [], "driver": None},
-        "run_dir": str(run_dir)}
+        emulated=emulated,
+        environment={"torch": "2.13", "python": "3.11", "cpu_model": "test", "cores": 2,
+                     "gpus": ["H200"] if gpu else [], "driver": None},
+        run_dir=str(run_dir)).to_dict()
     (run_dir / "summary.json").write_text(json.dumps(summary))
     return run_dir
 
@@ -164,9 +163,9 @@ def write_broken_runs(results: Path) -> Path:
          "devices": {"name": "gpu"}, "seed": 1}))
     running = write_failed(results / "running", algo="local_sgd", devices="gpu", seed=2,
                            error="")
-    (running / "summary.json").write_text(json.dumps(
-        {"status": "running", "error": None, "algo": "local_sgd", "dataset": "digits",
-         "model": "mlp", "devices": "gpu", "seed": 2}))
+    (running / "summary.json").write_text(json.dumps(RunSummary(
+        status="running", error=None, algo="local_sgd", dataset="digits", model="mlp",
+        devices="gpu", seed=2).to_dict()))
     return results
 
 

@@ -1,17 +1,26 @@
-"""Sweeps: over config groups that bring other groups, and through Hydra's submitit launcher,
-whose jobs run in other processes."""
+"""Sweeps: over config groups that bring other groups, through Hydra's submitit launcher,
+whose jobs run in other processes, and job folders named by the keys the sweep varies."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
+from hetsgd.config import CONF_DIR, compose_run, register_configs, to_run_config
 from hetsgd.config.compose import with_first_group_choices
+from hetsgd.config.swept import MULTIRUN, sweep_overrides, swept_keys, swept_name
 
 SHORT = ("dataset=digits", "budget.seconds=1", "budget.epochs=null", "progress=false")
 
@@ -33,6 +42,72 @@ def test_a_swept_group_is_given_its_first_choice_before_the_sweep() -> None:
         "-m", "+method=sync", "+method=sync,hogwild", "seed=0,1", "devices=cpu",
         "devices=choice(cpu,auto)", "hydra/launcher=basic,submitit_local",
         "devices.groups.accel.batch_size=64", "algo=sync"]
+
+
+# `make run` before it was an experiment: `hetsgd run -m` with these arguments
+MAKE_RUN_BEFORE = ("+method=gpu,hogwild,hogbatch,adaptive", "dataset=digits", "model=mlp_paper",
+                   "seed=0,1,2", "budget.epochs=null", "budget.seconds=6", "eval.every_s=0.25",
+                   "eval.every_epochs=null", "monitor.interval_s=0.25")
+
+
+@pytest.fixture
+def hydra_conf() -> Iterator[None]:
+    """Hydra initialized on the config tree, for `compose`; whatever Hydra held (an earlier
+    in-process `hetsgd run`'s) is set aside meanwhile, as `compose_run` does."""
+    register_configs()
+    held = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            yield
+    finally:
+        GlobalHydra.instance().hydra = held
+
+
+def sweep_jobs(*args: str) -> list[list[str]]:
+    """The overrides of each job that `hetsgd run -m ARGS` launches, in order, as Hydra's basic
+    sweeper makes them: the sweeper's params from the sweep's config, then the arguments."""
+    arguments = with_first_group_choices(args)
+    fixed = [a for a in arguments if a.startswith("+experiment=")]
+    params = compose("config", overrides=fixed, return_hydra_config=True).hydra.sweeper.params
+    given = [f"{key}={value}" for key, value in (params or {}).items()] + arguments
+    batch, = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)
+    return batch
+
+
+def test_the_make_run_experiment_runs_the_twelve_jobs_make_run_ran_before(hydra_conf) -> None:
+    before, now = sweep_jobs(*MAKE_RUN_BEFORE), sweep_jobs("+experiment=make_run")
+    methods_and_seeds = [[o for o in job if o.startswith(("+method=", "seed="))] for job in before]
+    assert len(before) == 12
+    assert [[o for o in job if o != "+experiment=make_run"] for job in now] == methods_and_seeds
+    # each method's first job composes to the same config (the seeds differ in `seed=` alone)
+    for old, new in list(zip(before, now))[::3]:
+        assert OmegaConf.to_container(compose("config", overrides=new)) == \
+            OmegaConf.to_container(compose("config", overrides=old))
+
+
+def test_a_job_folder_is_named_by_the_keys_its_sweep_varies_only(tmp_path: Path) -> None:
+    # as `hetsgd run -m +method=gpu,sync seed=0,1 dataset=digits` records it, the first
+    # choice of the swept group put before its sweep, with an experiment's sweeper params
+    (tmp_path / MULTIRUN).write_text(yaml.safe_dump({"hydra": {
+        "overrides": {"hydra": ["hydra.mode=MULTIRUN"],
+                      "task": ["+method=gpu", "+method=gpu,sync", "seed=0,1", "dataset=digits"]},
+        "sweeper": {"params": {"optim.lr": "range(1,3)", "budget.seconds": 6}}}}))
+    overrides = sweep_overrides(tmp_path)
+    assert swept_keys(overrides) == {"method", "seed", "optim.lr"}
+    job = ["optim.lr=2", "budget.seconds=6", "+method=sync", "seed=1", "dataset=digits"]
+    assert swept_name(job, swept_keys(overrides)) == "optim.lr=2,+method=sync,seed=1"
+    assert sweep_overrides(tmp_path / "elsewhere") == []  # no sweep here: nothing swept
+    assert swept_name(job, frozenset()) == ""
+
+
+@pytest.mark.integration
+def test_a_sweeps_job_folders_name_the_swept_values(results_dir: Path) -> None:
+    result = hetsgd_run("-m", "seed=0,1", "budget.epochs=0.2", "dataset=digits", "progress=false")
+    assert result.returncode == 0, result.stderr
+    sweep, summary = the_sweep(results_dir)
+    assert [Path(d).name for d in summary["run_dir"]] == ["0_seed=0", "1_seed=1"]
+    assert list(summary["job"]) == [0, 1] and list(summary["status"]) == ["completed"] * 2
 
 
 @pytest.mark.integration
@@ -78,3 +153,17 @@ def test_a_failed_submitit_job_fails_the_sweep(results_dir: Path) -> None:
     assert result.returncode == 1, result.stderr
     _, summary = the_sweep(results_dir)
     assert list(summary["status"]) == ["completed", "failed"]
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
+def test_the_first_job_of_every_experiment_composes_into_a_checked_config(hydra_conf,
+                                                                          experiment: str) -> None:
+    first, *_ = sweep_jobs(f"+experiment={experiment}")
+    to_run_config(compose("config", overrides=first))
+
+
+def test_the_paper_net_experiment_composes_what_its_overrides_did() -> None:
+    before = ("+experiment=hogbatch_paper_sim", "algo=adaptive", "model=mlp_paper", "seed=0",
+              "optim.lr=0.01", "eval.every_s=1", "devices=paper_hogbatch_k80")
+    now = ("+experiment=hogbatch_paper_sim_net", "algo=adaptive", "devices=paper_hogbatch_k80")
+    assert compose_run(now) == compose_run(before)

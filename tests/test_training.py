@@ -15,9 +15,9 @@ from hetsgd.data import load_dataset
 from hetsgd.devices import expand
 from hetsgd.engines.shared_memory.cursor import EpochCursor
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster, SharedRows
-from hetsgd.engines.shared_memory.snapshots import Snapshot, Snapshots
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import StepRecord, Worker
+from hetsgd.engines.snapshots import Snapshot, Snapshots
 from hetsgd.model.architectures import build_model
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn

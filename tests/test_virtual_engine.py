@@ -15,11 +15,12 @@ from conftest import compose_config, run_config
 
 from hetsgd import algorithms
 from hetsgd.algorithms import adaptive
-from hetsgd.algorithms.base import DistributedHooks, coordinator
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig, to_run_config
 from hetsgd.devices import WorkerSpec, expand
-from hetsgd.engines.shared_memory.counters import COUNTERS
+from hetsgd.engines.counters import COUNTERS
+from hetsgd.engines.factory import build_engine
+from hetsgd.engines.hooks import DistributedHooks
 from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.virtual.busy import BusyTime
@@ -137,7 +138,7 @@ def test_adaptive_steers_the_shares_toward_its_target_on_virtual_time() -> None:
     cfg = run_config("algo=adaptive", "dataset=digits", "model=logreg", "devices=emulated",
                      "devices.simulated=true", "budget.seconds=20", "budget.epochs=null",
                      "algo.target_share=0.5", "algo.period_s=0.5", "algo.window_s=1.0",
-                     "algo.max_cpu_batch=256", "progress=false")
+                     "algo.max_host_batch=256", "progress=false")
     data = load_run_data(cfg, progress=False)
     plan = adaptive.plan(cfg, expand(cfg.devices))
     hooks = adaptive.hooks(plan)
@@ -205,20 +206,20 @@ def test_what_the_virtual_clock_cannot_run_is_a_clear_error(tmp_path: Path) -> N
     plan = algorithms.get("hogwild").plan(cfg, expand(cfg.devices))
     with pytest.raises(UserError, match=r"^simulated group 'cpu' of devices=cpu has no device "
                                         r"profile: .*devices.calibration is not set"):
-        coordinator(plan, algorithms.get("hogwild").hooks(plan), data.problem, data.train,
+        build_engine(plan, algorithms.get("hogwild").hooks(plan), data.problem, data.train,
                     master, None)
     cfg = run_config("algo=sync", "devices=emulated", "devices.only=[cpu]",
                      "devices.simulated=true", f"devices.calibration={calibration}",
                      "checkpoint.every_s=5")
     plan = algorithms.get("sync").plan(cfg, expand(cfg.devices))
     with pytest.raises(UserError, match="checkpoints are not supported on simulated mixes"):
-        coordinator(plan, algorithms.get("sync").hooks(plan), data.problem, data.train,
+        build_engine(plan, algorithms.get("sync").hooks(plan), data.problem, data.train,
                     master, None)
     cfg = run_config("algo=local_sgd", "algo.tau=2", "devices=emulated", "devices.simulated=true",
                      f"devices.calibration={calibration}", "checkpoint.every_s=5")
     plan = algorithms.get("local_sgd").plan(cfg, expand(cfg.devices))
     with pytest.raises(UserError, match="checkpoints are not supported on simulated mixes"):
-        coordinator(plan, algorithms.get("local_sgd").hooks(plan), data.problem, data.train,
+        build_engine(plan, algorithms.get("local_sgd").hooks(plan), data.problem, data.train,
                     master, None)
 
 

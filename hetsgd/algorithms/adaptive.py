@@ -7,11 +7,12 @@ The paper does not give its rule. This is the project's reconstruction (docs/alg
 * with s* = ``target_share`` (the accelerator class's wanted share of updates),
   r = (s* / (1 - s*)) * U_host / U_accel is how many times more often the accelerators should
   update; inside a 10 % dead band nothing changes;
-* r > 1: shrink the accelerator batch, b_g <- clamp(b_g / r^gamma, min_gpu_batch, max_gpu_batch);
-  once b_g sits at ``min_gpu_batch`` (the paper's threshold, which caps the utilization cost),
-  grow the host batches by r^gamma up to ``max_cpu_batch``;
+* r > 1: shrink the accelerator batch,
+  b_g <- clamp(b_g / r^gamma, min_accel_batch, max_accel_batch); once b_g sits at
+  ``min_accel_batch`` (the paper's threshold, which caps the utilization cost), grow the host
+  batches by r^gamma up to ``max_host_batch``;
 * r < 1: undo in the opposite order (host batches back down to their configured size, then
-  b_g up to ``max_gpu_batch``);
+  b_g up to ``max_accel_batch``);
 * each resize is capped at a factor of 4, and the measuring window restarts after it.
 
 Every change is logged (``batches.csv``); the summary says whether a bound stopped the controller.
@@ -23,10 +24,11 @@ import dataclasses
 from collections import deque
 
 from hetsgd.algorithms import hogbatch
-from hetsgd.algorithms.base import Hooks, Plan, SharedMemoryHooks
+from hetsgd.algorithms.base import Plan
 from hetsgd.config import AdaptiveConfig, RunConfig
 from hetsgd.devices import WorkerSpec
-from hetsgd.engines.shared_memory.counters import WorkerCounters
+from hetsgd.engines.counters import WorkerCounters
+from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
 
 NAME = "adaptive"
 DEAD_BAND = 1.1  # no resize while the wanted/measured update ratio is within this factor of 1
@@ -37,15 +39,16 @@ NO_UPDATE_FLOOR = 0.5
 
 
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
-    """Hogbatch's layout; ``max_gpu_batch`` defaults to the accelerator group's batch size."""
+    """Hogbatch's layout; ``max_accel_batch`` defaults to the accelerator group's batch size."""
     hogbatch.check_workers(cfg, specs)
     algo = cfg.algo
     assert isinstance(algo, AdaptiveConfig)
     accel_batch = next(s.batch_size for s in specs if s.accel)
-    max_gpu_batch = algo.max_gpu_batch or accel_batch
-    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(algo, max_gpu_batch=max_gpu_batch))
-    return Plan(cfg, specs, {"max_gpu_batch": max_gpu_batch, "min_gpu_batch": algo.min_gpu_batch,
-                             "max_cpu_batch": algo.max_cpu_batch})
+    max_accel_batch = algo.max_accel_batch or accel_batch
+    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(algo, max_accel_batch=max_accel_batch))
+    return Plan(cfg, specs, {"max_accel_batch": max_accel_batch,
+                             "min_accel_batch": algo.min_accel_batch,
+                             "max_host_batch": algo.max_host_batch})
 
 
 def hooks(plan: Plan) -> Hooks:
@@ -68,12 +71,12 @@ class BatchController:
         self.specs = specs
         self.accel = [s.rank for s in specs if s.accel]
         self.host = [s.rank for s in specs if not s.accel]
-        self.gpu_batch = float(specs[self.accel[0]].batch_size)
-        assert cfg.max_gpu_batch is not None, "settled by plan()"
-        self.max_gpu_batch = float(cfg.max_gpu_batch)
+        self.accel_batch = float(specs[self.accel[0]].batch_size)
+        assert cfg.max_accel_batch is not None, "settled by plan()"
+        self.max_accel_batch = float(cfg.max_accel_batch)
         self.initial_host = {r: specs[r].batch_size for r in self.host}
         self.host_factor = 1.0
-        self.max_host_factor = max(1.0, cfg.max_cpu_batch / max(self.initial_host.values(), default=1))
+        self.max_host_factor = max(1.0, cfg.max_host_batch / max(self.initial_host.values(), default=1))
         self.window: deque[tuple[float, float, float]] = deque()
         self.next_control = cfg.period_s
         self.last_ratio: float | None = None
@@ -82,8 +85,8 @@ class BatchController:
                     for s in specs]
 
     def _sizes(self) -> dict[int, int]:
-        sizes = {r: max(1, round(self.gpu_batch)) for r in self.accel}
-        sizes.update({r: min(self.cfg.max_cpu_batch, max(b, round(b * self.host_factor)))
+        sizes = {r: max(1, round(self.accel_batch)) for r in self.accel}
+        sizes.update({r: min(self.cfg.max_host_batch, max(b, round(b * self.host_factor)))
                       for r, b in self.initial_host.items()})
         return sizes
 
@@ -106,14 +109,14 @@ class BatchController:
             return
         step = _clamp(ratio ** self.cfg.gamma, 1 / MAX_FACTOR, MAX_FACTOR)
         before = self._sizes()
-        if ratio > 1 and self.gpu_batch > self.cfg.min_gpu_batch:
-            self.gpu_batch = _clamp(self.gpu_batch / step, self.cfg.min_gpu_batch, self.max_gpu_batch)
+        if ratio > 1 and self.accel_batch > self.cfg.min_accel_batch:
+            self.accel_batch = _clamp(self.accel_batch / step, self.cfg.min_accel_batch, self.max_accel_batch)
         elif ratio > 1:
             self.host_factor = _clamp(self.host_factor * step, 1.0, self.max_host_factor)
         elif self.host_factor > 1:
             self.host_factor = _clamp(self.host_factor * step, 1.0, self.max_host_factor)
         else:
-            self.gpu_batch = _clamp(self.gpu_batch / step, self.cfg.min_gpu_batch, self.max_gpu_batch)
+            self.accel_batch = _clamp(self.accel_batch / step, self.cfg.min_accel_batch, self.max_accel_batch)
         after = self._sizes()
         if after == before:
             return
@@ -129,11 +132,11 @@ class BatchController:
         """Where the controller ended, and which bound (if any) kept it from its target."""
         bound = None
         if self.last_ratio is not None and self.last_ratio >= DEAD_BAND:
-            if self.gpu_batch <= self.cfg.min_gpu_batch and self.host_factor >= self.max_host_factor:
-                bound = "min_gpu_batch and max_cpu_batch"
+            if self.accel_batch <= self.cfg.min_accel_batch and self.host_factor >= self.max_host_factor:
+                bound = "min_accel_batch and max_host_batch"
         elif self.last_ratio is not None and self.last_ratio <= 1 / DEAD_BAND:
-            if self.host_factor <= 1 and self.gpu_batch >= self.max_gpu_batch:
-                bound = "max_gpu_batch"
+            if self.host_factor <= 1 and self.accel_batch >= self.max_accel_batch:
+                bound = "max_accel_batch"
         return {"adaptive": {"target_share": self.cfg.target_share, "bound": bound,
                              "last_window_share": self.last_share,
                              "last_ratio": self.last_ratio, "final_batch_sizes": self._sizes()}}

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from hetsgd.algorithms.base import Hooks, Plan, SharedMemoryHooks
+from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec, renumber
+from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
 from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.errors import UserError
 

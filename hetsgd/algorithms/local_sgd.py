@@ -47,15 +47,16 @@ from dataclasses import dataclass
 
 import torch
 
-from hetsgd.algorithms.base import DistributedHooks, Hooks, Plan
+from hetsgd.algorithms.base import Plan
 from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
 from hetsgd.config import LocalSGDConfig, RunConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines.batches import Batches
 from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.distributed.coordinator import per_group
 from hetsgd.engines.distributed.group import Group, check_world, choose_backend
 from hetsgd.engines.distributed.rank import Rank
-from hetsgd.engines.shared_memory.batches import Batches
+from hetsgd.engines.hooks import DistributedHooks, Hooks
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem

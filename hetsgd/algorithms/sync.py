@@ -24,13 +24,14 @@ from collections.abc import Callable
 
 import torch
 
-from hetsgd.algorithms.base import DistributedHooks, Hooks, Plan, SharedMemoryHooks
+from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig, SyncConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.distributed.coordinator import per_group
 from hetsgd.engines.distributed.group import Group, check_world, choose_backend
 from hetsgd.engines.distributed.rank import Rank
+from hetsgd.engines.hooks import DistributedHooks, Hooks, SharedMemoryHooks
 from hetsgd.engines.shared_memory.cursor import EpochCursor
 from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.engines.shared_memory.state import SharedState

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING
 
 from hetsgd.config.checks import MAX_SECONDS, finite, one_of, positive, require, seconds
+
+log = logging.getLogger("hetsgd")
 
 
 @dataclass
@@ -52,6 +55,13 @@ class HogbatchConfig(AlgoConfig):
         one_of("algo.merge", self.merge, MERGES)
 
 
+#: Adaptive Hogbatch's keys renamed to say the role (accel or host), not a device kind: the old
+#: name still sets the new key for one release, with a warning.
+RENAMED_KEYS: dict[str, str] = {
+    "min_gpu_batch": "min_accel_batch", "max_gpu_batch": "max_accel_batch",
+    "max_cpu_batch": "max_host_batch"}
+
+
 @dataclass
 class AdaptiveConfig(HogbatchConfig):
     """Adaptive Hogbatch. The paper does not give its rule; this is the project's
@@ -62,24 +72,35 @@ class AdaptiveConfig(HogbatchConfig):
     period_s: float = 0.5  # control period
     window_s: float = 1.0  # update rates are measured over this sliding window
     gamma: float = 0.5  # damping exponent of each resize
-    min_gpu_batch: int = 32  # the paper's threshold: accel batches never go below it
-    max_gpu_batch: int | None = None  # null: the accel group's configured batch size
-    max_cpu_batch: int = 64  # host batches never grow beyond it
+    min_accel_batch: int = 32  # the paper's threshold: accel batches never go below it
+    max_accel_batch: int | None = None  # null: the accel group's configured batch size
+    max_host_batch: int = 64  # host batches never grow beyond it
+    # deprecated names of the three above (RENAMED_KEYS), declared so that old overrides and
+    # old runs' config.yaml still compose; null unless given
+    min_gpu_batch: int | None = None
+    max_gpu_batch: int | None = None
+    max_cpu_batch: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for old, new in RENAMED_KEYS.items():
+            if (value := getattr(self, old)) is not None:
+                log.warning("algo.%s is deprecated: use algo.%s", old, new)
+                setattr(self, new, value)
+                setattr(self, old, None)
         require(0 < self.target_share < 1, "algo.target_share", "0 < x < 1", self.target_share)
         seconds("algo.period_s", self.period_s)
         require(self.period_s <= self.window_s <= MAX_SECONDS,
                 "algo.window_s", f"at least algo.period_s, at most {MAX_SECONDS:,.0f} seconds",
                 self.window_s)
         require(0 < self.gamma <= 1, "algo.gamma", "0 < x <= 1", self.gamma)
-        require(self.min_gpu_batch > 0, "algo.min_gpu_batch", "a positive batch size",
-                 self.min_gpu_batch)
-        require(self.max_gpu_batch is None or self.max_gpu_batch >= self.min_gpu_batch,
-                 "algo.max_gpu_batch", "null or at least algo.min_gpu_batch", self.max_gpu_batch)
-        require(self.max_cpu_batch > 0, "algo.max_cpu_batch", "a positive batch size",
-                 self.max_cpu_batch)
+        require(self.min_accel_batch > 0, "algo.min_accel_batch", "a positive batch size",
+                 self.min_accel_batch)
+        require(self.max_accel_batch is None or self.max_accel_batch >= self.min_accel_batch,
+                 "algo.max_accel_batch", "null or at least algo.min_accel_batch",
+                 self.max_accel_batch)
+        require(self.max_host_batch > 0, "algo.max_host_batch", "a positive batch size",
+                 self.max_host_batch)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from hetsgd.config.schema import (
     RunConfig,
     SyntheticConfig,
 )
+from hetsgd.config.swept import sweep_overrides, swept_keys, swept_name
 from hetsgd.errors import UserError
 from hetsgd.machine import cuda_devices, usable_cores
 
@@ -43,13 +44,16 @@ def register_configs() -> None:
     """Register the schemas so that YAML files can name them in their defaults lists, and the
     resolvers device mixes use: `${hetsgd.cores:}` (one worker per core), `${hetsgd.cores_but:1}`
     (all cores but one, left to a GPU worker's host thread), `${hetsgd.gpus:}`, and
-    `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes); and
-    `${hetsgd.safe:...}`, which makes any value a safe directory name (run and sweep-job folders)."""
-    resolvers = {"hetsgd.cores": usable_cores,
-                 "hetsgd.cuda_or": lambda with_cuda, without: with_cuda if cuda_devices() else without,
-                 "hetsgd.cores_but": lambda n: max(1, usable_cores() - int(n)),
-                 "hetsgd.gpus": lambda: max(1, len(cuda_devices())),
-                 "hetsgd.safe": safe_component}
+    `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes);
+    `${hetsgd.safe:...}`, which makes any value a safe directory name (run and sweep-job folders);
+    and `${hetsgd.swept:}`, a sweep job's overrides of the keys its sweep varies (its folder's)."""
+    resolvers: dict[str, Callable[..., Any]] = {
+        "hetsgd.cores": usable_cores,
+        "hetsgd.cuda_or": lambda with_cuda, without: with_cuda if cuda_devices() else without,
+        "hetsgd.cores_but": lambda n: max(1, usable_cores() - int(n)),
+        "hetsgd.gpus": lambda: max(1, len(cuda_devices())),
+        "hetsgd.safe": safe_component,
+        "hetsgd.swept": _swept}
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
@@ -65,6 +69,13 @@ def register_configs() -> None:
     cs.store(group="schema", name="devices", node=DevicesConfig)
     for algo_name, schema in ALGO_SCHEMAS.items():
         cs.store(group="schema/algo", name=algo_name, node=schema)
+
+
+def _swept(*, _root_: DictConfig) -> str:
+    """In a sweep job's config: its overrides of the keys that the sweep, as the sweep folder
+    records it, varies."""
+    hydra = _root_.hydra
+    return swept_name(list(hydra.overrides.task), swept_keys(sweep_overrides(Path(hydra.sweep.dir))))
 
 
 def _open(schema: type) -> DictConfig:
@@ -131,8 +142,9 @@ def _unknown_keys(node: DictConfig, path: str = "") -> list[str]:
     custom model's undeclared keys are its factory's arguments."""
     schema = OmegaConf.get_type(node)
     declared = None if schema is CustomModelConfig else _declared(schema)
-    unknown = [f"{path}{key}" for key in node.keys() if declared is not None and key not in declared]
-    for key in node.keys():
+    keys = [str(key) for key in node.keys()]
+    unknown = [f"{path}{key}" for key in keys if declared is not None and key not in declared]
+    for key in keys:
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
             unknown += _unknown_keys(child, f"{path}{key}.")
@@ -189,16 +201,16 @@ def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failur
     resume checks it), and typed, without ``now``. A config that cannot be rebuilt (e.g. with a
     key this version no longer has) is a one-line :class:`UserError` after ``failure``."""
     try:
-        if isinstance(recorded, Path):
-            recorded = OmegaConf.load(recorded)
-        if not isinstance(recorded, DictConfig):
+        loaded = OmegaConf.load(recorded) if isinstance(recorded, Path) else recorded
+        if not isinstance(loaded, DictConfig):
             raise ConfigError("the recorded config is not a mapping")
-        overrides = [*_recorded_choices(recorded), *overrides]
-        config = OmegaConf.merge(compose_run(overrides), recorded)
+        overrides = [*_recorded_choices(loaded), *overrides]
+        config = OmegaConf.merge(compose_run(overrides), loaded)
+        assert isinstance(config, DictConfig)  # a merge onto a mapping is a mapping
         run = to_run_config(config)
         if now:
             composed = compose_run([*overrides, *now])
-            config = OmegaConf.merge(composed, recorded)
+            config = OmegaConf.merge(composed, loaded)
             for override in OverridesParser.create().parse_overrides(list(now)):
                 key = override.key_or_group
                 OmegaConf.update(config, key, OmegaConf.select(composed, key), merge=False)

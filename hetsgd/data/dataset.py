@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import numpy as np
 import scipy.sparse as sp
 
-Features = np.ndarray | sp.csr_matrix
+Features: TypeAlias = np.ndarray | sp.csr_matrix
 # Where a prepared array is written: ``np.empty`` by default; a run passes an allocator of shared
 # memory, so that the training set exists once, where the workers read it.
 Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]

@@ -99,7 +99,7 @@ def download(remote: RemoteFile, dataset: str, progress: bool) -> Path:
         raise UserError(f"cannot write {target}: {reason(exc)}") from exc
     finally:
         logger.setLevel(level)
-        if bar:
+        if isinstance(bar, DownloadBar):
             bar.close()
         shutil.rmtree(writing, ignore_errors=True)
     if expected is None:

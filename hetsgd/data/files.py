@@ -32,8 +32,9 @@ from hetsgd.data.download_progress import report_read
 from hetsgd.errors import UserError
 
 COMPRESSIONS = (".xz", ".bz2", ".gz")
-_OPENERS: dict[str, Callable[..., IO[bytes]]] = {".xz": lzma.open, ".bz2": bz2.open,
-                                                 ".gz": gzip.open}
+# each opens a binary stream (LZMAFile, BZ2File, GzipFile), a BufferedIOBase
+_OPENERS: dict[str, Callable[..., io.BufferedIOBase]] = {".xz": lzma.open, ".bz2": bz2.open,
+                                                         ".gz": gzip.open}
 # what reading a file can raise besides UserError: the OS's errors (a .gz that is not gzip is a
 # gzip.BadGzipFile), truncation, and the decompressors' own
 _READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
@@ -99,7 +100,7 @@ class _Bounded(io.RawIOBase):
     time, so a line inside one read is shorter than the bound and only the line that runs across
     reads needs counting."""
 
-    def __init__(self, stream: IO[bytes], raw: IO[bytes], path: Path, size: int,
+    def __init__(self, stream: IO[bytes] | io.BufferedIOBase, raw: IO[bytes], path: Path, size: int,
                  max_total: int | None, max_line: int | None) -> None:
         super().__init__()
         self._stream, self._raw, self._path, self._size = stream, raw, path, size

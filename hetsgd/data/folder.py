@@ -106,6 +106,7 @@ def read_pixels(folder: Any, size: tuple[int, int] | None) -> tuple[np.ndarray, 
             if size is None:
                 size, like = (image.shape[1], image.shape[2]), f"as {path} is"
             pixels = np.empty((len(folder.samples), image.size), np.uint8)
+        assert size is not None  # given, or the first image's from here on
         if image.shape[1:] != size:
             raise UserError(f"{path} is {image.shape[1]}x{image.shape[2]} pixels (height x "
                             f"width), not {size[0]}x{size[1]} {like}: set "

@@ -54,7 +54,7 @@ def read_idx(path: Path) -> np.ndarray:
 
 def read_fashion(images_train: Path, labels_train: Path, images_test: Path, labels_test: Path,
                  source: str) -> Parsed:
-    parts = []
+    parts: list[np.ndarray] = []
     for images_path, labels_path in ((images_train, labels_train), (images_test, labels_test)):
         images, labels = read_idx(images_path), read_idx(labels_path)
         if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
@@ -63,7 +63,9 @@ def read_fashion(images_train: Path, labels_train: Path, images_test: Path, labe
         if labels.size and (labels.min() < 0 or labels.max() > 9):
             raise UserError(f"{labels_path} has labels outside 0..9")
         parts += [images.reshape(len(images), -1).astype(np.uint8), labels.astype(np.int64)]
-    return Parsed("multiclass", 10, *parts, source=source, image_shape=(1, 28, 28))
+    x_train, y_train, x_test, y_test = parts
+    return Parsed("multiclass", 10, x_train, y_train, x_test, y_test, source=source,
+                  image_shape=(1, 28, 28))
 
 
 DEBIAN_FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
@@ -103,7 +105,9 @@ class FashionMnist(Source):
                 for path, remote in zip(files, self.remotes, strict=True):
                     verify(path, remote)
             with status("parsing Fashion-MNIST", progress):
-                return read_fashion(*files, source=f"Fashion-MNIST: {files[0].parent}")
+                images_train, labels_train, images_test, labels_test = files  # one per remote
+                return read_fashion(images_train, labels_train, images_test, labels_test,
+                                    source=f"Fashion-MNIST: {files[0].parent}")
 
         return load_or_parse(self.name, files, {}, parse)
 

@@ -20,6 +20,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -53,7 +54,7 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
     multilabel = task == "multilabel" or (task == "auto" and _looks_multilabel(train))
     paths = [train] + ([test] if test is not None else [])
     parts = [_parse(path, multilabel) for path in paths]
-    xs, ys = [x for x, _ in parts], [y for _, y in parts]
+    xs, labels = [x for x, _ in parts], [y for _, y in parts]
     if xs[0].shape[0] == 0:
         raise UserError(f"{train} holds no examples")
     if all(x.nnz and x.indices.min() > 0 for x in xs):  # no index 0 anywhere: 1-based
@@ -65,10 +66,13 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
     width = max(width, n_features or 0)
     xs = [sp.csr_matrix((x.data, x.indices, x.indptr), shape=(x.shape[0], width)) for x in xs]
     where = " and ".join(map(str, paths))
+    # each file's labels as scikit-learn reads them: if multilabel, a list of one tuple of labels
+    # per example, else an array
     if multilabel:
-        task, (num_classes, ys) = "multilabel", multi_hot(ys, where)
+        per_example = cast(list[list[tuple[float, ...]]], labels)
+        task, (num_classes, ys) = "multilabel", multi_hot(per_example, where)
     else:
-        task, num_classes, ys = encode(ys, task, where)
+        task, num_classes, ys = encode(cast(list[np.ndarray], labels), task, where)
     if width <= DENSE_MAX_FEATURES:
         xs = [x.toarray() for x in xs]
     has_test = test is not None
@@ -194,6 +198,7 @@ class LibsvmSet(Source):
 
     def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
         train_remote, test_remote = self.remotes[0], (self.remotes[1:] or [None])[0]
+        train: Path | None  # None only until fetched, where the cache lacks it
         if cfg.path:
             train = existing_file(cfg.path)
             test = find_local(train.parent, test_remote.name) if test_remote else None

@@ -146,12 +146,13 @@ class Scaler:
 
     name: str
     shift: np.ndarray | None = None
-    divisor: np.ndarray | None = None
+    divisor: np.ndarray | np.float32 | None = None  # a scalar: the same for every feature
 
     def apply(self, x: Features) -> Features:
         if self.divisor is None:
             return x
         if sp.issparse(x):  # zeros stay zeros: a shift would densify, so sparse sets have none
+            assert isinstance(self.divisor, np.ndarray)  # per feature: a scalar is for images only
             x = sp.csr_matrix(x, dtype=np.float32)
             # new values, not ``x.data`` divided in place: ``x`` may be the parsed matrix itself
             scaled = self.divisor[x.indices]
@@ -178,7 +179,8 @@ def fit_scaler(x_train: Features, parsed: Parsed, how: str) -> Scaler:
         per_pixel = x_train.shape[1] // parsed.image_shape[0]
         mean, std = (np.repeat(np.asarray(s, dtype=np.float64), per_pixel)
                      for s in parsed.channel_stats)
-        return Scaler(how, np.float32(255.0 * mean), np.float32(255.0 * _nonzero(std)))
+        return Scaler(how, (255.0 * mean).astype(np.float32),
+                      (255.0 * _nonzero(std)).astype(np.float32))
     if sp.issparse(x_train):
         top = abs(x_train).max(axis=0).toarray().ravel()
         return Scaler("maxabs", None, _nonzero(top).astype(np.float32))

@@ -77,7 +77,8 @@ class SingleFile(Source):
     label: str = ""
 
     def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
-        assert self.reader is not None
+        reader = self.reader
+        assert reader is not None
         remote = self.remotes[0]
         path = existing_file(cfg.path) if cfg.path else ensure(remote, self.name, progress)
 
@@ -85,6 +86,6 @@ class SingleFile(Source):
             if not cfg.path:
                 verify(path, remote)
             with status(f"reading {path.name}", progress):
-                return self.reader(path, f"{self.label} from {remote.url}: {path}")
+                return reader(path, f"{self.label} from {remote.url}: {path}")
 
         return load_or_parse(self.name, [path], {}, parse)

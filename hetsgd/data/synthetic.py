@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hetsgd.config import DatasetConfig
+from hetsgd.config.schema import SyntheticConfig
 from hetsgd.data.dataset import Parsed, block_rows, row_blocks
 from hetsgd.data.source import Source
 
@@ -79,6 +80,7 @@ def make_synthetic(n_samples: int, n_features: int, n_classes: int, seed: int) -
 @dataclass(frozen=True)
 class Synthetic(Source):
     def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
+        assert isinstance(cfg, SyntheticConfig), "dataset=synthetic is composed into a SyntheticConfig"
         self.no_path(cfg)
         return make_synthetic(cfg.n_samples, cfg.n_features, cfg.n_classes, seed)
 

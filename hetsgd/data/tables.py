@@ -111,7 +111,7 @@ def _parsed(parts: list[_Part], task: str, source: str) -> Parsed:
             raise UserError(f"{part.where}: {part.x.shape[0]} rows of features but "
                             f"{len(part.y)} labels")
         check_finite(part)
-    train, test = parts[0], (parts[1:] or [None])[0]
+    train, test = parts[0], (parts[1] if len(parts) > 1 else None)
     if test is not None and test.x.shape[1] != train.x.shape[1]:
         raise UserError(f"{test.where} has {test.x.shape[1]} features; {train.where} has "
                         f"{train.x.shape[1]}")
@@ -289,7 +289,7 @@ def _npy_labels(cfg: FilesConfig) -> list[Path]:
 def read_files(cfg: FilesConfig, paths: list[Path], fmt: str, source: str) -> Parsed:
     """The train (and test) file of ``cfg`` in format ``fmt``, labels encoded for ``cfg.task``."""
     if fmt == "libsvm":
-        return read_libsvm(paths[0], (paths[1:] or [None])[0], cfg.task, source)
+        return read_libsvm(paths[0], paths[1] if len(paths) > 1 else None, cfg.task, source)
     if fmt == "npz":
         parts = [read_npz(path, cfg.x_array, cfg.y_array) for path in paths]
     elif fmt == "npy":

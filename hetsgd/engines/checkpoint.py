@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from hetsgd.engines import device_ops
-from hetsgd.engines.shared_memory.snapshots import Snapshot
+from hetsgd.engines.snapshots import Snapshot
 
 
 @dataclass

@@ -9,6 +9,7 @@ of a linear layer is never materialised (:meth:`SGD.apply_product`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -35,7 +36,7 @@ class SGD:
             lr *= math.sqrt(ratio)
         return lr
 
-    def momentum_views(self) -> list[torch.Tensor | None]:
+    def momentum_views(self) -> Sequence[torch.Tensor | None]:
         """Each parameter's slice of the momentum buffer (None for every one without momentum)."""
         if self.momentum_buffer is None:
             return [None] * len(list(self.flat.module.parameters()))

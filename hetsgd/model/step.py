@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -159,7 +160,8 @@ def mlp_layers(module: nn.Module) -> list[tuple[nn.Linear, Activation | None]] |
         return None
     if not all(_plain(m) for m in module.modules()):
         return None
-    return list(zip(linears, [_ACTIVATIONS[type(a)] for a in activations] + [None]))
+    layers = cast(list[nn.Linear], linears)  # each checked above to be exactly nn.Linear
+    return list(zip(layers, [_ACTIVATIONS[type(a)] for a in activations] + [None]))
 
 
 class FusedMlpStep(Step):
@@ -209,7 +211,9 @@ class FusedMlpStep(Step):
                 products.append((bias, bias_momentum, self.ones[:, :len(grad)], grad))
             if i > 0:
                 below = grad @ weight  # a new tensor: `grad` stays this layer's factor
-                self.activations[i - 1][1](below, a)
+                activation = self.activations[i - 1]
+                assert activation is not None  # every layer but the last has one
+                activation[1](below, a)
                 grad = below
         return Pending(loss, losses, self.sgd.lr(epoch, batch_size), products)
 

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import psutil
 
@@ -103,7 +103,7 @@ class UtilizationMonitor:
         """Measure ``time_s`` from ``t0`` (a ``time.perf_counter()`` reading), e.g. training start."""
         self._origin = t0
 
-    def start(self) -> Self:
+    def start(self) -> UtilizationMonitor:
         if self._thread is not None:
             raise RuntimeError("the monitor is already running")
         if self._origin is None:
@@ -125,7 +125,7 @@ class UtilizationMonitor:
             self._thread = None
         return list(self._rows)
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> UtilizationMonitor:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

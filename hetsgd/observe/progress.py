@@ -9,7 +9,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
-from hetsgd.engines.shared_memory.counters import WorkerCounters
+from hetsgd.engines.counters import WorkerCounters
 
 
 class TrainingProgress:

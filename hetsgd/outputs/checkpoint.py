@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
-from hetsgd.engines.shared_memory.snapshots import Snapshot
+from hetsgd.engines.snapshots import Snapshot
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import CONFIG, OVERRIDES
 from hetsgd.outputs.run_directory import SNAPSHOTS, replace_file, sync_folder, writing
@@ -32,7 +32,7 @@ STATE = "state.pt"
 PARTIAL = ".partial"
 # The run's files a version keeps, by their name there: not the run directory's own names, so a
 # version is never taken for a run directory (hetsgd.outputs.index.is_run_dir).
-RUN_FILES = {"run_config.yaml": CONFIG, "run_overrides.yaml": OVERRIDES}
+RUN_FILES: dict[str, str | Path] = {"run_config.yaml": CONFIG, "run_overrides.yaml": OVERRIDES}
 
 
 def time_name(time_s: float) -> str:

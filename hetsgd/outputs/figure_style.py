@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import matplotlib as mpl
 import numpy as np
@@ -17,6 +17,9 @@ from matplotlib.figure import Figure
 from hetsgd.errors import UserError
 from hetsgd.outputs.metrics import TARGETS
 
+if TYPE_CHECKING:  # matplotlib.typing is new in matplotlib 3.8
+    from matplotlib.typing import RcKeyType
+
 FORMATS = ("png", "svg", "pdf")
 DPI = 100
 SIZE = (6.4, 3.6)
@@ -26,7 +29,7 @@ METADATA: dict[str, dict[str, Any]] = {
     "svg": {"Date": None, "Creator": None},
     "pdf": {"CreationDate": None, "Creator": None, "Producer": None},
 }
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 8,
     "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.grid": True, "grid.alpha": 0.3,
     "axes.spines.top": False, "axes.spines.right": False, "svg.hashsalt": "hetsgd",

@@ -142,10 +142,10 @@ def _wrong_type(summary: dict[str, Any]) -> str | None:
         numbers = summary.get(key)
         if numbers is not None and not isinstance(numbers, dict):
             return f"{key} is {kind(numbers)}, not an object"
-        wrong = next((name for name, n in (numbers or {}).items() if not isinstance(n, _NUMBER)),
-                     None)
+        wrong = next(((name, n) for name, n in (numbers or {}).items()
+                      if not isinstance(n, _NUMBER)), None)
         if wrong is not None:
-            return f"{key}.{wrong} is {kind(numbers[wrong])}, not a number"
+            return f"{key}.{wrong[0]} is {kind(wrong[1])}, not a number"
     return None
 
 
@@ -215,7 +215,8 @@ def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
-    """One row per run: ``summary.json`` flattened with dots (``final.train_loss``,
+    """One row per run: ``summary.json`` flattened with dots, so that the columns are the fields
+    of :class:`hetsgd.outputs.summary.RunSummary` and their keys (``final.train_loss``,
     ``update_share.cpu``, ``time_to_loss.0.3456``), plus ``run_dir`` (where the run is now)
     and ``overrides`` (a tuple). An unreadable summary or overrides file costs one warning line
     naming it; the run is listed as failed, or without its overrides."""

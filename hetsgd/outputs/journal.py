@@ -26,11 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import Checkpoint
-from hetsgd.engines.shared_memory.snapshots import Snapshot
+from hetsgd.engines.snapshots import Snapshot
 from hetsgd.outputs.checkpoint import (
     UnreadableFile,
     load_snapshot,
@@ -46,8 +46,9 @@ log = logging.getLogger("hetsgd")
 
 def workers_table(specs: list[WorkerSpec], counters: list[dict[str, float]]
                   ) -> list[dict[str, Any]]:
-    """The rows of workers.csv: each worker's spec and counters."""
-    return [{"worker": s.rank, "group": s.group, "device": s.device, "kind": s.label,
+    """The rows of workers.csv: each worker's spec (``label``: its kind as tables show it, see
+    :attr:`WorkerSpec.label`) and counters."""
+    return [{"worker": s.rank, "group": s.group, "device": s.device, "label": s.label,
              "threads": s.threads, "first_batch": int(c["first_batch"]),
              "last_batch": int(c["batch_size"]), "updates": int(c["updates"]),
              "examples": int(c["examples"]), "busy_s": c["busy_s"], "wait_s": c["wait_s"],
@@ -85,7 +86,7 @@ class RunJournal:
         self._writer.shutdown(wait=True)
         self._raise_failure()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> RunJournal:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

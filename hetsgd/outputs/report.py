@@ -93,7 +93,7 @@ def _plain(value: object) -> str:
 def mix_label(run: Mapping[str, Any]) -> str:
     """A run's (or a row's) device mix, marked ``(emulated)`` or ``(simulated)`` where its name
     does not say so already."""
-    devices = str(run.get("devices", "?"))
+    devices = str(run.get("devices") or "?")
     marks = [mark for mark in ("emulated", "simulated") if run.get(mark) and mark not in devices]
     return f"{devices}{''.join(f' ({mark})' for mark in marks)}"
 

@@ -60,7 +60,7 @@ def writing(path: Path) -> Iterator[None]:
         raise WriteError.of(path, cause) from err
 
 
-def replace_file(path: Path, write: Callable[[IO], None], binary: bool = False) -> None:
+def replace_file(path: Path, write: Callable[[IO], object], binary: bool = False) -> None:
     """Write ``path`` atomically: ``write`` fills a temporary file (text, or ``binary``) in the
     same folder, which is flushed, synced to disk and only then renamed onto ``path``. A failure
     at any point (a full disk, a serializer that raises midway) leaves the previous complete

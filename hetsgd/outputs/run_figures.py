@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,18 +25,21 @@ from hetsgd.outputs.figure_style import (
     styled,
     time_label,
 )
-from hetsgd.outputs.index import load_csv, read_summary
+from hetsgd.outputs.index import load_csv
 from hetsgd.outputs.report import mix_label
+from hetsgd.outputs.summary import RunSummary
 
 
-def run_title(summary: dict[str, Any]) -> str:
+def run_title(summary: RunSummary) -> str:
     """``digits · mlp: hogbatch on cpu+gpu (emulated), seed 0``, plus the status when the run
     did not complete."""
-    mix = mix_label(summary)
-    status = summary.get("status")
-    return (f"{summary.get('dataset', '?')} · {summary.get('model', '?')}: "
-            f"{summary.get('algo', '?')} on {mix}, seed {summary.get('seed', '?')}"
-            + ("" if status == "completed" else f" [{status}]"))
+    def known(value: object) -> object:
+        return "?" if value is None else value
+
+    mix = mix_label(summary.to_dict())
+    return (f"{known(summary.dataset)} · {known(summary.model)}: "
+            f"{known(summary.algo)} on {mix}, seed {known(summary.seed)}"
+            + ("" if summary.status == "completed" else f" [{summary.status}]"))
 
 
 def _epoch_times(conv: pd.DataFrame | None) -> np.ndarray:
@@ -78,16 +80,9 @@ def _run_accuracy(conv: pd.DataFrame, title: str, xlabel: str) -> Figure:
     return fig
 
 
-def _cores_given(summary: dict[str, Any]) -> int | None:
-    """The cores the mix gave its workers (threads x workers over the groups of ``mix``)."""
-    mix = summary.get("mix")
-    if not isinstance(mix, dict):
-        return None
-    try:
-        total = sum(int(g["threads"]) * int(g["count"]) for g in mix.values())
-    except (KeyError, TypeError, ValueError):
-        return None
-    return total or None
+def _cores_given(summary: RunSummary) -> int | None:
+    """The cores the mix gave its workers; None when the summary does not say."""
+    return (summary.mix.cores or None) if summary.mix is not None else None
 
 
 def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str,
@@ -124,7 +119,8 @@ def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str,
     return fig
 
 
-def _run_shares(shares: dict[str, float], counts: dict[str, int], title: str) -> Figure:
+def _run_shares(shares: Mapping[str, float | None], counts: Mapping[str, int],
+                title: str) -> Figure:
     """A bar per worker group, labelled with its share and its number of updates."""
     fig, ax = new_figure()
     groups = list(shares)
@@ -164,31 +160,28 @@ def plot_run(run_dir: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     """Draw one run's figures into ``<run_dir>/figures/``; a run without curves (a failed run)
     gets only what its files allow, possibly nothing. Returns the files written."""
     run_dir, formats = Path(run_dir), check_formats(formats)
-    summary = read_summary(run_dir)
+    summary = RunSummary.read(run_dir)
     title = run_title(summary)
-    xlabel = time_label([bool(summary.get("simulated"))])
+    simulated = bool(summary.simulated)
+    xlabel = time_label([simulated])
     conv = load_csv(run_dir, "convergence")
     util = load_csv(run_dir, "utilization")
     batches = load_csv(run_dir, "batches")
     figures: list[tuple[str, Figure]] = []
     if conv is not None and conv["train_loss"].notna().any():
-        stated = summary.get("target_losses")
-        targets = stated.get("losses", []) if isinstance(stated, dict) else []
+        targets = (summary.target_losses.losses or []) if summary.target_losses else []
         figures += [(name, _run_loss(conv, axis, xlabel, title, targets))
-                    for axis, xlabel, name in loss_axes([bool(summary.get("simulated"))])]
+                    for axis, xlabel, name in loss_axes([simulated])]
         if "test_acc" in conv and conv["test_acc"].notna().any():
             figures.append(("accuracy_vs_time", _run_accuracy(conv, title, xlabel)))
     if util is not None and not util.empty:
         figures.append(("utilization", _run_utilization(util, conv, title,
-                                                        _cores_given(summary),
-                                                        bool(summary.get("simulated")))))
-    shares = summary.get("update_share")
-    if isinstance(shares, dict) and shares:
-        counts = summary.get("updates_by_group")
+                                                        _cores_given(summary), simulated)))
+    if summary.update_share:
         figures.append(("update_shares", _run_shares(
-            shares, counts if isinstance(counts, dict) else {}, title)))
+            summary.update_share, summary.updates_by_group or {}, title)))
     if batches is not None and not batches.empty:
-        end_s = max(float(summary.get("time_s") or 0.0),
+        end_s = max(float(summary.time_s or 0.0),
                     float(conv["time_s"].max()) if conv is not None and len(conv) else 0.0)
         figures.append(("batch_sizes", _run_batches(batches, end_s, title, xlabel)))
     return [path for name, fig in figures for path in save(fig, run_dir / "figures", name,

@@ -1,20 +1,35 @@
-"""A run's ``summary.json`` as a typed value, for code that reads runs back (``hetsgd.load``).
+"""A run's ``summary.json`` as one typed value: what the runner writes, and what readers read back.
 
-The runner writes the file (:mod:`hetsgd.runs.runner`); :func:`hetsgd.outputs.index.read_summary`
-reads it, so that a missing, unreadable or orphaned file reads as a failed or crashed run that
-says why. :class:`RunSummary` names the fields every run may have; what only some runs have
-(an algorithm's own entry such as ``adaptive``, the environment, a resumption) stays in
-``extra`` under its key.
+The runner (:mod:`hetsgd.runs.runner`) fills a :class:`RunSummary` as the run goes and writes it
+with :meth:`RunSummary.to_dict`; :meth:`RunSummary.read` reads it back through
+:func:`hetsgd.outputs.index.read_summary`, so that a missing, unreadable or orphaned file reads as
+a failed or crashed run that says why. A field is None until the run has reached the step that
+measures it, and is left out of the file while it is: a run that failed before training has only
+its identity, status and error. What only some algorithms write (``adaptive``, ``sync``,
+``local_sgd``) stays in ``extra`` under its key.
+
+The index of runs (:func:`hetsgd.outputs.index.index_dirs`) flattens the same file into columns
+named after these fields, with dots (``final.train_loss``, ``update_share.cpu``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hetsgd.outputs.index import read_summary
+
+#: The fields every summary writes, None or not: which run it is and how it ended.
+IDENTITY = ("status", "error", "algo", "dataset", "model", "devices", "seed")
+
+
+def _known(cls: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Each field of the dataclass ``cls`` from ``values``, None where they lack it: a file
+    edited by hand or written by an earlier version still reads."""
+    return {f.name: values.get(f.name) for f in dataclasses.fields(cls)}
 
 
 @dataclass(frozen=True)
@@ -25,11 +40,84 @@ class Losses:
     test_loss: float
     test_acc: float
 
+    @classmethod
+    def from_dict(cls, losses: Mapping[str, Any]) -> Losses:
+        return cls(**_known(cls, losses))
+
+
+@dataclass(frozen=True)
+class TargetLosses:
+    """The absolute training losses a run is timed to, and what they are relative to
+    (:func:`hetsgd.outputs.metrics.target_losses`)."""
+
+    losses: list[float]
+    reference: str
+
+    @classmethod
+    def from_dict(cls, targets: Mapping[str, Any]) -> TargetLosses:
+        return cls(**_known(cls, targets))
+
+
+@dataclass(frozen=True)
+class GroupMix:
+    """One group of workers a run trained on."""
+
+    kind: str  # the workers' label: cpu, cuda, emulated or simulated
+    role: str  # accel (trains a replica and merges it) or host (updates the master in place)
+    count: int
+    threads: int  # each worker's
+    batch_size: int
+    devices: list[str]  # one a worker
+
+    @classmethod
+    def from_dict(cls, group: Mapping[str, Any]) -> GroupMix:
+        return cls(**_known(cls, group))
+
+
+@dataclass(frozen=True)
+class Mix:
+    """The groups of workers a run trained on, by name, and what they add up to."""
+
+    groups: dict[str, GroupMix]
+
+    @property
+    def cores(self) -> int | None:
+        """The cores the mix gave its workers (threads x workers over its groups); None when a
+        group does not say."""
+        try:
+            return sum(int(g.threads) * int(g.count) for g in self.groups.values())
+        except (TypeError, ValueError):
+            return None
+
+    @classmethod
+    def from_dict(cls, mix: Mapping[str, Any]) -> Mix:
+        return cls({name: GroupMix.from_dict(group if isinstance(group, Mapping) else {})
+                    for name, group in mix.items()})
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: dataclasses.asdict(group) for name, group in self.groups.items()}
+
+
+def by_group(groups: Sequence[str], values: Iterable[float]) -> dict[str, float]:
+    """``values`` (one a worker) summed over the workers of each group (``groups``: each
+    worker's), every group in the order it first comes; a worker without a value (a snapshot
+    row of fewer workers) counts for nothing."""
+    sums: dict[str, float] = dict.fromkeys(groups, 0)
+    for group, value in zip(groups, values, strict=False):
+        sums[group] += value
+    return sums
+
+
+def shares(counts: Mapping[str, float]) -> dict[str, float | None]:
+    """Each group's share of the counts' total; None for every group when the total is 0."""
+    total = sum(counts.values())
+    return {group: (n / total if total else None) for group, n in counts.items()}
+
 
 @dataclass(frozen=True)
 class RunSummary:
-    """How a run ended and what it measured. Results are None (or empty) for a run that ended
-    before its first snapshot was evaluated."""
+    """How a run ended and what it measured, in the order the run learns it (and the file lists
+    it). Results are None for a run that ended before its first snapshot was evaluated."""
 
     status: str  # completed, diverged, failed, interrupted, crashed or running
     error: str | None
@@ -38,36 +126,63 @@ class RunSummary:
     model: str | None
     devices: str | None
     seed: int | None
-    emulated: bool = False
-    simulated: bool = False  # times are virtual (the virtual clock's), not measured
+    resumed_from: dict[str, Any] | None = None  # the run and the checkpoint it continues
+    environment: dict[str, Any] | None = None  # torch, python, CPU model, cores, GPUs, driver
+    emulated: bool | None = None
+    simulated: bool | None = None  # times are virtual (the virtual clock's), not measured
+    plan: dict[str, Any] | None = None  # what the algorithm settled, and the step taken
+    mix: Mix | None = None  # the groups trained on
+    dataset_source: str | None = None
+    synthetic: bool | None = None
+    scaling: str | None = None  # the feature scaling applied
+    classes: list[str] | None = None  # text labels, in the order numbered
+    warnings: list[str] | None = None  # e.g. a coordinator that was not scheduled for a while
     time_s: float | None = None  # training time
     epochs: float | None = None
     examples: int | None = None
     updates: int | None = None
-    updates_by_group: dict[str, int] = field(default_factory=dict)
-    update_share: dict[str, float | None] = field(default_factory=dict)
-    examples_per_s: float | None = None
+    updates_by_group: dict[str, int] | None = None
+    update_share: dict[str, float | None] | None = None
+    examples_per_s: float | None = None  # None also in a run with no training time
     initial: Losses | None = None
     final: Losses | None = None
+    target_losses: TargetLosses | None = None
     # seconds and epochs to each target training loss (keys: the loss, 4 significant digits)
-    time_to_loss: dict[str, float | None] = field(default_factory=dict)
-    epochs_to_loss: dict[str, float | None] = field(default_factory=dict)
-    utilization: dict[str, float | None] = field(default_factory=dict)
-    plan: dict[str, Any] = field(default_factory=dict)  # what the algorithm settled
-    mix: dict[str, dict[str, Any]] = field(default_factory=dict)  # the groups trained on
-    warnings: list[str] = field(default_factory=list)
-    run_dir: str | None = None  # where the run was written (it may have moved since)
+    time_to_loss: dict[str, float | None] | None = None
+    epochs_to_loss: dict[str, float | None] | None = None
+    utilization: dict[str, float | None] | None = None  # the run's own means
     extra: dict[str, Any] = field(default_factory=dict)  # every other entry, by its key
+    coordinator: dict[str, Any] | None = None  # the process writing it, while it runs
+    run_dir: str | None = None  # where the run was written (it may have moved since)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``summary.json`` holds: each field that is not None, ``extra`` in its place; the
+        identity always, and ``examples_per_s`` with the results."""
+        written = {*IDENTITY, *(("examples_per_s",) if self.final is not None else ())}
+        summary: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra":
+                summary.update(value)
+            elif isinstance(value, Mix):
+                summary[f.name] = value.to_dict()
+            elif isinstance(value, Losses | TargetLosses):
+                summary[f.name] = dataclasses.asdict(value)
+            elif value is not None or f.name in written:
+                summary[f.name] = value
+        return summary
 
     @classmethod
-    def from_dict(cls, summary: dict[str, Any]) -> RunSummary:
+    def from_dict(cls, summary: Mapping[str, Any]) -> RunSummary:
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {key: value for key, value in summary.items() if key in names}
         for key in ("initial", "final"):
-            if isinstance(known.get(key), dict):
-                known[key] = Losses(**{k: known[key].get(k) for k in ("train_loss", "test_loss",
-                                                                       "test_acc")})
-        for key in ("error", "algo", "dataset", "model", "devices", "seed"):
+            if isinstance(known.get(key), Mapping):
+                known[key] = Losses.from_dict(known[key])
+        parsers = {"target_losses": TargetLosses.from_dict, "mix": Mix.from_dict}
+        for key, parse in parsers.items():
+            known[key] = parse(known[key]) if isinstance(known.get(key), Mapping) else None
+        for key in IDENTITY[1:]:
             known.setdefault(key, None)
         extra = {key: value for key, value in summary.items() if key not in names}
         return cls(**known, extra=extra)

@@ -52,7 +52,7 @@ sweeps_started: list[Path] = []
 
 
 def _job_number(job_dir: Path) -> int | None:
-    """Hydra names job folders after the job number (``3`` or ``3_algo=sync,...``)."""
+    """Hydra names job folders after the job number (``3`` or ``3_+method=gpu,seed=1``)."""
     match = re.match(r"\d+", job_dir.name)
     return int(match.group()) if match else None
 

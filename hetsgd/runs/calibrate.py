@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -183,7 +184,7 @@ def _measure_exchange(rows: list[dict], cfg: RunConfig, specs: list[WorkerSpec],
             "exchange_ms": " ".join(f"{1000 * excess:.6g}" for _, excess in points)}
 
 
-def _next(results, wait_s: float) -> object:
+def _next(results: Any, wait_s: float) -> Any:
     """The measuring worker's next report; its silence for ``wait_s`` reads as a failure
     report, since a stopped or hung worker sends nothing."""
     try:
@@ -241,7 +242,7 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
         finally:
             state.signals.stop.set()
             _end([*others, proc], cfg.workers.stall_s)
-    exchange = dict.fromkeys(EXCHANGE_COLUMNS)
+    exchange: dict[str, Any] = dict.fromkeys(EXCHANGE_COLUMNS)
     if len(specs) > 1:
         exchange = _measure_exchange(rows, cfg, specs, problem, data, EXCHANGE_SECONDS * seconds)
     return [{**row, **exchange} for row in rows]

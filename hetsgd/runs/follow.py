@@ -17,6 +17,7 @@ from hetsgd import algorithms
 from hetsgd.engines.distributed.handoff import receive
 from hetsgd.engines.distributed.rank import rank_process
 from hetsgd.engines.distributed.torchrun import torchrun
+from hetsgd.engines.hooks import DistributedHooks
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import UserError
@@ -34,7 +35,7 @@ def follow() -> int:
         raise UserError(f"rank 0 failed before training: {handoff.error}")
     plan = handoff.plan
     hooks = algorithms.get(plan.cfg.algo.name).hooks(plan)
-    assert isinstance(hooks, algorithms.base.DistributedHooks), "torchrun runs distributed algorithms"
+    assert isinstance(hooks, DistributedHooks), "torchrun runs distributed algorithms"
     data = load_run_data(plan.cfg, progress=False, workers=plan.workers)
     master = SharedMaster.initial(plan.cfg.model, data.problem, plan.cfg.seed)
     state = SharedState.create(data.train, master, plan.cfg.budget.epochs, len(plan.workers),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import pandas as pd
 
 from hetsgd.config import RunConfig
 from hetsgd.config.compose import rebuild_config
-from hetsgd.engines.shared_memory.coordinator import Training
+from hetsgd.engines.training import Training
 from hetsgd.errors import UserError
 from hetsgd.outputs.checkpoint import UnreadableFile, latest_checkpoint, run_config
 from hetsgd.outputs.index import (
@@ -30,10 +31,10 @@ from hetsgd.outputs.index import (
     load_csv,
     override_key,
     read_overrides,
-    read_summary,
 )
 from hetsgd.outputs.journal import INDEX, read_snapshots, remove_snapshots, warn_skipped
 from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory
+from hetsgd.outputs.summary import RunSummary
 from hetsgd.runs.runner import evaluate
 from hetsgd.runs.setup import load_run_data
 
@@ -67,9 +68,9 @@ def recover(run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
         raise UserError(f"{run_dir} is not a run directory")
-    summary = read_summary(run_dir)
-    if summary["status"] != CRASHED:
-        raise UserError(f"{run_dir} did not crash (status: {summary['status']}): nothing to "
+    summary = RunSummary.read(run_dir)
+    if summary.status != CRASHED:
+        raise UserError(f"{run_dir} did not crash (status: {summary.status}): nothing to "
                         "recover")
     skipped: list[UnreadableFile] = []
 
@@ -88,18 +89,17 @@ def recover(run_dir: Path) -> dict[str, Any]:
     training = Training(status=CRASHED, time_s=snapshots[-1].time_s, snapshots=snapshots,
                         utilization=_rows(load_csv(run_dir, "utilization")))
     out = RunDirectory(run_dir)
-    summary.pop("coordinator", None)
     notes = [f"{len(skipped)} unreadable one(s) skipped: "
              f"{', '.join(err.file.name for err in skipped)}"] if skipped else []
     if timed_only := sum(math.isnan(snapshot.examples) for snapshot in snapshots):
         notes.append(f"{timed_only} without their row in {SNAPSHOTS}/{INDEX} (files from an "
                      "earlier version) have their time, but no epochs or updates")
         log.warning("%s: %s", run_dir, notes[-1])
-    summary.update(error="; ".join([
+    summary = replace(summary, coordinator=None, error="; ".join([
         f"the run was killed or crashed after {training.time_s:.1f} s of training; these "
         f"results were recovered from the {len(snapshots)} snapshot(s) it left", *notes]))
-    summary.update(evaluate(out, cfg, data, training, _rows(workers)))
-    out.write_summary(summary)
+    written = evaluate(out, cfg, data, training, _rows(workers), summary).to_dict()
+    out.write_summary(written)
     if not cfg.eval.keep_snapshots:
         remove_snapshots(run_dir)
-    return summary
+    return written

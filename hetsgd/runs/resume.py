@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from hetsgd.config import ConfigError, to_run_config
 from hetsgd.config.compose import changed_keys, rebuild_config
 from hetsgd.engines.checkpoint import Checkpoint
-from hetsgd.engines.shared_memory.counters import COUNTERS
+from hetsgd.engines.counters import COUNTERS
 from hetsgd.errors import UserError
 from hetsgd.outputs.checkpoint import latest_checkpoint, read_checkpoint, run_config
 from hetsgd.outputs.index import (

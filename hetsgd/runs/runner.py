@@ -13,6 +13,7 @@ import logging
 import traceback
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,14 @@ from rich.console import Console
 from rich.progress import track
 
 from hetsgd import algorithms
-from hetsgd.algorithms.base import coordinator
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines.distributed.handoff import hand_off
 from hetsgd.engines.distributed.torchrun import torchrun
-from hetsgd.engines.shared_memory.coordinator import Training
+from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared_memory.memory import SharedMaster
-from hetsgd.engines.shared_memory.snapshots import Snapshot
+from hetsgd.engines.snapshots import Snapshot
+from hetsgd.engines.training import Training
 from hetsgd.errors import UserError
 from hetsgd.model.step import step_kind
 from hetsgd.observe.evaluate import Evaluator
@@ -45,27 +46,35 @@ from hetsgd.outputs.run_directory import (
     environment,
     this_process,
 )
+from hetsgd.outputs.summary import (
+    GroupMix,
+    Losses,
+    Mix,
+    RunSummary,
+    TargetLosses,
+    by_group,
+    shares,
+)
 from hetsgd.runs.resume import resume
 from hetsgd.runs.setup import Handoff, RunData, load_run_data
 
 log = logging.getLogger("hetsgd")
 
 
-def _identity(cfg: RunConfig) -> dict[str, Any]:
-    return {"status": RUNNING, "error": None, "algo": cfg.algo.name, "dataset": cfg.dataset.name,
-            "model": cfg.model.name, "devices": cfg.devices.name, "seed": cfg.seed}
+def _identity(cfg: RunConfig | DictConfig) -> RunSummary:
+    """The summary of a run that has just started."""
+    return RunSummary(status=RUNNING, error=None, algo=cfg.algo.name, dataset=cfg.dataset.name,
+                      model=cfg.model.name, devices=cfg.devices.name, seed=cfg.seed)
 
 
 def _convergence(snapshots: list[Snapshot], metrics: list, workers: list[dict[str, Any]],
                  num_examples: int) -> pd.DataFrame:
-    groups = list(dict.fromkeys(w["group"] for w in workers))
+    groups = [w["group"] for w in workers]
     rows = []
     for snap, m in zip(snapshots, metrics):
         row = {"time_s": snap.time_s, "epoch": snap.examples / num_examples,
                "updates": sum(snap.updates)}
-        for group in groups:
-            row[f"updates_{group}"] = sum(u for u, w in zip(snap.updates, workers)
-                                          if w["group"] == group)
+        row.update({f"updates_{group}": n for group, n in by_group(groups, snap.updates).items()})
         row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -77,50 +86,52 @@ def _worker_groups(specs: list[WorkerSpec]) -> Counter[tuple[str, str]]:
                    for s in specs)
 
 
-def _mix(specs: list[WorkerSpec]) -> dict[str, dict[str, Any]]:
+def _mix(specs: list[WorkerSpec]) -> Mix:
     """The workers the run trained on, by group: what summary.json says about the mix used."""
-    mix: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[WorkerSpec]] = {}
     for spec in specs:
-        group = mix.setdefault(spec.group, {
-            "kind": spec.label, "role": "accel" if spec.accel else "host", "count": 0,
-            "threads": spec.threads, "batch_size": spec.batch_size, "devices": []})
-        group["count"] += 1
-        group["devices"].append(spec.device)
-    return mix
+        groups.setdefault(spec.group, []).append(spec)
+    return Mix({name: GroupMix(kind=first.label, role="accel" if first.accel else "host",
+                               count=len(group), threads=first.threads,
+                               batch_size=first.batch_size, devices=[s.device for s in group])
+                for name, group in groups.items() for first in group[:1]})
 
 
-def _results(training: Training, convergence: pd.DataFrame, workers: list[dict[str, Any]],
-             num_examples: int, stated_targets: list[float]) -> dict[str, Any]:
-    by_group: dict[str, int] = {}
-    for worker in workers:
-        by_group[worker["group"]] = by_group.get(worker["group"], 0) + int(worker["updates"])
-    updates = sum(by_group.values())
+def _losses(snapshot: pd.Series) -> Losses:
+    return Losses(float(snapshot["train_loss"]), float(snapshot["test_loss"]),
+                  float(snapshot["test_acc"]))
+
+
+def _results(summary: RunSummary, training: Training, convergence: pd.DataFrame,
+             workers: list[dict[str, Any]], num_examples: int,
+             stated_targets: list[float]) -> RunSummary:
+    updates = {g: int(n) for g, n in by_group([w["group"] for w in workers],
+                                              [int(w["updates"]) for w in workers]).items()}
     examples = int(sum(w["examples"] for w in workers))
     first, last = convergence.iloc[0], convergence.iloc[-1]
-    targets, reference = target_losses(stated_targets, float(first["train_loss"]))
+    targets = TargetLosses(*target_losses(stated_targets, float(first["train_loss"])))
     loss = convergence["train_loss"]
-    metrics = ("train_loss", "test_loss", "test_acc")
-    return {
-        "time_s": training.time_s,
-        "epochs": examples / num_examples,
-        "examples": examples,
-        "updates": updates,
-        "updates_by_group": by_group,
-        "update_share": {g: (n / updates if updates else None) for g, n in by_group.items()},
-        "examples_per_s": examples / training.time_s if training.time_s > 0 else None,
-        "initial": {k: float(first[k]) for k in metrics},
-        "final": {k: float(last[k]) for k in metrics},
-        "target_losses": {"losses": targets, "reference": reference},
-        "time_to_loss": time_to_losses(convergence["time_s"], loss, targets),
-        "epochs_to_loss": time_to_losses(convergence["epoch"], loss, targets),
-        "utilization": summarize(training.utilization,
-                                 cores_given=int(sum(w["threads"] for w in workers))),
-    }
+    return replace(
+        summary,
+        time_s=training.time_s,
+        epochs=examples / num_examples,
+        examples=examples,
+        updates=sum(updates.values()),
+        updates_by_group=updates,
+        update_share=shares(updates),
+        examples_per_s=examples / training.time_s if training.time_s > 0 else None,
+        initial=_losses(first),
+        final=_losses(last),
+        target_losses=targets,
+        time_to_loss=time_to_losses(convergence["time_s"], loss, targets.losses),
+        epochs_to_loss=time_to_losses(convergence["epoch"], loss, targets.losses),
+        utilization=summarize(training.utilization,
+                              cores_given=int(sum(w["threads"] for w in workers))))
 
 
 def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Training,
-             workers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Evaluate the snapshots into convergence.csv; return the results for summary.json.
+             workers: list[dict[str, Any]], summary: RunSummary) -> RunSummary:
+    """Evaluate the snapshots into convergence.csv; return ``summary`` with the results.
 
     ``workers`` are the rows of workers.csv, which say each worker's group. A run that ended
     and a crashed run being recovered both end here; each then writes its summary and only then
@@ -131,7 +142,7 @@ def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Trainin
         console=Console(stderr=True), transient=True)]
     convergence = _convergence(training.snapshots, metrics, workers, data.train.num_examples)
     out.write_table("convergence", convergence)
-    return _results(training, convergence, workers, data.train.num_examples,
+    return _results(summary, training, convergence, workers, data.train.num_examples,
                     cfg.eval.target_losses)
 
 
@@ -140,7 +151,7 @@ def _failed(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, er
     """The summary of a run that failed before it could start, written as any failure's."""
     out = RunDirectory(run_dir)
     out.write_config(resolved_config)
-    summary = {**_identity(cfg), "status": "failed", "error": error}
+    summary = replace(_identity(cfg), status="failed", error=error).to_dict()
     out.write_summary(summary)
     return summary
 
@@ -170,88 +181,85 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
             return _failed(run_dir, cfg, resolved_config, str(exc))
         cfg = resolved_config = resumption.cfg
     out = RunDirectory(run_dir)
-    summary = _identity(cfg)
-    if resumption is not None:
-        summary["resumed_from"] = resumption.summary()
-    running = {"coordinator": this_process()}  # tells a run still going from a crashed one
+    summary = replace(_identity(cfg),
+                      resumed_from=resumption.summary() if resumption is not None else None)
+    running = this_process()  # tells a run still going from a crashed one
     handed_off = evaluated = False
     try:
         out.write_config(resolved_config)
-        out.write_summary({**summary, **running})  # until the finally block rewrites it
+        # until the finally block rewrites it
+        out.write_summary(replace(summary, coordinator=running).to_dict())
         if resumption is not None:  # once it is claimed: a second resume of it is refused
             resumption.start_in(run_dir)
         if isinstance(cfg, DictConfig):
             cfg = to_run_config(cfg)
-        summary["environment"] = environment()
+        summary = replace(summary, environment=environment())
         specs = expand(cfg.devices)
-        summary["emulated"] = any(spec.emulated for spec in specs)
-        summary["simulated"] = cfg.devices.simulated  # times are virtual (hetsgd/engines/virtual)
+        summary = replace(summary, emulated=any(spec.emulated for spec in specs),
+                          simulated=cfg.devices.simulated)  # times are virtual (engines/virtual)
         algorithm = algorithms.get(cfg.algo.name)
         plan = algorithm.plan(cfg, specs)
         if torchrun() is not None:  # global rank 0: the other ranks take this plan
             hand_off(Handoff(plan=plan))
             handed_off = True
         cfg, specs = plan.cfg, plan.workers
-        summary["plan"] = plan.settled
-        summary["mix"] = _mix(specs)
+        summary = replace(summary, plan=plan.settled, mix=_mix(specs))
         data = load_run_data(cfg, progress=cfg.progress, workers=specs)
-        summary["dataset_source"] = data.source
-        summary["synthetic"] = data.synthetic
-        summary["scaling"] = data.scaling
-        if data.class_names is not None:  # text labels, numbered in sorted order
-            summary["classes"] = list(data.class_names)
+        summary = replace(summary, dataset_source=data.source, synthetic=data.synthetic,
+                          scaling=data.scaling,  # classes: text labels, numbered in sorted order
+                          classes=None if data.class_names is None else list(data.class_names))
         log.info("%s on %s, %d worker(s): %s", cfg.algo.name, data.summary_line(), len(specs),
                  ", ".join(f"{group}: {count} x {kind}"
                            for (group, kind), count in _worker_groups(specs).items()))
         master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
         # which step the workers take: fused only where it computes the model's own forward
-        summary["plan"] = {**plan.settled, "step": step_kind(
-            data.problem.build_model(cfg.model, cfg.seed), cfg.optim.step)}
-        out.write_summary({**summary, **running})  # what recovery after a crash starts from
+        summary = replace(summary, plan={**plan.settled, "step": step_kind(
+            data.problem.build_model(cfg.model, cfg.seed), cfg.optim.step)})
+        # what recovery after a crash starts from
+        out.write_summary(replace(summary, coordinator=running).to_dict())
         with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
               RunJournal(out, specs) as journal):
-            engine = coordinator(plan, algorithm.hooks(plan), data.problem, data.train, master,
-                                 progress.update,
-                                 resumption.checkpoint if resumption is not None else None)
-            engine.journal = journal
+            engine = build_engine(plan, algorithm.hooks(plan), data.problem, data.train, master,
+                                  progress.update, journal,
+                                  resumption.checkpoint if resumption is not None else None)
             training = engine.run(lambda pids: UtilizationMonitor(
                 cfg.monitor.interval_s, pids, devices=[s.device for s in specs],
                 on_sample=journal.utilization))
-        summary.update(status=training.status, error=training.error)
-        if training.warnings:  # e.g. a coordinator that was not scheduled for a while
-            summary["warnings"] = training.warnings
-            for warning in training.warnings:
-                log.warning("%s", warning)
+        # warnings: e.g. a coordinator that was not scheduled for a while
+        summary = replace(summary, status=training.status, error=training.error,
+                          warnings=training.warnings or None)
+        for warning in training.warnings:
+            log.warning("%s", warning)
         workers = workers_table(specs, training.counters)
         out.write_table("workers", workers)
         if training.batches:
             out.write_table("batches", training.batches)
-        if not training.snapshots and training.status == "interrupted":
-            return summary  # stopped before the clock started: nothing was measured
-        if not training.snapshots:
+        if not training.snapshots and training.status != "interrupted":
             raise RuntimeError(training.error or "training ended before the first snapshot")
-        summary.update(evaluate(out, cfg, data, training, workers), **training.extra)
-        evaluated = True
+        if training.snapshots:  # else it stopped before the clock started: nothing measured
+            summary = replace(evaluate(out, cfg, data, training, workers, summary),
+                              extra=training.extra)  # the algorithm's own entries
+            evaluated = True
     except KeyboardInterrupt:  # during setup or evaluation: the files written so far stay
-        summary.update(status="interrupted", error="interrupted by the user")
+        summary = replace(summary, status="interrupted", error="interrupted by the user")
     except (UserError, ConfigError) as exc:
-        summary.update(status="failed", error=str(exc))
+        summary = replace(summary, status="failed", error=str(exc))
     except WriteError as exc:  # what is on disk stays: snapshots, counters, utilization
         left = (f": once there is room, `hetsgd recover {run_dir}` evaluates the snapshots it "
                 "left" if (run_dir / SNAPSHOTS).is_dir() else "")
-        summary.update(status=CRASHED, error=f"{exc}{left}")
+        summary = replace(summary, status=CRASHED, error=f"{exc}{left}")
     except Exception as exc:  # a failed run must still say why, in its directory
-        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        summary = replace(summary, status="failed", error=f"{type(exc).__name__}: {exc}")
         (run_dir / "error.log").write_text(traceback.format_exc())
     finally:
         try:
-            out.write_summary(summary)
+            out.write_summary(summary.to_dict())
         except WriteError as exc:  # summary.json still names this process: it reads as crashed
             log.error("%s", exc)
-            summary.update(status=CRASHED, error=str(exc))
+            summary = replace(summary, status=CRASHED, error=str(exc))
             evaluated = False  # its snapshots stay, for recovery
         if evaluated and not cfg.eval.keep_snapshots:
             remove_snapshots(run_dir)
         if torchrun() is not None and not handed_off:  # the other ranks would wait for a plan
-            hand_off(Handoff(error=summary["error"]))
-    return summary
+            hand_off(Handoff(error=summary.error))
+    return summary.to_dict()

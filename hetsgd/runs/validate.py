@@ -14,17 +14,17 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hetsgd.config import compose_run, to_run_config
 from hetsgd.outputs.metrics import loss_key
+from hetsgd.outputs.summary import RunSummary
 from hetsgd.runs import runner
 from hetsgd.runs.calibrate import calibrate, save
 
-# the metrics compared, as (name, reader of a summary.json)
-METRICS: dict[str, Callable[[dict[str, Any]], float | None]] = {
-    "examples/s": lambda summary: summary.get("examples_per_s"),
-    "host update share": lambda summary: (summary.get("update_share") or {}).get("cpu"),
+# the metrics compared, as (name, reader of a completed run's summary)
+METRICS: dict[str, Callable[[RunSummary], float | None]] = {
+    "examples/s": lambda summary: summary.examples_per_s,
+    "host update share": lambda summary: (summary.update_share or {}).get("cpu"),
 }
 TIME_TO_LOSS = "time to loss"
 
@@ -84,11 +84,16 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if len(known) == len(values) and known else None
 
 
-def _run(overrides: Sequence[str], run_dir: Path) -> dict[str, Any]:
+def _time_to_loss(key: str) -> Callable[[RunSummary], float | None]:
+    """The reader of a summary's time to the training loss ``key`` (a :func:`loss_key`)."""
+    return lambda summary: (summary.time_to_loss or {}).get(key)
+
+
+def _run(overrides: Sequence[str], run_dir: Path) -> RunSummary:
     cfg = compose_run(list(overrides))
-    summary = runner.run(to_run_config(cfg), run_dir, cfg)
-    if summary["status"] != "completed":
-        raise RuntimeError(f"{' '.join(overrides)}: {summary['status']}: {summary['error']}")
+    summary = RunSummary.from_dict(runner.run(to_run_config(cfg), run_dir, cfg))
+    if summary.status != "completed":
+        raise RuntimeError(f"{' '.join(overrides)}: {summary.status}: {summary.error}")
     return summary
 
 
@@ -105,7 +110,7 @@ def validate(cases: Sequence[Case], common: Sequence[str], seeds: Sequence[int],
     for case in cases:
         folder = out / "".join(c if c.isalnum() else "_" for c in case.name)
         target = case.target(target_loss)
-        summaries: dict[str, list[dict[str, Any]]] = {"real": [], "simulated": []}
+        summaries: dict[str, list[RunSummary]] = {"real": [], "simulated": []}
         for seed in seeds:
             overrides = (*common, *case.mix, *case.algo, f"seed={seed}")
             progress(f"{case.name}, seed {seed}: calibrating")
@@ -118,9 +123,7 @@ def validate(cases: Sequence[Case], common: Sequence[str], seeds: Sequence[int],
             summaries["simulated"].append(_run(
                 (*overrides, "devices.simulated=true", f"devices.calibration={calibration}"),
                 folder / f"seed{seed}_simulated"))
-        key = loss_key(target)
-        readers = {**METRICS, f"{TIME_TO_LOSS} {target:g}":
-                   lambda summary, key=key: (summary.get("time_to_loss") or {}).get(key)}
+        readers = {**METRICS, f"{TIME_TO_LOSS} {target:g}": _time_to_loss(loss_key(target))}
         for metric, read in readers.items():
             comparisons.append(Comparison.of(case.name, metric,
                                              [read(s) for s in summaries["real"]],

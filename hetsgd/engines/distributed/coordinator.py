@@ -11,7 +11,6 @@ writes nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -19,20 +18,14 @@ import torch
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import Checkpoint
+from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.distributed.group import check_port, torchrun, with_free_port
 from hetsgd.engines.distributed.rank import RankLoop, rank_process
-from hetsgd.engines.shared_memory.coordinator import (
-    FAILURE_GRACE_S,
-    Coordinator,
-    OnTick,
-    Training,
-)
-from hetsgd.engines.shared_memory.counters import WorkerCounters
+from hetsgd.engines.hooks import SetupSummary
+from hetsgd.engines.shared_memory.coordinator import FAILURE_GRACE_S, Coordinator
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
-
-# summary.json entries from what rank 0 settled at setup: (world, {column: value per rank}).
-SetupSummary = Callable[[list[WorkerSpec], dict[str, list[float]]], dict]
 
 
 def per_group(world: list[WorkerSpec], values: list[float], total: bool = False
@@ -66,7 +59,8 @@ class DistributedCoordinator(Coordinator):
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster, on_tick: OnTick | None,
                  loop_type: type[RankLoop], publishing: bool,
-                 setup_summary: SetupSummary, resume: Checkpoint | None = None) -> None:
+                 setup_summary: SetupSummary, resume: Checkpoint | None = None,
+                 journal: Journal | None = None) -> None:
         started_here, launch = specs, torchrun()
         if launch is not None:
             started_here = [specs[launch.rank]]  # global rank 0: the other ranks follow()
@@ -79,13 +73,13 @@ class DistributedCoordinator(Coordinator):
                                 dtype=torch.float64).share_memory_()
         super().__init__(cfg, started_here, problem, data, master, on_tick,
                          target=partial(rank_process, world=specs, loop_type=loop_type,
-                                        setup=self.setup), resume=resume)
+                                        setup=self.setup), resume=resume, journal=journal)
         self.world, self.setup_summary = specs, setup_summary
         self.state.counters = WorkerCounters(len(specs))
         self.publishers = [0] if publishing else []
         self.stall_s = self.exit_s = cfg.dist.timeout_s + FAILURE_GRACE_S
 
-    def run(self, monitor_factory) -> Training:
+    def run(self, monitor_factory: MonitorFactory) -> Training:
         training = super().run(monitor_factory)
         training.counters = [self.state.counters.row(spec.rank) for spec in self.world]
         if not self.setup.isnan().all():

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hetsgd.engines.counters import COUNTERS, CounterRow, WorkerCounters
 from hetsgd.engines.distributed.group import Group
-from hetsgd.engines.shared_memory.counters import COUNTERS, CounterRow, WorkerCounters
 
 FLAGS = 3  # stop, diverged, checkpoint: summed, so any rank raises each for all
 

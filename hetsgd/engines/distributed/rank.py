@@ -31,6 +31,7 @@ import torch
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
 from hetsgd.engines import device_ops
+from hetsgd.engines.batches import Batches, training_augment
 from hetsgd.engines.checkpoint import (
     WorkerState,
     augment_generator,
@@ -38,13 +39,12 @@ from hetsgd.engines.checkpoint import (
     restore_rng,
     rng_state,
 )
+from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.distributed.exchange import Exchange, Ledger, Verdict
 from hetsgd.engines.distributed.group import Group
-from hetsgd.engines.shared_memory.batches import Batches, training_augment
-from hetsgd.engines.shared_memory.counters import COUNTERS
+from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
 from hetsgd.engines.shared_memory.links import Link, default_link
 from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.engines.shared_memory.worker import beating, reporting, send_checkpoint
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
@@ -209,7 +209,7 @@ class RankLoop(Protocol):
 
 
 def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
-                 reports, world: list[WorkerSpec], loop_type: type[RankLoop],
+                 reports: Reports, world: list[WorkerSpec], loop_type: type[RankLoop],
                  setup: torch.Tensor) -> None:
     """Entry point of a rank: join the world, set up, report ready, wait for go, train, report.
 
@@ -227,7 +227,7 @@ def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Shar
                     values = loop.setup()
                     setup.copy_(torch.tensor([values[c] for c in loop_type.SETUP_COLUMNS],
                                              dtype=torch.float64).T)
-                reports.put(("ready", spec.rank, ""))
+                send_ready(reports, spec.rank)
             state.signals.go.wait()
             loop.run(partial(send_checkpoint, reports, spec.rank))
             loop.rank.finish()

@@ -25,29 +25,25 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
-from typing import Protocol
 
 import psutil
 import torch.multiprocessing as mp
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
-from hetsgd.engines.shared_memory.counters import COUNTERS, WorkerCounters
+from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.snapshots import Snapshot, Snapshots
-from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import worker_process
+from hetsgd.engines.snapshots import Snapshots
+from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
-
-OnTick = Callable[[float, WorkerCounters], None]  # (training seconds, counters), every tick
 
 STARTUP_TIMEOUT_S = 600.0
 PUBLISH_TIMEOUT_S = 60.0
 PUBLISH_POLL_S = 0.0005  # how often a publish request is checked for its answer
-TICK_S = 0.01  # how often the coordinator looks at the workers
 EXIT_TIMEOUT_S = 30.0  # how long a worker has to report and exit once training ended
 # A rank that ended, or whose peer did, may still wait in a collective for dist.timeout_s (its
 # own limit); it gets this long beyond that to notice and report.
@@ -61,21 +57,6 @@ KILL_TIMEOUT_S = 5.0  # how long a SIGKILLed worker's exit is waited for
 STARVED_S = 1.0
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 LEFT_TO_COORDINATOR = {signal.SIGINT, signal.SIGHUP}  # what a worker ignores (see guarded)
-
-
-@dataclass
-class Training:
-    """What a training phase leaves behind for evaluation and the results files."""
-
-    status: str = "completed"  # completed | failed | interrupted | diverged | crashed
-    error: str | None = None
-    time_s: float = 0.0
-    snapshots: list[Snapshot] = field(default_factory=list)
-    counters: list[dict[str, float]] = field(default_factory=list)
-    utilization: list[dict[str, float]] = field(default_factory=list)
-    batches: list[dict[str, float]] = field(default_factory=list)  # batch-size changes, if any
-    extra: dict = field(default_factory=dict)  # algorithm-specific summary entries
-    warnings: list[str] = field(default_factory=list)  # for summary.json and the log
 
 
 class Watch:
@@ -139,30 +120,6 @@ class Watch:
         return [note]
 
 
-class Controller(Protocol):
-    """Steers workers while they train (Adaptive Hogbatch's batch sizes), from the coordinator."""
-
-    log: list[dict[str, float]]
-
-    def tick(self, elapsed: float, counters: WorkerCounters) -> None: ...
-
-    def summary(self) -> dict: ...
-
-
-class Journal(Protocol):
-    """Keeps what the coordinator measures on disk as it is measured (the runner's
-    ``RunJournal``), so that a run whose coordinator is killed can still be evaluated."""
-
-    def snapshot(self, snapshot: Snapshot, counters: list[dict[str, float]]) -> None:
-        """A snapshot just taken, with every worker's counters at that moment."""
-
-    def drop(self, snapshot: Snapshot) -> None:
-        """A snapshot that :class:`Snapshots` thinned out."""
-
-    def checkpoint(self, checkpoint: Checkpoint) -> None:
-        """A checkpoint just assembled, to replace the previous one."""
-
-
 def _cpu_s(pid: int) -> float:
     """A process's CPU seconds so far (0 once it is gone)."""
     try:
@@ -189,26 +146,23 @@ def guarded(target: Callable, *args) -> None:
     target(*args)
 
 
-class Coordinator:
+class Coordinator(EngineBase):
+    """The process engine: one spawned process per worker, running ``target``."""
+
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster,
                  on_tick: OnTick | None = None,
                  target: Callable = worker_process, controller: Controller | None = None,
-                 resume: Checkpoint | None = None) -> None:
-        self.cfg, self.specs, self.problem, self.target = cfg, specs, problem, target
-        self.controller = controller
-        ctx = mp.get_context("spawn")
-        self.ctx = ctx
-        self.state = SharedState.create(data, master, cfg.budget.epochs, len(specs), ctx)
-        self.state.checkpointing = cfg.checkpoint.every_s is not None
-        self.resume = resume
+                 resume: Checkpoint | None = None, journal: Journal | None = None) -> None:
+        self.ctx = mp.get_context("spawn")
+        super().__init__(cfg, specs, problem, data, master, on_tick, controller, journal,
+                         self.ctx)
+        self.target, self.resume = target, resume
         self._parts: dict[int, dict[int, WorkerState]] = {}  # by position, then rank
-        self.reports = ctx.Queue()
-        self.on_tick = on_tick
+        self.reports = self.ctx.Queue()
         # Accelerator workers keep replicas of their own: the master holds their latest steps
         # only once they answered a publish request (see Signals).
         self.publishers = [spec.rank for spec in specs if spec.accel]
-        self.journal: Journal | None = None  # where snapshots and counters go as they are taken
         self.stall_s = cfg.workers.stall_s  # a worker making no progress this long is hung
         self.exit_s = EXIT_TIMEOUT_S  # how long workers have to report once training ended
 
@@ -231,27 +185,6 @@ class Coordinator:
         deadline = time.perf_counter() + min(PUBLISH_TIMEOUT_S, self.stall_s)
         while not signals.answered(running()) and time.perf_counter() < deadline:
             time.sleep(PUBLISH_POLL_S)
-
-    def _take_snapshot(self, time_s: float, snapshots: Snapshots) -> None:
-        """Copy the master, as it is at ``time_s`` of training, into ``snapshots``; the journal
-        gets the copy with every worker's counters, and drops the copies that ``snapshots``
-        thinned out."""
-        counters = self.state.counters
-        params, buffers = self.state.master.snapshot()
-        examples = float(counters.column("examples").sum())
-        snapshot = Snapshot(time_s, examples,
-                            counters.column("updates").tolist(), params, buffers)
-        dropped = snapshots.add(snapshot, examples / self.state.data.num_examples)
-        if self.journal is not None:
-            self.journal.snapshot(snapshot, [counters.row(rank)
-                                             for rank in range(len(counters.table))])
-            for old in dropped:
-                self.journal.drop(old)
-
-    def _new_snapshots(self) -> Snapshots:
-        evaluation = self.cfg.eval
-        return Snapshots(evaluation.every_s, evaluation.every_epochs, evaluation.max_snapshots,
-                         evaluation.max_snapshot_mb * 2**20, self.state.master.nbytes)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -296,7 +229,7 @@ class Coordinator:
 
     # -- the run -----------------------------------------------------------------------------
 
-    def run(self, monitor_factory) -> Training:
+    def run(self, monitor_factory: MonitorFactory) -> Training:
         training = Training()
         if self.resume is not None:  # before the workers start: they take their parts along
             self.state.restore(self.resume)
@@ -354,10 +287,7 @@ class Coordinator:
                     signals.request_checkpoint()
                     last_request = now
                 self._write_checkpoints(t0, snapshots)
-                if self.controller is not None:
-                    self.controller.tick(now - t0, self.state.counters)
-                if self.on_tick is not None:
-                    self.on_tick(now - t0, self.state.counters)
+                self._duties(now - t0)
             training.time_s = time.perf_counter() - t0
             self._take_snapshot(time.perf_counter() - t0, snapshots)
             training.snapshots = snapshots.items
@@ -384,10 +314,7 @@ class Coordinator:
             if status != "done" and training.status == "completed":
                 training.status, training.error = status, message
         training.warnings = watch.warnings(training.time_s, self.cfg.budget.seconds)
-        training.counters = [self.state.counters.row(s.rank) for s in self.specs]
-        if self.controller is not None:
-            training.batches, training.extra = self.controller.log, self.controller.summary()
-        return training
+        return self._finish(training)
 
     def _wind_down(self, procs: list, finished: dict[int, tuple[str, str]],
                    hung: dict[int, str], deadline: float) -> dict[int, str]:
@@ -418,7 +345,7 @@ class Coordinator:
 
     def _await_ready(self, procs: list, finished: dict[int, tuple[str, str]]) -> dict[int, str]:
         """Wait until every worker has set up or ended. A worker setting up is alive while it
-        gets CPU time (importing, building) or beats (:func:`~.worker.beating`, through long
+        gets CPU time (importing, building) or beats (:func:`~hetsgd.engines.reports.beating`, through long
         waits); one that does neither for its stall window is hung, as is one not set up within
         ``STARTUP_TIMEOUT_S``, or within ``exit_s`` of another's failure. Returns those hung,
         with why; training then stops before it starts."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from multiprocessing.synchronize import Lock
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -20,7 +20,8 @@ class EpochCursor(SharedViews):
 
     VIEWS = {"_handed": "_state"}
 
-    def __init__(self, num_examples: int, epochs: float | None, lock: Lock) -> None:
+    def __init__(self, num_examples: int, epochs: float | None,
+                 lock: AbstractContextManager[bool]) -> None:
         self.num_examples = num_examples
         self.total = math.inf if epochs is None else round(epochs * num_examples)
         self._state = torch.zeros(1, dtype=torch.int64).share_memory_()  # examples handed out

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 
 import torch
 
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
-from hetsgd.engines.shared_memory.counters import WorkerCounters
+from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.shared_memory.cursor import EpochCursor
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.numpy_views import SharedFlag, SharedViews
@@ -35,7 +36,7 @@ class Signals(SharedViews):
     views (every step).
     """
 
-    go: Event
+    go: Event | threading.Event
     stop: SharedFlag
     publish_request: torch.Tensor
     publish_done: torch.Tensor
@@ -51,7 +52,7 @@ class Signals(SharedViews):
         self._build_views()
 
     @classmethod
-    def create(cls, ctx, num_workers: int) -> Signals:  # ctx: a multiprocessing context
+    def create(cls, ctx, num_workers: int) -> Signals:  # ctx: see SharedState.create
         def counter(size: int) -> torch.Tensor:
             return torch.zeros(size, dtype=torch.int64).share_memory_()
 
@@ -108,7 +109,9 @@ class SharedState:
 
     @classmethod
     def create(cls, data: SharedData, master: SharedMaster, epochs: float | None,
-               num_workers: int, ctx) -> SharedState:  # ctx: a multiprocessing context
+               num_workers: int, ctx) -> SharedState:
+        """``ctx`` makes the lock and event: a multiprocessing context for worker processes,
+        the ``threading`` module for workers that share this process (the virtual engines)."""
         return cls(data, master, EpochCursor(data.num_examples, epochs, ctx.Lock()),
                    WorkerCounters(num_workers), Signals.create(ctx, num_workers))
 

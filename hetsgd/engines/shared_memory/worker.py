@@ -11,11 +11,8 @@ read only a few times a second.
 from __future__ import annotations
 
 import math
-import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -23,6 +20,7 @@ import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
+from hetsgd.engines.batches import Batches, training_augment
 from hetsgd.engines.checkpoint import (
     WorkerState,
     augment_generator,
@@ -30,18 +28,17 @@ from hetsgd.engines.checkpoint import (
     restore_rng,
     rng_state,
 )
-from hetsgd.engines.shared_memory.batches import Batches, training_augment
-from hetsgd.engines.shared_memory.counters import CounterRow
+from hetsgd.engines.counters import CounterRow
+from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
 from hetsgd.engines.shared_memory.links import LinkFactory, default_link
 from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.errors import Diverged, UserError
+from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending, build_step
 
 # How often a worker reads its latest mini-batch loss: reading it waits for a GPU to finish the
 # step, so it is not read every step.
 LOSS_READ_S = 0.1
-SETUP_BEAT_S = 0.2  # how often a worker that sets up beats its heartbeat (see `beating`)
 
 
 @dataclass
@@ -156,62 +153,12 @@ class Worker:
 
 
 def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
-                   reports, link_factory: LinkFactory | None = None) -> None:
+                   reports: Reports, link_factory: LinkFactory | None = None) -> None:
     """Entry point of a spawned worker: threads first, then train, then report how it ended."""
     torch.set_num_threads(spec.threads)
     with reporting(spec.rank, state, reports):
         with beating(state, spec.rank):
             worker = Worker(spec, cfg, problem, state, link_factory)
-            reports.put(("ready", spec.rank, ""))
+            send_ready(reports, spec.rank)
         state.signals.go.wait()
         worker.run(on_checkpoint=partial(send_checkpoint, reports, spec.rank))
-
-
-def send_checkpoint(reports, rank: int, part: WorkerState) -> None:
-    """A worker's part of a checkpoint, to its coordinator (which assembles and writes it)."""
-    reports.put(("checkpoint", rank, part.to_bytes()))
-
-
-@contextmanager
-def beating(state: SharedState, rank: int) -> Iterator[None]:
-    """While a worker sets up, a thread beats its heartbeat: setup is a few long calls (a CUDA
-    context, staging the data, a rendezvous) with no step to count, and a worker stopped there
-    then shows within its stall window. A call that hangs is left to the startup timeout (the
-    thread beats on); once training starts, only the worker's own loop beats."""
-    done = threading.Event()
-
-    def beat() -> None:
-        while not done.wait(SETUP_BEAT_S):
-            state.signals.beat(rank)
-
-    thread = threading.Thread(target=beat, name=f"hetsgd-beat-{rank}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-
-
-@contextmanager
-def reporting(rank: int, state: SharedState, reports) -> Iterator[None]:
-    """Report how a worker process's body ended: done, diverged or failed (with the traceback;
-    a UserError, such as a setting that does not fit the data, with its one line only).
-    Anything is reported, so the coordinator never waits on a dead worker; a failure also stops
-    the others."""
-    try:
-        yield
-        state.signals.retire(rank)
-        reports.put(("done", rank, ""))
-    except Diverged as exc:
-        state.signals.retire(rank)
-        state.signals.stop.set()
-        reports.put(("diverged", rank, str(exc)))
-    except UserError as exc:
-        state.signals.retire(rank)
-        state.signals.stop.set()
-        reports.put(("failed", rank, str(exc)))
-    except BaseException as exc:  # noqa: BLE001 - reported, not swallowed
-        state.signals.retire(rank)
-        state.signals.stop.set()
-        reports.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))

@@ -28,18 +28,20 @@ from __future__ import annotations
 
 import heapq
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
-from hetsgd.engines.shared_memory.coordinator import TICK_S, Controller, Coordinator, OnTick, Training
-from hetsgd.engines.shared_memory.counters import CounterRow
+from hetsgd.engines.base import TICK_S, EngineBase
+from hetsgd.engines.counters import CounterRow
 from hetsgd.engines.shared_memory.links import LinkFactory
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.snapshots import Snapshots
 from hetsgd.engines.shared_memory.worker import Worker
+from hetsgd.engines.snapshots import Snapshots
+from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.mix import math_threads
 from hetsgd.engines.virtual.profiles import DeviceProfile
@@ -59,14 +61,15 @@ class InFlight:
     epoch: float
 
 
-class VirtualCoordinator(Coordinator):
+class VirtualCoordinator(EngineBase):
     """Runs the planned workers on the virtual clock; returns what the real coordinator does."""
 
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster, on_tick: OnTick | None,
                  link_factory: LinkFactory, controller: Controller | None,
-                 profiles: list[DeviceProfile]) -> None:
-        super().__init__(cfg, specs, problem, data, master, on_tick, controller=controller)
+                 profiles: list[DeviceProfile], journal: Journal | None = None) -> None:
+        super().__init__(cfg, specs, problem, data, master, on_tick, controller, journal,
+                         threading)
         self.link_factory, self.profiles = link_factory, profiles
         self.workers: list[Worker] = []
         self.rows: list[CounterRow] = []
@@ -74,7 +77,7 @@ class VirtualCoordinator(Coordinator):
         self.events: list[tuple[float, int]] = []  # (landing time, rank)
         self.busy = BusyTime(specs)
 
-    def run(self, monitor_factory) -> Training:
+    def run(self, monitor_factory: MonitorFactory) -> Training:
         """Train on the virtual clock. ``monitor_factory`` is not used: utilization is each
         device's virtual busy share (:mod:`.busy`)."""
         threads = torch.get_num_threads()
@@ -83,10 +86,7 @@ class VirtualCoordinator(Coordinator):
             training = self._simulate()
         finally:
             torch.set_num_threads(threads)
-        training.counters = [self.state.counters.row(s.rank) for s in self.specs]
-        if self.controller is not None:
-            training.batches, training.extra = self.controller.log, self.controller.summary()
-        return training
+        return self._finish(training)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -121,22 +121,13 @@ class VirtualCoordinator(Coordinator):
     def _tick(self, time_s: float, utilization: list[dict]) -> None:
         """The coordinator's periodic duties (the controller samples update rates at each)."""
         if self.busy.due(time_s, self.cfg.monitor.interval_s):
-            self._sample(time_s, utilization)
-        if self.controller is not None:
-            self.controller.tick(time_s, self.state.counters)
-        if self.on_tick is not None:
-            self.on_tick(time_s, self.state.counters)
+            self._record_utilization(self.busy.sample(time_s), utilization)
+        self._duties(time_s)
 
     def _snapshot(self, time_s: float, snapshots: Snapshots) -> None:
         for worker in self.workers:  # a resident replica copies itself in
             worker.link.publish()
         self._take_snapshot(time_s, snapshots)
-
-    def _sample(self, time_s: float, utilization: list[dict]) -> None:
-        row = self.busy.sample(time_s)
-        utilization.append(row)
-        if self.journal is not None:
-            self.journal.utilization(row)
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -177,7 +168,7 @@ class VirtualCoordinator(Coordinator):
         training.time_s = now
         self._snapshot(now, snapshots)
         if self.busy.due(now, self.cfg.monitor.interval_s, closing=True):
-            self._sample(now, utilization)
+            self._record_utilization(self.busy.sample(now), utilization)
         training.snapshots = snapshots.items
         training.utilization = utilization
         return training

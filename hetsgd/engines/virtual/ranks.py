@@ -16,11 +16,12 @@ import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.devices import WorkerSpec
-from hetsgd.engines.distributed.coordinator import SetupSummary
+from hetsgd.engines.base import EngineBase
 from hetsgd.engines.distributed.group import RankLost
 from hetsgd.engines.distributed.rank import RankLoop
-from hetsgd.engines.shared_memory.coordinator import Coordinator, OnTick, Training
+from hetsgd.engines.hooks import SetupSummary
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.group import Meeting, VirtualClock, VirtualGroup
 from hetsgd.engines.virtual.mix import math_threads
@@ -31,15 +32,15 @@ from hetsgd.model.problem import Problem
 JOIN_POLL_S = 0.1  # how often the coordinator's thread wakes while the ranks train (Ctrl-C)
 
 
-class VirtualRanks(Coordinator):
+class VirtualRanks(EngineBase):
     """Runs a distributed algorithm's ranks on virtual clocks; returns what the real coordinator
     of ranks does."""
 
     def __init__(self, cfg: RunConfig, world: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster, on_tick: OnTick | None,
                  loop_type: type[RankLoop], setup_summary: SetupSummary,
-                 profiles: list[DeviceProfile]) -> None:
-        super().__init__(cfg, world, problem, data, master, on_tick)
+                 profiles: list[DeviceProfile], journal: Journal | None = None) -> None:
+        super().__init__(cfg, world, problem, data, master, on_tick, None, journal, threading)
         self.loop_type, self.setup_summary = loop_type, setup_summary
         self.busy = BusyTime(world)
         clocks = [VirtualClock(s.rank, profiles[s.rank], s.slowdown, cfg.budget.seconds, self.busy)
@@ -58,9 +59,8 @@ class VirtualRanks(Coordinator):
         if self.snapshots.due(self.previous_meeting, examples / self.state.data.num_examples):
             self._snapshot(self.previous_meeting)
         if self.busy.due(time_s, self.cfg.monitor.interval_s):
-            self._sample(time_s)
-        if self.on_tick is not None:
-            self.on_tick(time_s, self.state.counters)
+            self._record_utilization(self.busy.sample(time_s), self.utilization)
+        self._duties(time_s)
         self.previous_meeting = time_s
 
     def _snapshot(self, time_s: float) -> None:
@@ -68,12 +68,6 @@ class VirtualRanks(Coordinator):
         if first is not None and first.rank.link is not None:  # rank 0's resident replica
             first.rank.link.publish()
         self._take_snapshot(time_s, self.snapshots)
-
-    def _sample(self, time_s: float) -> None:
-        row = self.busy.sample(time_s)
-        self.utilization.append(row)
-        if self.journal is not None:
-            self.journal.utilization(row)
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -92,7 +86,7 @@ class VirtualRanks(Coordinator):
             self.errors[spec.rank] = exc
             self.meeting.abort()
 
-    def run(self, monitor_factory) -> Training:
+    def run(self, monitor_factory: MonitorFactory) -> Training:
         """Train on the virtual clocks. ``monitor_factory`` is not used: utilization is each
         device's virtual busy share."""
         training = Training()
@@ -112,9 +106,9 @@ class VirtualRanks(Coordinator):
         training.time_s = max(clock.time for clock in self.meeting.clocks)
         self._snapshot(training.time_s)
         if self.busy.due(training.time_s, self.cfg.monitor.interval_s, closing=True):
-            self._sample(training.time_s)
+            self._record_utilization(self.busy.sample(training.time_s), self.utilization)
         training.snapshots, training.utilization = self.snapshots.items, self.utilization
-        training.counters = [self.state.counters.row(s.rank) for s in self.specs]
+        self._finish(training)
         if setup:
             training.extra = self.setup_summary(self.specs, setup)
         return training

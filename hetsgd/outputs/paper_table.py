@@ -1,14 +1,14 @@
 """Tables of a simulated Hogbatch reproduction beside what Ma & Rusu report.
 
-``python scripts/paper_table.py FOLDER [--shares-only]`` reads every run under FOLDER (written by
-``scripts/reproduce_hogbatch_sim.sh``), prints markdown tables to stdout and writes them to
-FOLDER/paper_table.md. Per machine and method, mean ± std over seeds of: the update shares, the
-simulated GPU's busy share (``utilization.gpu_util_mean``) and the CPU workers' (workers.csv
-busy / time), the virtual time to each of the runs' absolute target losses, and the speedup over
-the GPU alone (per seed, the GPU's time over the method's: every method of a seed starts from the
-same model). The paper's numbers are those of ``docs/papers.md`` (read off its figures,
-w8a); "not reported" where it gives none. ``--shares-only``: the first table alone, for runs too
-short for their losses to mean anything.
+``python -m hetsgd.outputs.paper_table FOLDER [--shares-only]`` reads every run under FOLDER
+(written by ``scripts/reproduce_hogbatch_sim.sh``), prints markdown tables to stdout and writes
+them to FOLDER/paper_table.md. Per machine and method, mean ± std over seeds of: the update
+shares, the simulated GPU's busy share (``utilization.gpu_util_mean``) and the CPU workers'
+(workers.csv busy / time), the virtual time to each of the runs' absolute target losses, and the
+speedup over the GPU alone (per seed, the GPU's time over the method's: every method of a seed
+starts from the same model). The paper's numbers are those of ``docs/papers.md`` (read off its
+figures, w8a); "not reported" where it gives none. ``--shares-only``: the first table alone, for
+runs too short for their losses to mean anything.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetsgd.errors import UserError
 from hetsgd.outputs.index import find_runs, load_csv, read_summary
 from hetsgd.outputs.metrics import loss_key
 from hetsgd.outputs.report import markdown_table
@@ -89,6 +90,8 @@ class Row:
 def read_run(run_dir: Path, summary: dict) -> Run:
     workers = load_csv(run_dir, "workers")
     convergence = load_csv(run_dir, "convergence")
+    if workers is None or convergence is None:  # a completed run writes both
+        raise UserError(f"{run_dir} lacks workers.csv or convergence.csv")
     cpu = workers[workers["group"] == "cpu"]
     time_s = summary["time_s"]
     last = workers.drop_duplicates("group").set_index("group")["last_batch"]
@@ -162,7 +165,7 @@ def speedup(row: Row, gpu: Row | None, target: float) -> str:
     exact, bounds = [], []
     for seed, run in row.by_seed().items():
         mine, base = time_to(run, target), gpu.by_seed().get(seed)
-        if base is None or not _present([mine]):
+        if base is None or mine is None or not _present([mine]):
             continue
         theirs = time_to(base, target)
         if theirs is None:
@@ -234,23 +237,33 @@ def notes(rows: list[Row]) -> list[str]:
     return lines
 
 
+def write_tables(folder: Path, shares_only: bool = False) -> tuple[str, list[str]]:
+    """The tables of the runs under ``folder`` as markdown, also written to its paper_table.md,
+    and one line per run that did not complete. No completed run is a :class:`UserError`."""
+    rows, skipped = read_rows(folder)
+    if not rows:
+        raise UserError(f"no completed runs under {folder}")
+    parts = [shares_table(rows)]
+    if not shares_only:
+        parts.append(convergence_table(rows))
+    parts += ["\n".join(f"- {line}" for line in notes(rows) + skipped)]
+    text = "\n\n".join(p for p in parts if p) + "\n"
+    (folder / "paper_table.md").write_text(text)
+    return text, skipped
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--shares-only", action="store_true",
                         help="only the update shares and utilizations")
     args = parser.parse_args()
-    rows, skipped = read_rows(args.folder)
-    if not rows:
-        print(f"paper_table: no completed runs under {args.folder}", file=sys.stderr)
+    try:
+        text, skipped = write_tables(args.folder, args.shares_only)
+    except UserError as exc:
+        print(f"paper_table: {exc}", file=sys.stderr)
         return 1
-    parts = [shares_table(rows)]
-    if not args.shares_only:
-        parts.append(convergence_table(rows))
-    parts += ["\n".join(f"- {line}" for line in notes(rows) + skipped)]
-    text = "\n\n".join(p for p in parts if p) + "\n"
     print(text)
-    (args.folder / "paper_table.md").write_text(text)
     return 1 if skipped else 0
 
 

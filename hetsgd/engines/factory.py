@@ -1,0 +1,59 @@
+"""Which engine runs a plan: the virtual clock for a simulated mix, else processes; the
+torch.distributed ranks for :class:`DistributedHooks`, else shared-memory workers. The one place
+that knows every engine, so the runner names none."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Protocol
+
+from hetsgd.config import RunConfig
+from hetsgd.devices import WorkerSpec
+from hetsgd.engines.checkpoint import Checkpoint
+from hetsgd.engines.distributed.coordinator import DistributedCoordinator
+from hetsgd.engines.hooks import DistributedHooks, Hooks
+from hetsgd.engines.shared_memory.coordinator import Coordinator
+from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.shared_memory.worker import worker_process
+from hetsgd.engines.training import Engine, Journal, OnTick
+from hetsgd.engines.virtual.coordinator import VirtualCoordinator
+from hetsgd.engines.virtual.mix import profiles_for
+from hetsgd.engines.virtual.ranks import VirtualRanks
+from hetsgd.errors import UserError
+from hetsgd.model.problem import Problem
+
+
+class Planned(Protocol):
+    """What an engine takes from an algorithm's plan (``hetsgd.algorithms.base.Plan``, a layer
+    above): the config with every derived value settled, and the workers chosen."""
+
+    @property
+    def cfg(self) -> RunConfig: ...
+
+    @property
+    def workers(self) -> list[WorkerSpec]: ...
+
+
+def build_engine(plan: Planned, hooks: Hooks, problem: Problem, data: SharedData,
+                 master: SharedMaster, on_tick: OnTick | None, journal: Journal | None = None,
+                 resume: Checkpoint | None = None) -> Engine:
+    """The engine that runs ``plan``'s workers with ``hooks``, keeping what it measures in
+    ``journal`` as it goes, from ``resume`` if given."""
+    cfg, workers = plan.cfg, plan.workers
+    if cfg.devices.simulated:
+        if resume is not None or cfg.checkpoint.every_s is not None:
+            raise UserError("checkpoints are not supported on simulated mixes (a simulated run "
+                            "is deterministic: run it again instead): set checkpoint.every_s=null, "
+                            "without resume")
+        profiles = profiles_for(cfg, workers, problem)
+        if isinstance(hooks, DistributedHooks):
+            return VirtualRanks(cfg, workers, problem, data, master, on_tick, hooks.loop,
+                                hooks.setup_summary, profiles, journal)
+        return VirtualCoordinator(cfg, workers, problem, data, master, on_tick, hooks.link,
+                                  hooks.controller, profiles, journal)
+    if isinstance(hooks, DistributedHooks):
+        return DistributedCoordinator(cfg, workers, problem, data, master, on_tick, hooks.loop,
+                                      hooks.publishing, hooks.setup_summary, resume, journal)
+    return Coordinator(cfg, workers, problem, data, master, on_tick,
+                       target=partial(worker_process, link_factory=hooks.link),
+                       controller=hooks.controller, resume=resume, journal=journal)

@@ -1,0 +1,80 @@
+"""The numbers of a simulated biased local SGD reproduction per method, beside what Lim et al.
+report (for ResNet20 / CIFAR-10): ``python scripts/biased_local_table.py FOLDER`` prints them for
+the runs under FOLDER (written by ``scripts/reproduce_biased_local_sim.sh``, after ``hetsgd
+report FOLDER`` has written its report.csv)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from hetsgd.outputs.report import markdown_table
+
+ORDER = ("sync", "fast_alone", "local_balanced", "local_unbalanced", "local_biased")
+PAPER = {  # Lim et al., abstract and TL;DR: docs/papers.md
+    "sync": "baseline",
+    "local_biased": "up to 32x faster than sync, nearly identical accuracy",
+}
+HEADERS = ("method", "runs", "tau", "t@0.9 [virtual s]", "t@0.95 [virtual s]",
+           "speedup vs sync", "train loss", "test loss", "test acc", "update share gpu",
+           "GPU util [%]", "CPU sockets busy [%]", "paper")
+
+
+def method_runs(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """One run's summary per method (its tau, step times and mix), and the runs' model."""
+    runs, model = {}, {}
+    for summary in out.glob("sweeps/*/*/summary.json"):
+        overrides = yaml.safe_load((summary.parent / ".hydra/overrides.yaml").read_text())
+        method = next(o.split("=", 1)[1] for o in overrides if o.startswith("+method="))
+        runs[method] = json.loads(summary.read_text())
+        model = yaml.safe_load((summary.parent / "config.yaml").read_text())["model"]
+    return runs, model
+
+
+def cell(row: pd.Series, col: str, fmt: str) -> str:
+    mean, std = row[f"{col}_mean"], row[f"{col}_std"]
+    if pd.isna(mean):
+        return "—"
+    count = f" ({row[f'{col}_n']:.0f}/{row['n']:.0f})" if row[f"{col}_n"] < row["n"] else ""
+    return f"{mean:{fmt}}" + ("" if pd.isna(std) else f" ± {std:{fmt}}") + count
+
+
+def table_row(row: pd.Series, run: dict[str, Any]) -> list[str]:
+    local = run.get("local_sgd")
+    tau = " ".join(f"{g}:{t}" for g, t in local["tau"].items()) if local else "—"
+    # workers' CPU [cores] is the host workers' busy share: of the host threads the run had
+    threads = sum(g["count"] * g["threads"] for g in run.get("mix", {}).values()
+                  if g["role"] == "host")
+    sockets = row["workers_cpu_cores_mean"] / threads * 100 if threads else float("nan")
+    return [row["method"], f"{row['n']}/{row['runs']}", tau,
+            cell(row, "time_to_0.9", ".3f"), cell(row, "time_to_0.95", ".3f"),
+            "—" if pd.isna(row["speedup"]) else f"{row['speedup']:.2f}",
+            cell(row, "train_loss", ".4f"), cell(row, "test_loss", ".4f"),
+            cell(row, "test_acc", ".4f"), cell(row, "share_gpu", ".2f"),
+            cell(row, "gpu_util", ".0f"), "—" if pd.isna(sockets) else f"{sockets:.0f}",
+            PAPER.get(row["method"], "not reported")]
+
+
+def main(out: Path) -> None:
+    runs, model = method_runs(out)
+    report = pd.read_csv(out / "report.csv")
+    report["method"] = report["variant"].map(lambda v: re.search(r"\+method=(\S+)", v).group(1))
+    report = report.sort_values("method", key=lambda m: m.map(ORDER.index))
+    rows = [table_row(row, runs[row["method"]]) for _, row in report.iterrows()]
+    # tau auto records the profiles' step times (a fixed tau records none)
+    steps = runs.get("local_unbalanced", {}).get("local_sgd", {}).get("step_s", {})
+    print(f"{report['dataset'].iloc[0]} · {model['name']} {model.get('hidden', '')} on "
+          f"paper_biased_local (simulated), L_best = {report['l_best'].iloc[0]:.4g}; mean ± std "
+          "over seeds; t@x: virtual seconds to a normalized loss of x; a step as profiled: "
+          + ", ".join(f"{g} {t * 1e3:.3f} ms" for g, t in steps.items()))
+    print(markdown_table(HEADERS, rows))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
