@@ -38,6 +38,7 @@ test-quick: setup
 
 lint: setup
 	$(BIN)/ruff check hetsgd tests scripts
+	$(BIN)/mypy
 
 ## redraw every figure under results/ from the CSVs
 plots: setup

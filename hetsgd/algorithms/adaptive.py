@@ -81,8 +81,9 @@ class BatchController:
         self.next_control = cfg.period_s
         self.last_ratio: float | None = None
         self.last_share: float | None = None  # accelerator share of updates, last window
-        self.log = [{"time_s": 0.0, "worker": s.rank, "group": s.group, "batch_size": s.batch_size}
-                    for s in specs]
+        self.log: list[dict[str, float | str]] = [
+            {"time_s": 0.0, "worker": s.rank, "group": s.group, "batch_size": s.batch_size}
+            for s in specs]
 
     def _sizes(self) -> dict[int, int]:
         sizes = {r: max(1, round(self.accel_batch)) for r in self.accel}

@@ -44,6 +44,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -142,7 +143,11 @@ def hooks(plan: Plan) -> Hooks:
 
 def setup_summary(world: list[WorkerSpec], columns: dict[str, list[float]]) -> dict:
     """summary.json's `local_sgd` entry: tau, aggregation weight and measured step time by group."""
-    return {"local_sgd": {"tau": {g: int(t) for g, t in per_group(world, columns["tau"]).items()},
+    taus: dict[str, int] = {}
+    for g, t in per_group(world, columns["tau"]).items():
+        assert t is not None, "taus are whole numbers (RankLoop.setup), never NaN"
+        taus[g] = int(t)
+    return {"local_sgd": {"tau": taus,
                           "aggregation_weight": per_group(world, columns["weight"]),
                           "step_s": per_group(world, columns["step_s"])}}
 
@@ -251,7 +256,7 @@ def warn_if_the_side_is_not_as_named(world: list[WorkerSpec], plan: RoundPlan,
 class RankLoop:
     """One rank of local SGD: rounds of tau local steps, then one aggregating all-reduce."""
 
-    SETUP_COLUMNS = ("tau", "weight", "step_s")
+    SETUP_COLUMNS: ClassVar[tuple[str, ...]] = ("tau", "weight", "step_s")
 
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
                  problem: Problem, state: SharedState, group: Group) -> None:

@@ -21,6 +21,7 @@ import dataclasses
 import math
 import threading
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 
@@ -90,7 +91,7 @@ def split(size: int, shares: list[float]) -> list[int]:
 class RankLoop:
     """One rank of synchronous data-parallel SGD."""
 
-    SETUP_COLUMNS = ("batch_share", "step_s")
+    SETUP_COLUMNS: ClassVar[tuple[str, ...]] = ("batch_share", "step_s")
 
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
                  problem: Problem, state: SharedState, group: Group) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 # The longest duration any setting may give (a budget, a timeout, a period): 30 days. A longer
 # one is a typo, and inf or 1e300 would overflow the clocks of the libraries that take it
@@ -24,7 +24,7 @@ def one_of(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
     require(value in choices, field_name, "choose one of " + ", ".join(choices), value)
 
 
-def finite(value: Any) -> bool:
+def finite(value: Any) -> TypeGuard[float]:
     """A number other than inf and NaN: a comparison such as ``x > 0`` lets inf through."""
     return isinstance(value, (int, float)) and math.isfinite(value)
 

@@ -19,7 +19,7 @@ OnTick = Callable[[float, WorkerCounters], None]  # (training seconds, counters)
 class Controller(Protocol):
     """Steers workers while they train (Adaptive Hogbatch's batch sizes), from the coordinator."""
 
-    log: list[dict[str, float]]
+    log: list[dict[str, float | str]]  # rows of batches.csv
 
     def tick(self, elapsed: float, counters: WorkerCounters) -> None: ...
 
@@ -36,7 +36,7 @@ class Training:
     snapshots: list[Snapshot] = field(default_factory=list)
     counters: list[dict[str, float]] = field(default_factory=list)
     utilization: list[dict[str, float | None]] = field(default_factory=list)
-    batches: list[dict[str, float]] = field(default_factory=list)  # batch-size changes, if any
+    batches: list[dict[str, float | str]] = field(default_factory=list)  # batch-size changes, if any
     extra: dict = field(default_factory=dict)  # algorithm-specific summary entries
     warnings: list[str] = field(default_factory=list)  # for summary.json and the log
 

@@ -112,8 +112,8 @@ class Group:
         """A buffer on the collective device (pinned host memory for a GPU rank on gloo)."""
         return torch.zeros(size, dtype=dtype, device=self.device, pin_memory=self.pinned)
 
-    def all_reduce_(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM
-                    ) -> torch.Tensor:
+    def all_reduce_(self, tensor: torch.Tensor,
+                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
         """In place, for a tensor on any device (copied through the collective device if needed)."""
         staged = tensor if tensor.device == self.device else tensor.to(self.device)
         try:

@@ -36,7 +36,8 @@ def _key() -> str:
 
 def hand_off(value: object) -> None:
     """Rank 0: publish ``value`` (picklable) for every other rank."""
-    _store(HANDOFF_TIMEOUT_S).set(_key(), pickle.dumps(value))
+    # torch's stubs type the value as str; the store takes bytes (and get returns bytes)
+    _store(HANDOFF_TIMEOUT_S).set(_key(), pickle.dumps(value))  # type: ignore[arg-type]
 
 
 def receive() -> object:

@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import ClassVar, Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar, overload
 
 import torch
 
@@ -97,7 +97,14 @@ class Rank:
     def num_examples(self) -> int:
         return self.state.data.num_examples
 
-    def batches(self, kind: type[B] = Batches) -> B:  # type: ignore[assignment]
+    @overload
+    def batches(self) -> Batches: ...
+
+    @overload
+    def batches(self, kind: type[B]) -> B: ...
+
+    def batches(self, kind: type[Batches] = Batches) -> Batches:
+        """This rank's batches, of ``kind`` (a subclass of :class:`Batches`, which is the default)."""
         data = self.cfg.data
         augment = training_augment(data, self.problem, self.cfg.seed, self.spec.rank)
         self.augment = augment_generator(augment)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from contextlib import AbstractContextManager
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from hetsgd.engines.shared_memory.numpy_views import SharedViews
@@ -19,6 +21,7 @@ class EpochCursor(SharedViews):
     """
 
     VIEWS = {"_handed": "_state"}
+    _handed: npt.NDArray[np.int64]  # of _state, set by _build_views
 
     def __init__(self, num_examples: int, epochs: float | None,
                  lock: AbstractContextManager[bool]) -> None:

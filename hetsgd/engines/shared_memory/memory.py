@@ -35,7 +35,8 @@ class SharedArena:
         # the pages are untouched until written, so nothing is resident for an array not yet filled
         storage = torch.UntypedStorage._new_shared(math.prod(shape) * np.dtype(dtype).itemsize)
         torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
-        tensor = torch.empty(0, dtype=torch_dtype).set_(storage, 0, shape)
+        # torch's stubs require the stride, which the op defaults to contiguous
+        tensor = torch.empty(0, dtype=torch_dtype).set_(storage, 0, shape)  # type: ignore[call-overload]
         array = tensor.numpy()
         self._tensors[array.__array_interface__["data"][0]] = tensor
         return array

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 
 class SharedViews:
-    """Mixin: ``VIEWS`` maps a view attribute to the shared tensor attribute it views."""
+    """Mixin: ``VIEWS`` maps a view attribute to the shared tensor attribute it views.
+
+    ``_build_views`` sets the view attributes by name, so a subclass declares each one (its type
+    only: the declaration assigns nothing)."""
 
     VIEWS: ClassVar[dict[str, str]]
 
@@ -35,6 +40,7 @@ class SharedFlag(SharedViews):
     ``Event`` takes a lock on every ``is_set``, and a worker checks its stop flag every step)."""
 
     VIEWS = {"_view": "_value"}
+    _view: npt.NDArray[np.int8]  # of _value, set by _build_views
 
     def __init__(self) -> None:
         self._value = torch.zeros(1, dtype=torch.int8).share_memory_()

@@ -6,6 +6,8 @@ import threading
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
@@ -49,6 +51,13 @@ class Signals(SharedViews):
              "_beats": "beats"}
 
     def __post_init__(self) -> None:
+        # The views, set by _build_views: declared here, not in the class body, where they would
+        # be dataclass fields.
+        self._request: npt.NDArray[np.int64]
+        self._done: npt.NDArray[np.int64]
+        self._checkpoint_request: npt.NDArray[np.int64]
+        self._checkpoint_done: npt.NDArray[np.int64]
+        self._beats: npt.NDArray[np.int64]
         self._build_views()
 
     @classmethod

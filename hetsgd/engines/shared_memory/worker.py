@@ -117,11 +117,13 @@ class Worker:
                 next_read = finished + LOSS_READ_S
             emulate(finished - started, sleeping)
             if checkpoints is not None and checkpoints.checkpoint_asked(rank):
+                assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
                 on_checkpoint(self.checkpoint(counters))
                 checkpoints.answer_checkpoint(rank)
         if loss is not None:
             self.read_loss(loss, counters, counters["examples"] / self.batches.n)
         if checkpoints is not None:
+            assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
             on_checkpoint(self.checkpoint(counters))
         counters.add("comm_s", self.link.finish())
 

@@ -96,7 +96,8 @@ class Meeting:
         earliest rank, else the ring."""
         times = [clock.time for clock in self.clocks]
         measured = [clock.profile.exchange_s(max(times) - min(times)) for clock in self.clocks]
-        return self.ring_s if None in measured else max(measured)  # type: ignore[type-var]
+        known = [seconds for seconds in measured if seconds is not None]
+        return self.ring_s if len(known) < len(measured) else max(known)
 
     def _start_clocks(self) -> None:
         for clock in self.clocks:
@@ -128,8 +129,8 @@ class VirtualGroup(Group):
         self.timeout_s = 0.0
         self.backend = "virtual"
 
-    def all_reduce_(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM
-                    ) -> torch.Tensor:
+    def all_reduce_(self, tensor: torch.Tensor,
+                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
         meeting = self.meeting
         meeting.slots[self.rank] = tensor.detach().to("cpu")
         meeting.op = op

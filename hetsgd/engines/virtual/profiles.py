@@ -108,8 +108,11 @@ def _device(name: str, entry: dict) -> RooflineDevice:
                          f"not {entry['efficiency']!r}")
     if kind == "cpu" and any(entry.get(field) is not None for field in _LINK):
         raise ValueError(f"{DEVICES_FILE}: {name} is a CPU core; its link fields must be null")
-    link = {f: float(entry[f]) if kind == "cuda" else None for f in _LINK}
-    return RooflineDevice(name=name, kind=kind, **{f: float(entry[f]) for f in _NUMBERS}, **link,
+    numbers = {f: float(entry[f]) for f in _NUMBERS}
+    cuda = kind == "cuda"
+    return RooflineDevice(name=name, kind=kind, **numbers,
+                          link_bandwidth=float(entry["link_bandwidth"]) if cuda else None,
+                          link_latency_s=float(entry["link_latency_s"]) if cuda else None,
                           sources=dict(sources))
 
 
