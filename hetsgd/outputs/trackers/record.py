@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from hetsgd.config.swept import sweep_overrides, swept_keys
 from hetsgd.outputs.index import CONFIG, MULTIRUN, override_key, read_overrides, read_summary
 from hetsgd.outputs.run_directory import SUMMARY
 
@@ -78,20 +79,8 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
 
 def swept_values(run_dir: Path) -> dict[str, str]:
     """The values of the keys the job's sweep varies, as the job's overrides set them (``{}`` for
-    a run outside a sweep). The sweep's overrides are in ``multirun.yaml`` beside its job folders:
-    those on the command line and the sweeper's params (an experiment's)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    file = run_dir.parent / MULTIRUN
-    if not file.is_file():
-        return {}
-    hydra = (yaml.safe_load(file.read_text()) or {}).get("hydra") or {}
-    listed = [str(o) for o in (hydra.get("overrides") or {}).get("task") or []]
-    params = (hydra.get("sweeper") or {}).get("params") or {}
-    listed += [f"{key}={value}" for key, value in params.items()]
-    parser = OverridesParser.create()
-    swept = {override_key(text) for text in listed
-             if parser.parse_override(text).is_sweep_override()}
+    a run outside a sweep): the keys that name sweep job folders (:mod:`hetsgd.config.swept`)."""
+    swept = swept_keys(sweep_overrides(run_dir.parent))
     job = (o.split("=", 1) for o in read_overrides(run_dir) if "=" in o)
     return {override_key(key): value for key, value in job if override_key(key) in swept}
 
