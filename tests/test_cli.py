@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -71,14 +72,17 @@ def test_calibrate_measures_every_group(results_dir: Path) -> None:
     assert all(cost >= 0 for cost in costs)
     # that the rounds time the exchange at all (a cost above 0) depends on the machine's load:
     # test_calibration_times_the_exchange checks it alone on the machine
+    # rounds at one wait count as their mean: where the emulated accelerator steps less than
+    # 1.5x as fast as a core (the machine's load decides), the first two patterns tie
+    first = statistics.mean(c for w, c in zip(waits, costs) if w == waits[0])
     profiles = load_calibration(saved)
     assert profiles["accel"].copy_s() > 0 and profiles["cpu"].copy_s() == 0
-    assert profiles["cpu"].exchange_s(0.0) == pytest.approx(costs[0] / 1000)
+    assert profiles["cpu"].exchange_s(0.0) == pytest.approx(first / 1000)
     assert profiles["cpu"].exchange_s(1.0) == pytest.approx(costs[2] / 1000)
     output = " ".join(result.stdout.split())
     assert (f"hetsgd run devices=emulated devices.simulated=true devices.calibration={saved}"
             in output)
-    assert (f"exchange of the model, a round beyond its slowest step: {costs[0]:.3f} ms at a "
+    assert (f"exchange of the model, a round beyond its slowest step: {first:.3f} ms at a "
             f"wait of {waits[0]:.3f} ms" in output)
 
 
