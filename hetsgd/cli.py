@@ -29,7 +29,7 @@ from hetsgd.machine import machine_facts
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
          "Start with `hetsgd run` (the defaults: sync SGD on the embedded digits set), "
-         "`hetsgd run --help` for overrides, `hetsgd data list` and `hetsgd devices`.",
+         "`hetsgd run --help` for overrides, `hetsgd data list` and `hetsgd machine`.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 data_app = typer.Typer(help="Datasets and the data cache ($HETSGD_DATA or ~/.cache/hetsgd).",
                        no_args_is_help=True)
@@ -393,7 +393,7 @@ def data_fetch(name: str) -> None:
         console.print(str(path))
 
 
-# -- devices -------------------------------------------------------------------------------------
+# -- machine -------------------------------------------------------------------------------------
 
 
 def _compose(overrides: list[str]) -> RunConfig:
@@ -435,16 +435,22 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
                   soft_wrap=True)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def devices(ctx: typer.Context,
+_MACHINE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command(context_settings=_MACHINE_SETTINGS)
+def machine(ctx: typer.Context,
             as_json: bool = typer.Option(False, "--json", help="Print JSON."),
             calibrate: bool = typer.Option(False, "--calibrate", help=(
                 "Measure examples/s and ms/step of each group of the mix over batch sizes 1..1024 "
                 "for the configured model and dataset, and the part of a step spent copying the "
                 "model to or from the master (comm ms/step); extra arguments are run overrides, e.g. "
-                "`hetsgd devices --calibrate model=mlp_paper dataset=w8a devices=auto`.")),
+                "`hetsgd machine --calibrate model=mlp_paper dataset=w8a devices=auto`.")),
             seconds: float = typer.Option(0.5, help="Measuring time per batch size.")) -> None:
     """List this machine's CPU, cores and the CUDA GPUs torch can use; --calibrate measures them."""
+    if ctx.info_name == "devices":
+        err.print("hetsgd: `hetsgd devices` is now `hetsgd machine` (`devices` names the device "
+                  "mix); the old name goes in the next release", soft_wrap=True)
     if calibrate:
         _print_calibration(ctx.args, seconds)
         return
@@ -462,6 +468,10 @@ def devices(ctx: typer.Context,
 
     console.print(f"simulated devices (devices.groups.<group>.profile=...): "
                   f"{', '.join(device_names())}", soft_wrap=True)
+
+
+# the command's name before 0.2: still accepted, with a one-line notice, for one release
+app.command("devices", hidden=True, context_settings=_MACHINE_SETTINGS)(machine)
 
 
 class _LastingStream:

@@ -149,7 +149,7 @@ def cuda_devices() -> list[dict[str, Any]]:
 
 
 def machine_facts() -> dict[str, Any]:
-    """What `hetsgd devices` lists: the CPU, its cores, and the GPUs torch can use here."""
+    """What `hetsgd machine` lists: the CPU, its cores, and the GPUs torch can use here."""
     import torch
 
     return {"cpu_model": cpu_model(), "cores": usable_cores(), "torch": torch.__version__,

@@ -6,7 +6,7 @@
 # OVERRIDES go to the main comparison's runs (e.g. budget.seconds=1 optim.lr=0.01).
 #
 # Times are virtual: each device's steps take what its roofline in
-# hetsgd/engines/virtual/devices.yaml says, while the updates themselves run on this CPU. That
+# hetsgd/engines/virtual/profiles.yaml says, while the updates themselves run on this CPU. That
 # costs real time, so the main comparison trains `mlp` ([128, 128] ReLU), NOT the paper's
 # 8 x 512 sigmoid net, for 0.5 virtual seconds, 3 seeds (hetsgd/conf/experiment/
 # hogbatch_paper_sim.yaml says why). A second part runs the paper's net (mlp_paper) briefly, one
@@ -53,7 +53,7 @@ sweep paper_net/adaptive hogbatch_paper_sim_net algo=adaptive budget.seconds=0.2
   algo.period_s=0.01 algo.window_s=0.02
 
 echo
-echo "Virtual time; rooflines of hetsgd/engines/virtual/devices.yaml; w8a; total $SECONDS s real."
+echo "Virtual time; rooflines of hetsgd/engines/virtual/profiles.yaml; w8a; total $SECONDS s real."
 echo "Main comparison: model=mlp ([128, 128] ReLU; NOT the paper's net), lr 0.03, 0.5 virtual s,"
 echo "3 seeds; mean ± std over seeds. The paper's columns: its figures (docs/papers.md)."
 .venv/bin/python -m hetsgd.outputs.paper_table "$out/main" || status=1

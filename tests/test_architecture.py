@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "machine"}),
     frozenset({"config"}),
     frozenset({"data", "model"}),
-    frozenset({"devices"}),
+    frozenset({"workers"}),
     frozenset({"engines"}),
     frozenset({"algorithms", "observe"}),
     frozenset({"outputs"}),

@@ -12,7 +12,6 @@ import pytest
 import torch
 from conftest import compose_config, run_config
 
-from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines.base import TICK_S
 from hetsgd.engines.shared_memory.links import Replica, Resident
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
@@ -21,6 +20,7 @@ from hetsgd.errors import UserError
 from hetsgd.machine import cuda_devices
 from hetsgd.model.flat import FlatModel
 from hetsgd.runs import runner
+from hetsgd.workers import WorkerSpec, expand
 
 
 def _state_with_master(module: torch.nn.Module) -> SharedState:

@@ -21,7 +21,6 @@ from hetsgd.data.augment import CropFlip, augment_seed, crop_flip, training_augm
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD
 from hetsgd.data.prepare import prepare
-from hetsgd.devices import expand
 from hetsgd.engines.batches import Batches
 from hetsgd.engines.batches import training_augment as engine_augment
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
@@ -29,6 +28,7 @@ from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import StepRecord, Worker
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
+from hetsgd.workers import expand
 
 
 def by_hand(image: np.ndarray, padding: int, fill: tuple[float, ...]) -> dict[bytes, set]:

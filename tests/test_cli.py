@@ -30,25 +30,29 @@ def only_run_dir(results: Path) -> Path:
 
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["data", "--help"],
-                                  ["devices", "--help"], ["report", "--help"], ["plot", "--help"]])
+                                  ["machine", "--help"], ["report", "--help"], ["plot", "--help"]])
 def test_every_command_has_help(args: list[str]) -> None:
     result = hetsgd(*args)
     assert result.returncode == 0
     assert "Usage" in result.stdout
 
 
-def test_data_list_and_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_list_and_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HETSGD_DATA", str(tmp_path))
     listing = hetsgd("data", "list")
     assert listing.returncode == 0 and "w8a" in listing.stdout and "digits" in listing.stdout
-    devices = json.loads(hetsgd("devices", "--json").stdout)
-    assert devices["cores"] >= 1 and isinstance(devices["gpus"], list)
+    machine = json.loads(hetsgd("machine", "--json").stdout)
+    assert machine["cores"] >= 1 and isinstance(machine["gpus"], list)
     assert "simulated devices (devices.groups.<group>.profile=...): xeon_e5_2686v4_core, " in (
-        hetsgd("devices").stdout)
+        hetsgd("machine").stdout)
+    # the command's old name still answers, with a notice on stderr, and is gone from the help
+    renamed = hetsgd("devices", "--json")
+    assert json.loads(renamed.stdout) == machine and "is now `hetsgd machine`" in renamed.stderr
+    assert "machine" in hetsgd("--help").stdout and " devices " not in hetsgd("--help").stdout
 
 
 def test_calibrate_measures_every_group(results_dir: Path) -> None:
-    result = hetsgd("devices", "--calibrate", "devices=emulated", "progress=false", "--seconds",
+    result = hetsgd("machine", "--calibrate", "devices=emulated", "progress=false", "--seconds",
                     "0.02")
     assert result.returncode == 0, result.stderr
     saved, = (results_dir / "calibration").glob("*_mlp_digits_emulated.csv")

@@ -22,13 +22,13 @@ from hetsgd.cli import app
 from hetsgd.config import to_run_config
 from hetsgd.config.schema import CustomModelConfig
 from hetsgd.data import load_dataset
-from hetsgd.devices import expand
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import mlp_layers, step_kind
 from hetsgd.runs import runner
+from hetsgd.workers import expand
 
 PACKAGE = "mynets"
 NETS = '''

@@ -13,9 +13,9 @@ import pytest
 from hetsgd.config import DatasetConfig, compose_run, to_run_config
 from hetsgd.data import cache, load_dataset
 from hetsgd.data.libsvm import MAX_FEATURES
-from hetsgd.devices import expand
 from hetsgd.errors import UserError
 from hetsgd.runs.setup import check_fills_a_batch, load_run_data
+from hetsgd.workers import expand
 
 GOOD = "".join(f"{label} 1:{i} 3:0.5\n" for i, label in enumerate(["-1", "1"] * 10))
 

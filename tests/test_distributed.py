@@ -24,7 +24,6 @@ from hetsgd import algorithms
 from hetsgd.algorithms.sync import split
 from hetsgd.config import RunConfig, to_run_config
 from hetsgd.data import load_dataset
-from hetsgd.devices import expand
 from hetsgd.engines.distributed.group import free_port
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
@@ -34,6 +33,7 @@ from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
 from hetsgd.runs import runner
+from hetsgd.workers import expand
 
 ROOT = Path(__file__).resolve().parents[1]
 # Two groups on the CPU, the second one 10x slower by emulation.

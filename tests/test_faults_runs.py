@@ -23,7 +23,6 @@ import yaml
 from typer.testing import CliRunner, Result
 
 from hetsgd.cli import app
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.outputs import journal
 from hetsgd.outputs.checkpoint import STATE, latest_checkpoint, snapshot_file
@@ -32,6 +31,7 @@ from hetsgd.outputs.journal import INDEX, RunJournal, read_snapshots
 from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY, RunDirectory, WriteError, writing
 from hetsgd.runs import runner
 from hetsgd.runs.recover import recover
+from hetsgd.workers import WorkerSpec
 from tests.conftest import compose_config
 
 # every_s past the run's end: its one checkpoint is the one taken as it ends, with every snapshot

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cli import hetsgd
 
-from hetsgd import devices
+from hetsgd import workers
 from hetsgd.config import ConfigError
 from hetsgd.config.checks import MAX_SECONDS
 from hetsgd.engines.virtual.profiles import (
@@ -240,27 +240,27 @@ def test_a_duration_may_be_thirty_days_and_no_more() -> None:
 
 @pytest.fixture
 def four_gib(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(devices, "available_memory", lambda: 4 << 30)
+    monkeypatch.setattr(workers, "available_memory", lambda: 4 << 30)
 
 
 def test_more_worker_processes_than_memory_holds_are_refused(four_gib: None) -> None:
-    fits = (4 << 30) // devices.WORKER_BYTES
-    assert len(devices.expand(run_config("devices=cpu", f"devices.groups.cpu.count={fits}").devices)) == fits
+    fits = (4 << 30) // workers.WORKER_BYTES
+    assert len(workers.expand(run_config("devices=cpu", f"devices.groups.cpu.count={fits}").devices)) == fits
     with pytest.raises(UserError, match=rf"starts {fits + 1} worker processes, .* 4.0 GiB of memory "
                                         rf"is available here: at most {fits} fit"):
-        devices.expand(run_config("devices=cpu", f"devices.groups.cpu.count={fits + 1}").devices)
+        workers.expand(run_config("devices=cpu", f"devices.groups.cpu.count={fits + 1}").devices)
 
 
 def test_the_memory_check_counts_every_group_and_spares_simulated_or_waived_mixes(
         four_gib: None) -> None:
-    half = (4 << 30) // devices.WORKER_BYTES // 2
+    half = (4 << 30) // workers.WORKER_BYTES // 2
     many = ("devices=emulated", f"devices.groups.cpu.count={half}", f"devices.groups.accel.count={half}")
-    assert len(devices.expand(run_config(*many).devices)) == 2 * half
+    assert len(workers.expand(run_config(*many).devices)) == 2 * half
     with pytest.raises(UserError, match="at most"):
-        devices.expand(run_config(*many[:2], f"devices.groups.accel.count={half + 1}").devices)
+        workers.expand(run_config(*many[:2], f"devices.groups.accel.count={half + 1}").devices)
     wide = ("devices=cpu", "devices.groups.cpu.count=256")
-    assert len(devices.expand(run_config(*wide, "devices.simulated=true").devices)) == 256
-    assert len(devices.expand(run_config(*wide, "devices.memory_check=false").devices)) == 256
+    assert len(workers.expand(run_config(*wide, "devices.simulated=true").devices)) == 256
+    assert len(workers.expand(run_config(*wide, "devices.memory_check=false").devices)) == 256
 
 
 # -- the command line ------------------------------------------------------------------------------

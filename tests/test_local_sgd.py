@@ -20,9 +20,9 @@ from hetsgd.algorithms import local_sgd
 from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
 from hetsgd.algorithms.local_sgd import RoundPlan, fast_group, group_taus, needs_step_times
 from hetsgd.config import GroupConfig, to_run_config
-from hetsgd.devices import expand
 from hetsgd.errors import UserError
 from hetsgd.runs import runner
+from hetsgd.workers import expand
 
 # Two groups on the CPU: `accel` (batch 32) and `cpu` (batch 8, 10x slower by emulation).
 MIX = ("dataset=digits", "model=mlp", "devices=emulated", "devices.groups.accel.batch_size=32",

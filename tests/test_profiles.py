@@ -23,7 +23,7 @@ from hetsgd.config.schema import (
 )
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.engines.virtual.profiles import (
-    DEVICES_FILE,
+    PROFILES_FILE,
     ExchangeCost,
     MeasuredProfile,
     RooflineDevice,
@@ -172,7 +172,7 @@ def test_an_unknown_step_kind_is_an_error() -> None:
 
 
 def test_every_named_device_loads_with_a_source_for_each_number() -> None:
-    entries = yaml.safe_load(DEVICES_FILE.read_text())
+    entries = yaml.safe_load(PROFILES_FILE.read_text())
     assert device_names() == tuple(entries)
     assert {"xeon_e5_2686v4_core", "v100_sxm2_16gb", "k80_die", "a100_sxm4_40gb",
             "h200_sxm"} <= set(device_names())

@@ -12,7 +12,6 @@ import torch
 from conftest import run_config
 
 from hetsgd.data import load_dataset
-from hetsgd.devices import expand
 from hetsgd.engines.shared_memory.cursor import EpochCursor
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster, SharedRows
 from hetsgd.engines.shared_memory.state import SharedState
@@ -23,6 +22,7 @@ from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
 from hetsgd.model.sgd import SGD
+from hetsgd.workers import expand
 
 
 def _tiny_model() -> torch.nn.Module:

@@ -17,7 +17,6 @@ from hetsgd import algorithms
 from hetsgd.algorithms import adaptive
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig, to_run_config
-from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.hooks import DistributedHooks
@@ -32,6 +31,7 @@ from hetsgd.outputs.figure_style import time_label
 from hetsgd.outputs.report import mix_label
 from hetsgd.runs import runner
 from hetsgd.runs.setup import RunData, load_run_data
+from hetsgd.workers import WorkerSpec, expand
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from collections import deque
 from hetsgd.algorithms import hogbatch
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import AdaptiveConfig, RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
+from hetsgd.workers import WorkerSpec
 
 NAME = "adaptive"
 DEAD_BAND = 1.1  # no resize while the wanted/measured update ratio is within this factor of 1

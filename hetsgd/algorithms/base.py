@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.hooks import Hooks
+from hetsgd.workers import WorkerSpec
 
 
 @dataclass(frozen=True)

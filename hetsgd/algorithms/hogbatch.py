@@ -11,11 +11,11 @@ import torch
 
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import HogbatchConfig, RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
 from hetsgd.engines.shared_memory.links import InPlace, Link, Replica
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import UserError
+from hetsgd.workers import WorkerSpec
 
 NAME = "hogbatch"
 

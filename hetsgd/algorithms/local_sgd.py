@@ -51,7 +51,6 @@ import torch
 from hetsgd.algorithms.base import Plan
 from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
 from hetsgd.config import LocalSGDConfig, RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.batches import Batches
 from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.distributed.coordinator import per_group
@@ -61,6 +60,7 @@ from hetsgd.engines.hooks import DistributedHooks, Hooks
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem
+from hetsgd.workers import WorkerSpec
 
 NAME = "local_sgd"
 log = logging.getLogger("hetsgd")

@@ -27,7 +27,6 @@ import torch
 
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig, SyncConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.distributed.coordinator import per_group
 from hetsgd.engines.distributed.group import Group, check_world, choose_backend
@@ -38,6 +37,7 @@ from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem
+from hetsgd.workers import WorkerSpec
 
 NAME = "sync"
 

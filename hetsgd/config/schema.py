@@ -322,7 +322,7 @@ class GroupConfig:
     slowdown: float = 1.0  # emulated: sleep (slowdown - 1) x compute time after each step
     role: str = "auto"
     # simulated mixes: the named device whose roofline times this group's steps (see
-    # hetsgd/engines/virtual/devices.yaml); null: the group's row of devices.calibration
+    # hetsgd/engines/virtual/profiles.yaml); null: the group's row of devices.calibration
     profile: str | None = None
 
     def __post_init__(self) -> None:
@@ -353,10 +353,10 @@ class DevicesConfig:
     # run on the virtual clock (hetsgd/engines/virtual): every step's time comes from its group's
     # device profile, and the run says `simulated` everywhere; no GPU is needed for cuda groups
     simulated: bool = False
-    # a `hetsgd devices --calibrate` CSV: measured profiles, by group name, for groups without one
+    # a `hetsgd machine --calibrate` CSV: measured profiles, by group name, for groups without one
     calibration: str | None = None
     # refuse a mix whose worker processes would not fit in the memory available here
-    # (hetsgd/devices.py: check_memory); false starts them anyway
+    # (hetsgd/workers.py: check_memory); false starts them anyway
     memory_check: bool = True
 
     def __post_init__(self) -> None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.snapshots import Snapshot, Snapshots
 from hetsgd.engines.training import Controller, Journal, OnTick, Training
 from hetsgd.model.problem import Problem
+from hetsgd.workers import WorkerSpec
 
 TICK_S = 0.01  # how often an engine runs its periodic duties, on the clock it keeps
 

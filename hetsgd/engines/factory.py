@@ -8,7 +8,6 @@ from functools import partial
 from typing import Protocol
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.distributed.coordinator import DistributedCoordinator
 from hetsgd.engines.hooks import DistributedHooks, Hooks
@@ -21,6 +20,7 @@ from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
+from hetsgd.workers import WorkerSpec
 
 
 class Planned(Protocol):

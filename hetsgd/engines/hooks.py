@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.distributed.rank import RankLoop
 from hetsgd.engines.shared_memory.links import LinkFactory
 from hetsgd.engines.training import Controller
+from hetsgd.workers import WorkerSpec
 
 # summary.json entries from what rank 0 settled at setup: (world, {column: value per rank}).
 SetupSummary = Callable[[list[WorkerSpec], dict[str, list[float]]], dict]

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hetsgd.devices import WorkerSpec
+from hetsgd.workers import WorkerSpec
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.counters import WorkerCounters
+from hetsgd.workers import WorkerSpec
 
 
 class TrainingProgress:

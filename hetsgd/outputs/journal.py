@@ -28,7 +28,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.outputs.checkpoint import (
@@ -39,6 +38,7 @@ from hetsgd.outputs.checkpoint import (
     write_checkpoint,
 )
 from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, append_rows, replace_file
+from hetsgd.workers import WorkerSpec
 
 INDEX = "index.csv"
 log = logging.getLogger("hetsgd")

@@ -30,7 +30,6 @@ import torch.multiprocessing as mp
 
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.group import Group, with_free_port
 from hetsgd.engines.distributed.rank import Rank
@@ -42,6 +41,7 @@ from hetsgd.engines.step_timing import StepTimer
 from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, measured_profiles
 from hetsgd.model.problem import Problem
 from hetsgd.runs.setup import load_run_data
+from hetsgd.workers import WorkerSpec, expand
 
 BATCH_SIZES = (1, 4, 16, 64, 256, 1024)
 WARMUP_STEPS = 3

@@ -24,7 +24,6 @@ from rich.progress import track
 
 from hetsgd import algorithms
 from hetsgd.config import ConfigError, RunConfig, to_run_config
-from hetsgd.devices import WorkerSpec, expand
 from hetsgd.engines.distributed.handoff import hand_off
 from hetsgd.engines.distributed.torchrun import torchrun
 from hetsgd.engines.factory import build_engine
@@ -57,6 +56,7 @@ from hetsgd.outputs.summary import (
 )
 from hetsgd.runs.resume import resume
 from hetsgd.runs.setup import Handoff, RunData, load_run_data
+from hetsgd.workers import WorkerSpec, expand
 
 log = logging.getLogger("hetsgd")
 

@@ -10,10 +10,10 @@ from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig
 from hetsgd.data import load_dataset
 from hetsgd.data.augment import check_augment
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.shared_memory.memory import SharedArena, SharedData
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
+from hetsgd.workers import WorkerSpec
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Real against simulated on this machine: the check that the virtual clock models it.
 
 Each case is one config run twice per seed: by the real engine, and on the virtual clock with
-the profiles that a calibration of its mix measured just before the real run (``hetsgd devices
+the profiles that a calibration of its mix measured just before the real run (``hetsgd machine
 --calibrate``). Compared: examples per second, the host group's share of the updates, and the
 time to a fixed training loss, simulated over real, the median of the seeds' ratios. A wrong
 model of the machine (a step's time, a replica's copies, the slowdown, how the ranks wait for

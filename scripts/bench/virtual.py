@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from hetsgd import algorithms
 from hetsgd.config import to_run_config
-from hetsgd.devices import expand
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.runs.setup import load_run_data
+from hetsgd.workers import expand
 from scripts.bench.jobs import FAST_EVAL, Jobs, compose_config
 from scripts.bench.section import Section
 

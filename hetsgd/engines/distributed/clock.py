@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.step_timing import StepTimer
+from hetsgd.workers import WorkerSpec
 
 # A rank's speed measurement before training; the median of the timed steps is its step time.
 SPEED_TIMER = StepTimer(warmup=2, min_steps=5, min_seconds=0.3, max_steps=200)

@@ -16,7 +16,6 @@ from functools import partial
 import torch
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.distributed.group import check_port, torchrun, with_free_port
@@ -26,6 +25,7 @@ from hetsgd.engines.shared_memory.coordinator import FAILURE_GRACE_S, Coordinato
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
+from hetsgd.workers import WorkerSpec
 
 
 def per_group(world: list[WorkerSpec], values: list[float], total: bool = False

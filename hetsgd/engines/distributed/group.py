@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from hetsgd.config import DistConfig, RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.clock import RankClock, WallClock
 from hetsgd.engines.distributed.torchrun import torchrun
 from hetsgd.errors import UserError
+from hetsgd.workers import WorkerSpec
 
 
 class RankLost(RuntimeError):

@@ -29,7 +29,6 @@ from typing import ClassVar, Protocol, TypeVar, overload
 import torch
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines import device_ops
 from hetsgd.engines.batches import Batches, training_augment
 from hetsgd.engines.checkpoint import (
@@ -49,6 +48,7 @@ from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step
+from hetsgd.workers import WorkerSpec
 
 B = TypeVar("B", bound=Batches)
 

@@ -31,7 +31,6 @@ import psutil
 import torch.multiprocessing as mp
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.counters import COUNTERS
@@ -40,6 +39,7 @@ from hetsgd.engines.shared_memory.worker import worker_process
 from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
+from hetsgd.workers import WorkerSpec
 
 STARTUP_TIMEOUT_S = 600.0
 PUBLISH_TIMEOUT_S = 60.0

@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 import torch
 
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines import device_ops
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.model.flat import FlatModel
+from hetsgd.workers import WorkerSpec
 
 
 class InPlace:

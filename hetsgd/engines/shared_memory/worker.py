@@ -19,7 +19,6 @@ from functools import partial
 import torch
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.batches import Batches, training_augment
 from hetsgd.engines.checkpoint import (
     WorkerState,
@@ -35,6 +34,7 @@ from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending, build_step
+from hetsgd.workers import WorkerSpec
 
 # How often a worker reads its latest mini-batch loss: reading it waits for a GPU to finish the
 # step, so it is not read every step.

@@ -9,7 +9,7 @@ the accelerators) is ``gpu<k>_util``.
 
 from __future__ import annotations
 
-from hetsgd.devices import WorkerSpec
+from hetsgd.workers import WorkerSpec
 
 
 class BusyTime:

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import torch
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.counters import CounterRow
 from hetsgd.engines.shared_memory.links import LinkFactory
@@ -48,6 +47,7 @@ from hetsgd.engines.virtual.profiles import DeviceProfile
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending
+from hetsgd.workers import WorkerSpec
 
 
 @dataclass

@@ -23,10 +23,10 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.distributed.group import Group, RankLost
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.profiles import DeviceProfile
+from hetsgd.workers import WorkerSpec
 
 # what the barrier runs while every rank waits, with the time the collective ends
 OnMeeting = Callable[[float], None]

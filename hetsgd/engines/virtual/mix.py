@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.engines.virtual.profiles import (
     DeviceProfile,
@@ -18,6 +17,7 @@ from hetsgd.engines.virtual.profiles import (
 from hetsgd.errors import UserError
 from hetsgd.machine import usable_cores
 from hetsgd.model.problem import Problem
+from hetsgd.workers import WorkerSpec
 
 
 def profiles_for(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem) -> list[DeviceProfile]:
@@ -41,7 +41,7 @@ def profiles_for(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem) -> l
                      if mix.calibration is not None else "devices.calibration is not set")
             raise UserError(f"simulated group '{group}' of devices={mix.name} has no device "
                             f"profile: set devices.groups.{group}.profile, or measure it with "
-                            f"`hetsgd devices --calibrate` ({where})")
+                            f"`hetsgd machine --calibrate` ({where})")
     return [by_group[spec.group] for spec in specs]
 
 

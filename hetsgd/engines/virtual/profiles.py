@@ -24,7 +24,7 @@ from hetsgd.data.files import open_data
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.errors import UserError
 
-DEVICES_FILE = Path(__file__).with_name("devices.yaml")
+PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
 KINDS = ("cpu", "cuda")
 _NUMBERS = ("peak_flops", "memory_bandwidth", "launch_s", "efficiency")
 _LINK = ("link_bandwidth", "link_latency_s")
@@ -69,7 +69,7 @@ class DeviceProfile(Protocol):
 
 @dataclass(frozen=True)
 class RooflineDevice:
-    """A device as its spec sheet describes it (``devices.yaml`` documents each field)."""
+    """A device as its spec sheet describes it (``profiles.yaml`` documents each field)."""
 
     name: str
     kind: str
@@ -84,30 +84,30 @@ class RooflineDevice:
 
 @cache
 def _devices() -> dict[str, RooflineDevice]:
-    entries = yaml.safe_load(DEVICES_FILE.read_text())
+    entries = yaml.safe_load(PROFILES_FILE.read_text())
     return {name: _device(name, entry) for name, entry in entries.items()}
 
 
 def _device(name: str, entry: dict) -> RooflineDevice:
-    """One entry of devices.yaml, checked: every number present, positive and sourced; a link
+    """One entry of profiles.yaml, checked: every number present, positive and sourced; a link
     exactly where the device is a GPU."""
     kind = entry.get("kind")
     if kind not in KINDS:
-        raise ValueError(f"{DEVICES_FILE}: {name}.kind is {kind!r}, not one of {', '.join(KINDS)}")
+        raise ValueError(f"{PROFILES_FILE}: {name}.kind is {kind!r}, not one of {', '.join(KINDS)}")
     sources = entry.get("sources") or {}
     wanted = _NUMBERS + (_LINK if kind == "cuda" else ())
     for field in wanted:
         value = entry.get(field)
         if not finite(value) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{DEVICES_FILE}: {name}.{field} must be a positive, finite number, "
+            raise ValueError(f"{PROFILES_FILE}: {name}.{field} must be a positive, finite number, "
                              f"not {value!r}")
         if field not in sources:
-            raise ValueError(f"{DEVICES_FILE}: {name}.{field} has no entry under sources")
+            raise ValueError(f"{PROFILES_FILE}: {name}.{field} has no entry under sources")
     if entry["efficiency"] > 1:
-        raise ValueError(f"{DEVICES_FILE}: {name}.efficiency is a share of peak_flops, at most 1, "
+        raise ValueError(f"{PROFILES_FILE}: {name}.efficiency is a share of peak_flops, at most 1, "
                          f"not {entry['efficiency']!r}")
     if kind == "cpu" and any(entry.get(field) is not None for field in _LINK):
-        raise ValueError(f"{DEVICES_FILE}: {name} is a CPU core; its link fields must be null")
+        raise ValueError(f"{PROFILES_FILE}: {name} is a CPU core; its link fields must be null")
     numbers = {f: float(entry[f]) for f in _NUMBERS}
     cuda = kind == "cuda"
     return RooflineDevice(name=name, kind=kind, **numbers,
@@ -117,7 +117,7 @@ def _device(name: str, entry: dict) -> RooflineDevice:
 
 
 def device_names() -> tuple[str, ...]:
-    """The named devices, in the order devices.yaml lists them."""
+    """The named devices, in the order profiles.yaml lists them."""
     return tuple(_devices())
 
 
@@ -192,7 +192,7 @@ class ExchangeCost:
 
 @dataclass(frozen=True)
 class MeasuredProfile:
-    """A step's time as a calibration measured it (``hetsgd devices --calibrate``), its copies
+    """A step's time as a calibration measured it (``hetsgd machine --calibrate``), its copies
     taken out: the measured batch sizes, ascending, and each one's seconds of compute."""
 
     name: str
@@ -225,18 +225,18 @@ class MeasuredProfile:
 
 
 def load_calibration(path: Path) -> dict[str, MeasuredProfile]:
-    """A calibration CSV (``hetsgd devices --calibrate``) as one profile per worker group."""
+    """A calibration CSV (``hetsgd machine --calibrate``) as one profile per worker group."""
     path = Path(path)
     source = f"calibration file {path}"
     try:
         with open_data(path, decompress=False, text=True) as raw:
             reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
             if reader.fieldnames is None:
-                raise UserError(f"{source} is empty (measure one with `hetsgd devices --calibrate`)")
+                raise UserError(f"{source} is empty (measure one with `hetsgd machine --calibrate`)")
             missing = [c for c in CALIBRATION_COLUMNS if c not in reader.fieldnames]
             if missing:
                 raise UserError(f"{source} lacks the columns {', '.join(missing)}"
-                                " (measure again with `hetsgd devices --calibrate`)")
+                                " (measure again with `hetsgd machine --calibrate`)")
             rows = list(itertools.islice(reader, MAX_CALIBRATION_ROWS + 1))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"cannot read {source}: not a CSV text file ({exc})") from exc

@@ -15,7 +15,6 @@ import threading
 import torch
 
 from hetsgd.config import RunConfig
-from hetsgd.devices import WorkerSpec
 from hetsgd.engines.base import EngineBase
 from hetsgd.engines.distributed.group import RankLost
 from hetsgd.engines.distributed.rank import RankLoop
@@ -28,6 +27,7 @@ from hetsgd.engines.virtual.mix import math_threads
 from hetsgd.engines.virtual.profiles import DeviceProfile
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
+from hetsgd.workers import WorkerSpec
 
 JOIN_POLL_S = 0.1  # how often the coordinator's thread wakes while the ranks train (Ctrl-C)
 
