@@ -1,4 +1,4 @@
-"""The `hetsgd` command line: run (through Hydra), data, devices, report, plot."""
+"""The `hetsgd` command line: run (through Hydra), data, machine, report, plot."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import hydra
 import typer
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
@@ -152,7 +153,8 @@ def train_job(cfg: DictConfig) -> None:
         run_statuses.append("failed")
         _print_error(str(exc))
         return
-    _draw_figures(run_dir)
+    if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep draws its comparison at its end
+        _draw_figures(run_dir)
     run_statuses.append(summary["status"])
     _log_to_trackers(run_dir, cfg)
     if summary["status"] == "failed":

@@ -169,3 +169,9 @@ def test_a_sweep_finishes_its_other_jobs_when_one_fails(results_dir: Path) -> No
     assert sorted(statuses.values()) == ["completed", "failed"]  # ... and did not stop the sweep
     assert "needs dataset.path" in " ".join(summary["error"].dropna())
     assert (sweep / "report.md").exists()
+    # the comparison is drawn at the sweep's end; a job's own figures only by `hetsgd plot`
+    assert list((sweep / "figures").glob("*.png"))
+    job = Path(summary.loc[summary["status"] == "completed", "run_dir"].iloc[0])
+    assert not (job / "figures").exists()
+    assert hetsgd("plot", str(sweep)).returncode == 0
+    assert (job / "figures" / "loss_vs_time.png").is_file()

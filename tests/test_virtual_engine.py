@@ -24,9 +24,11 @@ from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
-from hetsgd.engines.virtual.profiles import ExchangeCost
+from hetsgd.engines.shared_memory.worker import LOSS_READ_S
+from hetsgd.engines.virtual.profiles import ExchangeCost, load_calibration
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.errors import UserError
+from hetsgd.model.step import Step
 from hetsgd.outputs.figure_style import time_label
 from hetsgd.outputs.report import mix_label
 from hetsgd.runs import runner
@@ -278,6 +280,46 @@ def test_simulated_local_sgd_trains_the_real_engines_model_exactly(tmp_path: Pat
     assert simulated["simulated"] and not real["simulated"]
     assert simulated["updates_by_group"] == real["updates_by_group"]
     assert simulated["final"] == real["final"]
+
+
+def test_a_local_sgd_rank_reads_its_loss_on_the_workers_cadence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a step's loss waits for a GPU, so a rank reads one every LOSS_READ_S of its
+    clock and each round's last (the exchange's divergence flag), never every step; its busy
+    time is still every step's profile time. Every read of a step's mean loss is counted."""
+    reads: list[int] = []
+
+    class CountedLoss(torch.Tensor):
+        def __float__(self) -> float:
+            reads.append(1)
+            return super().__float__()
+
+        def item(self) -> float:
+            reads.append(1)
+            return super().item()
+
+    train = Step.__call__
+
+    def counted(self: Step, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        loss, losses = train(self, *args, **kwargs)
+        return loss.as_subclass(CountedLoss), losses
+
+    monkeypatch.setattr(Step, "__call__", counted)
+    calibration = _calibration(tmp_path / "c.csv")
+    summary, run_dir = _whole_run(
+        tmp_path, "run", "algo=local_sgd", "algo.tau={accel:40,cpu:20}", "dataset=digits",
+        "model=mlp", "devices=emulated", "devices.simulated=true",
+        f"devices.calibration={calibration}", "budget.seconds=1", "budget.epochs=null",
+        "progress=false")
+    workers = pd.read_csv(run_dir / "workers.csv")
+    rounds = workers["updates"] / workers["group"].map({"accel": 40, "cpu": 20})
+    assert (rounds == rounds[0]).all() and rounds[0] >= 3
+    # at least each round's last step, at most that plus one a LOSS_READ_S (virtual seconds)
+    per_rank = rounds + summary["time_s"] / LOSS_READ_S + 1
+    assert rounds.sum() <= len(reads) <= per_rank.sum() < workers["updates"].sum() / 4
+    profiles = load_calibration(calibration)
+    step_s = [profiles[w.group].compute_s(w.first_batch) for w in workers.itertuples()]
+    assert workers["busy_s"].tolist() == pytest.approx((workers["updates"] * step_s).tolist())
 
 
 def test_busy_time_counts_a_busy_workers_threads_and_an_accelerators_share() -> None:

@@ -260,7 +260,8 @@ class RankLoop:
 
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
                  problem: Problem, state: SharedState, group: Group) -> None:
-        self.rank = Rank(spec, world, cfg, problem, state, group, linked=False)
+        self.rank = Rank(spec, world, cfg, problem, state, group, linked=False,
+                         step_kind=cfg.optim.step)
         self.batches = self.rank.batches(ShardBatches)
         algo = cfg.algo
         assert isinstance(algo, LocalSGDConfig)
@@ -315,16 +316,20 @@ class RankLoop:
                 start = (offset * tau + step) * batch
                 x, y = self.batches.get(period, start, batch)
                 mean, losses = rank.train_step(x, y, epoch, batch, per_sample=table is not None)
-                loss = float(mean)
                 if table is not None and losses is not None:
                     table.record(self.batches.shard[start:start + batch], losses)
                 rank.clock.computed(batch)
+                # the loss on the workers' cadence, and the round's last one for the exchange's
+                # divergence flag: a read waits for a GPU, so not every step
+                read = rank.read_loss(mean) if step == tau - 1 or rank.loss_due() else None
                 busy = rank.clock.now() - started
                 rank.ledger.step(batch, busy)
-                rank.ledger.record_loss(loss)
                 rank.spec.emulate(busy, rank.sleeping)
-                if not math.isfinite(loss):
-                    break
+                if read is not None:
+                    loss = read
+                    rank.ledger.record_loss(read)
+                    if not math.isfinite(read):
+                        break
             weight = plan.weights[me]
             verdict = rank.exchange(rank.flat.params, rank.flat.buffers, weight, loss)
             rank.write_master()

@@ -37,6 +37,7 @@ from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem
+from hetsgd.model.step import AutogradStep
 from hetsgd.workers import WorkerSpec
 
 NAME = "sync"
@@ -95,7 +96,10 @@ class RankLoop:
 
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
                  problem: Problem, state: SharedState, group: Group) -> None:
-        self.rank = Rank(spec, world, cfg, problem, state, group, linked=True)
+        self.rank = Rank(spec, world, cfg, problem, state, group, linked=True,
+                         step_kind="autograd")
+        assert isinstance(self.rank.train_step, AutogradStep)  # the gradient is all-reduced
+        self.step = self.rank.train_step
         self.batches = self.rank.batches()
         assert isinstance(cfg.algo, SyncConfig) and cfg.algo.global_batch is not None, "see plan()"
         self.global_batch = cfg.algo.global_batch
@@ -130,18 +134,20 @@ class RankLoop:
             sizes = split(size, self.shares)
             started = rank.clock.now()
             loss = None
+            # the step's first half on this rank's shard, at the global batch's learning rate;
+            # its loss is read every step, since the step's all-reduce waits for the device anyway
             if sizes[me]:
                 x, y = self.batches.get(epoch, start + sum(sizes[:me]), sizes[me])
-                loss = rank.gradient(x, y)
+                pending = self.step.compute(x, y, epoch + start / n, size)
+                loss = rank.read_loss(pending.loss)
                 rank.clock.computed(sizes[me])  # the update's time counts in the profile's step
             else:
-                rank.flat.zero_grad()
+                pending = self.step.on_no_examples(epoch + start / n, size)
             computed = rank.clock.now()
             rank.spec.emulate(computed - started, rank.sleeping)
             verdict = rank.exchange(rank.flat.grads, rank.flat.buffers, sizes[me] / size, loss)
             stepped = rank.clock.now()
-            with torch.no_grad():
-                rank.sgd.step(rank.sgd.lr(epoch + start / n, size))
+            self.step.land(pending)  # the all-reduced gradient, the same on every rank
             rank.ledger.step(sizes[me], computed - started + rank.clock.now() - stepped)
             if loss is not None:
                 rank.ledger.record_loss(loss)

@@ -112,6 +112,12 @@ class AutogradStep(Step):
         return Pending(loss.detach(), losses.detach() if losses is not None else None,
                        self.sgd.lr(epoch, batch_size))
 
+    def on_no_examples(self, epoch: float, batch_size: int) -> Pending:
+        """The first half of a step on no examples (a sync rank whose shard of the global batch
+        is empty): a zero gradient, so the all-reduced one lands as on every other rank."""
+        self.flat.zero_grad()
+        return Pending(torch.zeros(()), None, self.sgd.lr(epoch, batch_size))
+
     @torch.no_grad()
     def land(self, pending: Pending) -> None:
         self.sgd.step(pending.lr)

@@ -88,9 +88,9 @@ def sweep_summary(jobs: pd.DataFrame) -> pd.DataFrame:
 
 def finalize_sweep(sweep_dir: Path, baseline: str | None = None,
                    formats: Sequence[str] = ("png",)) -> str:
-    """Write the sweep's summary.csv, report.md, report.csv and comparison figures (each run
-    drew its own when it ended); return the report's markdown. A failed, crashed or unreadable
-    job is listed, never fatal."""
+    """Write the sweep's summary.csv, report.md, report.csv and comparison figures (a job's own
+    figures are left to ``hetsgd plot``, off the sweep's critical path); return the report's
+    markdown. A failed, crashed or unreadable job is listed, never fatal."""
     sweep_dir = Path(sweep_dir)
     jobs = index_dirs(job_dirs(sweep_dir))  # each job read once: an unreadable one warns once
     write_csv(sweep_dir / "summary.csv", sweep_summary(jobs))
@@ -132,4 +132,5 @@ class SweepReport(Callback):
             log.exception("could not write the report of the sweep in %s", sweep_dir)
             return
         print(markdown)
-        print(f"Sweep summary: {sweep_dir / 'summary.csv'}; report and figures in {sweep_dir}")
+        print(f"Sweep summary: {sweep_dir / 'summary.csv'}; report and comparison figures in "
+              f"{sweep_dir}; each job's own figures: hetsgd plot {sweep_dir}")

@@ -105,7 +105,8 @@ def _rounds(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, problem: 
     group: Group | None = None
     try:
         group = Group(cfg.dist, spec.rank, specs)
-        rank = Rank(spec, specs, cfg, problem, state, group, linked=False)
+        rank = Rank(spec, specs, cfg, problem, state, group, linked=False,
+                    step_kind=cfg.optim.step)
         batches, n = rank.batches(), rank.num_examples
         size = min(spec.batch_size, n)
         step = 0

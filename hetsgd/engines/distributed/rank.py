@@ -44,8 +44,8 @@ from hetsgd.engines.distributed.group import Group
 from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
 from hetsgd.engines.shared_memory.links import Link, default_link
 from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared_memory.worker import LOSS_READ_S
 from hetsgd.model.flat import FlatModel
-from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step
 from hetsgd.workers import WorkerSpec
@@ -64,7 +64,8 @@ class Rank:
     """
 
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
-                 problem: Problem, state: SharedState, group: Group, linked: bool) -> None:
+                 problem: Problem, state: SharedState, group: Group, linked: bool,
+                 step_kind: str) -> None:
         self.spec, self.world, self.cfg, self.problem = spec, world, cfg, problem
         self.state, self.group = state, group
         self.clock = group.clock
@@ -77,11 +78,11 @@ class Rank:
             self.flat.load_(state.master.params, state.master.buffers)
         group.broadcast_from_0(self.flat.params)
         group.broadcast_from_0(self.flat.buffers)
-        # local SGD trains with the step (fused where the model allows); sync needs the
-        # gradient itself, for the all-reduce, then updates with the same SGD
-        self.train_step = build_step(cfg.optim.step, self.flat, cfg.optim, problem.task)
+        # the step the loop asks for (``optim.step`` for local SGD; ``autograd`` for sync, which
+        # all-reduces the gradient between the step's two halves)
+        self.train_step = build_step(step_kind, self.flat, cfg.optim, problem.task)
         self.sgd = self.train_step.sgd
-        self.loss = loss_fn(problem.task)
+        self.next_loss_read = 0.0
         self.ledger = Ledger(spec.rank, spec.batch_size, state.counters,
                              partial(state.signals.beat, spec.rank))
         self._exchange = Exchange(group, self.ledger,
@@ -111,12 +112,17 @@ class Rank:
         return kind(self.state.data, self.device, data.shuffle, self.cfg.seed, data.on_device,
                     augment=augment)
 
-    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Forward and backward on one batch into the flat gradient: the mean loss."""
-        self.flat.zero_grad()
-        loss = self.loss(self.module(x), y)
-        loss.backward()
-        return loss.item()
+    def loss_due(self) -> bool:
+        """Whether a step's loss is due for reading: every ``LOSS_READ_S`` of this rank's clock,
+        the workers' cadence (a read waits for a GPU to finish its queued steps)."""
+        return self.clock.now() >= self.next_loss_read
+
+    def read_loss(self, mean: torch.Tensor) -> float:
+        """A step's mean loss, read. Called inside the step's timed span, so on a GPU the wait
+        for the device counts as busy time."""
+        value = float(mean)
+        self.next_loss_read = self.clock.now() + LOSS_READ_S
+        return value
 
     def sleeping(self) -> bool:
         """The check of this rank's emulated sleep: a heartbeat, then whether training ended."""
