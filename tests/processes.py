@@ -32,12 +32,21 @@ def start(results: Path, *args: str) -> subprocess.Popen:
 
 
 def workers(proc: subprocess.Popen, count: int, timeout_s: float = 90) -> list[int]:
-    """The pids of the run's worker processes, as soon as `count` of them exist, in the order
-    they were started (pids ascend), which is rank order."""
+    """The pids of the run's worker processes (forks of the command's forkserver, or its
+    spawned children), as soon as `count` of them exist, in the order they were started (pids
+    ascend), which is rank order."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        found = [p.pid for p in psutil.Process(proc.pid).children()
-                 if "spawn_main" in " ".join(p.cmdline())]
+        found = []
+        try:
+            for child in psutil.Process(proc.pid).children():
+                command = " ".join(child.cmdline())
+                if "spawn_main" in command:
+                    found.append(child.pid)
+                elif "multiprocessing.forkserver" in command:
+                    found += [fork.pid for fork in child.children()]
+        except psutil.NoSuchProcess:  # one ended while we looked: look again
+            continue
         if len(found) == count:
             return sorted(found)
         time.sleep(0.05)

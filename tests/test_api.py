@@ -92,6 +92,30 @@ def test_sweep_reads_back_each_job_in_order(results: Path) -> None:
     assert (swept.sweep_dir / "report.md").is_file()
 
 
+@pytest.mark.integration
+def test_a_sweeps_jobs_of_the_same_data_prepare_it_once(results: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetsgd.runs import setup
+
+    prepared: list[int] = []
+    prepare = setup._prepare
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        prepared.append(1)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(setup, "_prepare", counted)
+    monkeypatch.setattr(setup, "_prepared", type(setup._prepared)())
+    swept = hetsgd.sweep("+method=gpu,hogwild", "seed=0,1", "budget.epochs=0.25",
+                         "budget.seconds=null", "progress=false")
+    assert [(run.summary.algo, run.summary.seed) for run in swept.runs] == [
+        ("sync", 0), ("sync", 1), ("hogwild", 0), ("hogwild", 1)]
+    assert all(run.status == "completed" for run in swept.runs)
+    assert len(prepared) == 2  # a split per seed, each taken again by the next method's job
+    # a run of its own (no sweep) prepares its data afresh
+    assert hetsgd.run(*SEEDED).status == "completed" and len(prepared) == 3
+
+
 def test_load_of_no_directory_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no such run directory"):
         hetsgd.load(tmp_path / "absent")

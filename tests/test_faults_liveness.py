@@ -103,8 +103,10 @@ def test_a_rendezvous_port_in_use_is_one_line_naming_it() -> None:
 def test_a_worker_stopped_while_it_sets_up_fails_the_run_before_training(
         results_dir: Path) -> None:
     """While it imports and builds, a worker counts no step; getting no CPU time either, it is
-    hung (rather than left to the 600 s startup timeout)."""
-    proc = start(results_dir, *RUN, "budget.seconds=120", "workers.stall_s=3")
+    hung (rather than left to the 600 s startup timeout). Spawned, so that it is stopped while
+    it still imports: a fork of the forkserver can be ready before the stop lands."""
+    proc = start(results_dir, *RUN, "budget.seconds=120", "workers.stall_s=3",
+                 "workers.start=spawn")
     pids = workers(proc, count=2)  # spawned, still importing
     os.kill(pids[1], signal.SIGSTOP)
     output, _ = proc.communicate(timeout=120)

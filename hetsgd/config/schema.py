@@ -267,18 +267,25 @@ class MonitorConfig:
         seconds("monitor.interval_s", self.interval_s)
 
 
+START_METHODS = ("forkserver", "spawn")  # workers.start
+
+
 @dataclass
 class WorkersConfig:
     """Liveness: a worker process that makes no progress (no step, no heartbeat) for `stall_s`
     seconds of training is hung (a stopped process, a CUDA call or a lock that never returns):
     the run ends `failed`, naming it. A worker's first step may take a few times longer (a first
     CUDA step compiles and tunes its kernels). Distributed ranks use `dist.timeout_s` instead,
-    the limit of their collectives."""
+    the limit of their collectives. `start`: how worker and rank processes start
+    (hetsgd/engines/processes.py): forked from a forkserver that imported torch once, or each a
+    fresh interpreter (`spawn`, which imports torch again per process)."""
 
     stall_s: float = 30.0
+    start: str = "forkserver"
 
     def __post_init__(self) -> None:
         seconds("workers.stall_s", self.stall_s)
+        one_of("workers.start", self.start, START_METHODS)
 
 
 @dataclass

@@ -18,6 +18,7 @@ coordinator stays CUDA-free.
 from __future__ import annotations
 
 import math
+import os
 import queue
 import time
 from dataclasses import dataclass
@@ -26,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig
 from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.group import Group, with_free_port
 from hetsgd.engines.distributed.rank import Rank
-from hetsgd.engines.shared_memory.coordinator import FIRST_STEP_FACTOR, KILL_TIMEOUT_S
+from hetsgd.engines.processes import context
+from hetsgd.engines.shared_memory.coordinator import FIRST_STEP_FACTOR, KILL_TIMEOUT_S, guarded
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.state import SharedState
 from hetsgd.engines.shared_memory.worker import Worker
@@ -139,12 +140,13 @@ def _seconds_per_round(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem
     """Wall seconds of a round of each pattern on the mix, every worker a rank process as in
     training."""
     cfg = with_free_port(cfg)
-    ctx = mp.get_context("spawn")
+    ctx = context(cfg.workers.start)
     master = SharedMaster.initial(cfg.model, problem, cfg.seed)
     state = SharedState.create(data, master, None, len(specs), ctx)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rounds, args=(s, specs, cfg, problem, state, patterns, results),
-                         daemon=True) for s in specs]
+    procs = [ctx.Process(target=guarded, args=(_rounds, dict(os.environ), s, specs, cfg, problem,
+                                               state, patterns, results), daemon=True)
+             for s in specs]
     for proc in procs:
         proc.start()
     try:
@@ -217,16 +219,18 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
     problem, data = run_data.problem, run_data.train
     batch_sizes = [b for b in BATCH_SIZES if b <= data.num_examples]
     rows = []
-    ctx = mp.get_context("spawn")
+    ctx = context(cfg.workers.start)
     specs = expand(cfg.devices)
     measured = {spec.group: spec for spec in reversed(specs)}  # each group's first worker
     for spec in sorted(measured.values(), key=lambda s: s.rank):
         master = SharedMaster.initial(cfg.model, problem, cfg.seed)
         state = SharedState.create(data, master, None, len(specs), ctx)
         results = ctx.Queue()
-        proc = ctx.Process(target=_measure, args=(spec, cfg, problem, state, batch_sizes, seconds,
-                                                  results), daemon=True)
-        others = [ctx.Process(target=_step_along, args=(s, cfg, problem, state), daemon=True)
+        environment = dict(os.environ)
+        proc = ctx.Process(target=guarded, args=(_measure, environment, spec, cfg, problem, state,
+                                                 batch_sizes, seconds, results), daemon=True)
+        others = [ctx.Process(target=guarded, args=(_step_along, environment, s, cfg, problem,
+                                                    state), daemon=True)
                   for s in specs if s is not spec]
         for p in [*others, proc]:
             p.start()

@@ -204,6 +204,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
             handed_off = True
         cfg, specs = plan.cfg, plan.workers
         summary = replace(summary, plan=plan.settled, mix=_mix(specs))
+        if not cfg.devices.simulated:  # its imports overlap the data's loading
+            warm_up(cfg.workers.start)
         data = load_run_data(cfg, progress=cfg.progress, workers=specs)
         summary = replace(summary, dataset_source=data.source, synthetic=data.synthetic,
                           scaling=data.scaling,  # classes: text labels, numbered in sorted order

@@ -3,8 +3,12 @@ it poses to the model."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig
@@ -36,18 +40,43 @@ class RunData:
                 f"{self.problem.num_features} features)")
 
 
+#: A sweep's jobs that load the same data (the dataset config and the seed, which draws the
+#: split) share one prepared copy in shared memory; the copies kept total at most this many bytes.
+REUSE_BYTES = 1 << 30
+_prepared: OrderedDict[str, RunData] = OrderedDict()  # by key, the latest last
+
+
 def load_run_data(cfg: RunConfig, progress: bool,
                   workers: Sequence[WorkerSpec] = ()) -> RunData:
     """The run's data, prepared straight into shared memory (dense sets are never copied there),
     and checked before any worker starts: the training set must fill the smallest batch of
-    ``workers`` (a calibration, which sizes its batches to the data, passes none)."""
+    ``workers`` (a calibration, which sizes its batches to the data, passes none). A job of a
+    sweep takes the copy an earlier job of it prepared of the same data: workers only read it."""
+    reuse = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    key = repr((cfg.dataset, cfg.seed))
+    data = _prepared.get(key) if reuse else None
+    if data is None:
+        data = _prepare(cfg, progress)
+        if reuse:
+            _keep(key, data)
+    check_augment(cfg.data.augment, data.problem.image_shape)
+    check_fills_a_batch(data.train.num_examples, workers)
+    return data
+
+
+def _prepare(cfg: RunConfig, progress: bool) -> RunData:
     arena = SharedArena()
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=progress, allocate=arena.empty)
-    check_augment(cfg.data.augment, dataset.image_shape)
-    check_fills_a_batch(dataset.num_train, workers)
     return RunData(Problem.of(dataset), arena.data(dataset.x_train, dataset.y_train),
                    arena.data(dataset.x_test, dataset.y_test), dataset.name,
                    dataset.source, dataset.synthetic, dataset.scaling, dataset.class_names)
+
+
+def _keep(key: str, data: RunData) -> None:
+    """Keep ``data`` for the sweep's later jobs, dropping the oldest copies past REUSE_BYTES."""
+    _prepared[key] = data
+    while sum(d.train.nbytes + d.test.nbytes for d in _prepared.values()) > REUSE_BYTES:
+        _prepared.popitem(last=False)
 
 
 def check_fills_a_batch(num_train: int, workers: Sequence[WorkerSpec]) -> None:

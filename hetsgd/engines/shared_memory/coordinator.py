@@ -1,10 +1,11 @@
-"""The coordinator: spawn worker processes around one master model, watch them, snapshot it.
+"""The coordinator: start worker processes around one master model, watch them, snapshot it.
 
 Every algorithm runs through it; they differ in the worker entry point (``target``): the
 asynchronous family's workers update the master directly, while replicas that train on their own
 (a GPU, distributed ranks) publish into it when a snapshot is due. The coordinator process never
-initializes CUDA. It starts the workers (spawned, so each sets its
-thread count and makes its own CUDA context), waits until every worker has built its model and
+initializes CUDA. It starts the workers (forked from a clean forkserver or spawned,
+:mod:`hetsgd.engines.processes`; either way each sets its thread count and makes its own CUDA
+context), waits until every worker has built its model and
 staged its data, then starts the clock and the workers together. While they train it copies the
 master every ``eval.every_s`` seconds, hands each copy to its :class:`Journal` (the run directory,
 so that a killed coordinator loses at most one snapshot interval), ends training at the time
@@ -28,12 +29,12 @@ from collections.abc import Callable
 from multiprocessing import resource_tracker
 
 import psutil
-import torch.multiprocessing as mp
 
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.counters import COUNTERS
+from hetsgd.engines.processes import context, settle
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.worker import worker_process
 from hetsgd.engines.snapshots import Snapshots
@@ -129,32 +130,36 @@ def _cpu_s(pid: int) -> float:
     return times.user + times.system
 
 
-def guarded(target: Callable, *args) -> None:
+def guarded(target: Callable, environment: dict[str, str], *args) -> None:
     """A worker process's entry: it leaves Ctrl-C and a terminal's hangup (SIGHUP, which reaches
     the whole foreground process group) to its coordinator (which stops it through ``stop`` and
     keeps what was measured) and, on Linux, dies with the coordinator however that dies (the
     parent-death signal), so no worker outlives its run. The worker was started with those
     signals blocked (see :meth:`Coordinator._start`); one that came while it was importing is
-    pending, and ignoring them before unblocking discards that one too."""
+    pending, and ignoring them before unblocking discards that one too. Then it settles in: the
+    coordinator's ``environment``, and a fork of the forkserver lets go of the forkserver, whose
+    end then follows the coordinator's (:func:`hetsgd.engines.processes.settle`)."""
     for signum in LEFT_TO_COORDINATOR:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_COORDINATOR)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the coordinator died before the line above
+        if os.getppid() == 1:  # its parent (coordinator or forkserver) died before the line above
             os._exit(1)
+    settle(environment)
     target(*args)
 
 
 class Coordinator(EngineBase):
-    """The process engine: one spawned process per worker, running ``target``."""
+    """The process engine: one process per worker (forked from the forkserver, or spawned:
+    ``workers.start``), running ``target``."""
 
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster,
                  on_tick: OnTick | None = None,
                  target: Callable = worker_process, controller: Controller | None = None,
                  resume: Checkpoint | None = None, journal: Journal | None = None) -> None:
-        self.ctx = mp.get_context("spawn")
+        self.ctx = context(cfg.workers.start)
         super().__init__(cfg, specs, problem, data, master, on_tick, controller, journal,
                          self.ctx)
         self.target, self.resume = target, resume
@@ -234,8 +239,8 @@ class Coordinator(EngineBase):
         if self.resume is not None:  # before the workers start: they take their parts along
             self.state.restore(self.resume)
         procs = [self.ctx.Process(target=guarded, daemon=True, name=f"hetsgd-worker-{s.rank}",
-                                  args=(self.target, s, self.cfg, self.problem, self.state,
-                                        self.reports))
+                                  args=(self.target, dict(os.environ), s, self.cfg,
+                                        self.problem, self.state, self.reports))
                  for s in self.specs]
         monitor = monitor_factory(lambda: [p.pid for p in procs if p.pid is not None])
         finished: dict[int, tuple[str, str]] = {}  # by rank: how each reported its end
