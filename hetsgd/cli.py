@@ -125,6 +125,9 @@ def _summary_table(summary: dict[str, Any]) -> Table:
             ("training time", f"{summary.get('time_s', 0):.2f} s"),
             ("epochs", f"{summary.get('epochs', 0):.2f}"),
             ("updates", str(summary.get("updates_by_group"))),
+            # asynchronous runs: other workers' updates landed during a step, mean / most
+            ("staleness", None if not (stale := summary.get("staleness"))
+             else f"{stale['mean']:.2f} / {stale['max']} (mean / max)"),
             ("train loss", f"{initial.get('train_loss', float('nan')):.4f} -> "
                            f"{final.get('train_loss', float('nan')):.4f}"),
             ("test loss / acc", f"{final.get('test_loss', float('nan')):.4f} / "

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -114,6 +115,22 @@ def test_a_sweeps_jobs_of_the_same_data_prepare_it_once(results: Path,
     assert len(prepared) == 2  # a split per seed, each taken again by the next method's job
     # a run of its own (no sweep) prepares its data afresh
     assert hetsgd.run(*SEEDED).status == "completed" and len(prepared) == 3
+
+
+@pytest.mark.integration
+def test_a_runs_timing_splits_its_wall_time_around_training(results: Path) -> None:
+    started = time.time()
+    ran = hetsgd.run("algo=hogwild", "devices=cpu", "dataset=digits", "budget.seconds=0.5",
+                     "budget.epochs=null", "progress=false")
+    wall = time.time() - started
+    timing = ran.summary.timing
+    assert ran.status == "completed" and timing is not None
+    # workers started and the data loaded before the clock; evaluation and files after it
+    assert timing.before_training_s > 0 and timing.after_training_s > 0
+    assert timing.before_training_s + ran.summary.time_s + timing.after_training_s < wall
+    assert json.loads((ran.run_dir / "summary.json").read_text())["timing"] == {
+        "before_training_s": timing.before_training_s,
+        "after_training_s": timing.after_training_s}
 
 
 def test_load_of_no_directory_is_one_line(tmp_path: Path) -> None:

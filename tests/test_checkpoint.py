@@ -147,3 +147,14 @@ def test_composing_inside_a_hydra_job_gives_the_job_its_hydra_back() -> None:
         held = GlobalHydra.instance().hydra
         assert compose_run(["seed=3"]).seed == 3
         assert GlobalHydra.instance().hydra is held
+
+
+def test_a_checkpoint_from_before_the_staleness_counters_restores_them_from_zero() -> None:
+    from hetsgd.engines.checkpoint import WorkerState
+    from hetsgd.engines.counters import COUNTERS
+
+    old = torch.arange(8, dtype=torch.float64)  # the 8 counters a checkpoint of 0.1 holds
+    part = WorkerState.from_bytes(WorkerState(0, 0.0, old, None, {}).to_bytes())
+    assert part.counters.tolist() == [*old.tolist(), *[0.0] * (len(COUNTERS) - 8)]
+    assert COUNTERS[:8] == ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size",
+                            "first_batch", "loss")

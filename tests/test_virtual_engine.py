@@ -22,9 +22,9 @@ from hetsgd.engines.factory import build_engine
 from hetsgd.engines.hooks import DistributedHooks
 from hetsgd.engines.shared_memory.links import default_link
 from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.engines.shared_memory.worker import LOSS_READ_S
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
-from hetsgd.engines.shared_memory.worker import LOSS_READ_S
 from hetsgd.engines.virtual.profiles import ExchangeCost, load_calibration
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.errors import UserError

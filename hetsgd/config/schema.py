@@ -313,6 +313,7 @@ ROLES = ("auto", "host", "accel")
 # device 1000x slower than the real one already sleeps a second after a 1 ms step.
 MAX_GROUP_SIZE = 256
 MAX_SLOWDOWN = 1000.0
+MAX_JITTER = 1.0  # a spread beyond 100% of a step's time is a typo, not a device
 
 
 @dataclass
@@ -331,6 +332,10 @@ class GroupConfig:
     # simulated mixes: the named device whose roofline times this group's steps (see
     # hetsgd/engines/virtual/profiles.yaml); null: the group's row of devices.calibration
     profile: str | None = None
+    # simulated mixes: the relative spread (coefficient of variation) of each step's virtual
+    # time, a seeded lognormal factor of mean 1 (hetsgd/engines/virtual/step_times.py), so that
+    # identical simulated workers do not step in lockstep; a real device varies by itself
+    jitter: float = 0.0
 
     def __post_init__(self) -> None:
         one_of("devices.groups.*.kind", self.kind, KINDS)
@@ -344,6 +349,8 @@ class GroupConfig:
                  self.batch_size)
         require(1.0 <= self.slowdown <= MAX_SLOWDOWN, "devices.groups.*.slowdown",
                 f"1 <= x <= {MAX_SLOWDOWN:g}", self.slowdown)
+        require(finite(self.jitter) and 0.0 <= self.jitter <= MAX_JITTER,
+                "devices.groups.*.jitter", f"0 <= x <= {MAX_JITTER:g}", self.jitter)
 
     @property
     def accel(self) -> bool:
@@ -365,12 +372,20 @@ class DevicesConfig:
     # refuse a mix whose worker processes would not fit in the memory available here
     # (hetsgd/workers.py: check_memory); false starts them anyway
     memory_check: bool = True
+    # workers, ranks and the virtual engines' math flush denormal floats to zero on the CPU
+    # (torch.set_flush_denormal; hetsgd/engines/denormals.py): a saturated sigmoid net computes
+    # several times slower on them (docs/how_it_works.md has the measurement)
+    flush_denormal: bool = True
 
     def __post_init__(self) -> None:
         require(len(self.groups) > 0, "devices.groups", "at least one worker group",
                 self.groups)
         require(set(self.only) <= set(self.groups), "devices.only",
                 "names of groups of the mix (" + ", ".join(self.groups) + ")", self.only)
+        for name, group in self.groups.items():
+            require(self.simulated or group.jitter == 0.0, f"devices.groups.{name}.jitter",
+                    "0 unless devices.simulated=true (it spreads simulated step times; a real "
+                    "device's vary by themselves)", group.jitter)
 
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from hetsgd.engines import device_ops
+from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.snapshots import Snapshot
 
 
@@ -36,6 +37,11 @@ class WorkerState:
     rng: dict[str, torch.Tensor]  # torch's CPU stream, the device's, the augmentation's
     loop: dict[str, torch.Tensor] = field(default_factory=dict)  # the algorithm's own state
     model: tuple[torch.Tensor, torch.Tensor] | None = None  # (params, buffers), from its holder
+
+    def __post_init__(self) -> None:
+        # a checkpoint written before the later counters existed: they start from 0
+        if (missing := len(COUNTERS) - self.counters.numel()) > 0:
+            self.counters = torch.cat([self.counters, self.counters.new_zeros(missing)])
 
     def to_bytes(self) -> bytes:
         """Serialised by value: a tensor sent through a queue would be shared with a process

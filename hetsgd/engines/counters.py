@@ -7,10 +7,13 @@ import torch
 
 # Per-worker counters: one row per worker, columns below (float64, written by the worker only).
 # `loss` is a running average of the mini-batch losses the worker read (a few per second), for
-# the progress display only; LOSS_SMOOTHING is the weight of the newest one in it.
+# the progress display only; LOSS_SMOOTHING is the weight of the newest one in it. `stale_sum`
+# and `stale_max` add up and bound the staleness of the worker's updates: how many other
+# workers' updates reached the master while each was computed (asynchronous engines only; 0 for
+# ranks, which step together). See :mod:`hetsgd.outputs.summary`'s ``Staleness``.
 LOSS_SMOOTHING = 0.1
 COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "first_batch",
-            "loss")
+            "loss", "stale_sum", "stale_max")
 
 
 class CounterRow:
@@ -45,6 +48,11 @@ class CounterRow:
         values[column["busy_s"]] += busy_s
         values[column["wait_s"]] += wait_s
         values[column["comm_s"]] += comm_s
+
+    def staleness(self, total: int, largest: int) -> None:
+        """The staleness of the worker's updates so far: their sum and their maximum."""
+        values, column = self.values, self.COLUMN
+        values[column["stale_sum"]], values[column["stale_max"]] = total, largest
 
     def record_loss(self, loss: float) -> None:
         """A mini-batch loss read after a step, into the running average the progress shows."""

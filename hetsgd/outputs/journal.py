@@ -21,6 +21,7 @@ import csv
 import logging
 import math
 import shutil
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
@@ -66,9 +67,13 @@ class RunJournal:
         self.folder = out.path / SNAPSHOTS
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetsgd-journal")
         self._failure: Exception | None = None
+        # wall-clock time the first snapshot came, taken as the training clock starts
+        self.training_started_at: float | None = None
 
     def snapshot(self, snapshot: Snapshot, counters: list[dict[str, float]]) -> None:
         self._raise_failure()
+        if self.training_started_at is None:
+            self.training_started_at = time.time()
         self._writer.submit(self._write, self._write_snapshot, snapshot, counters)
 
     def drop(self, snapshot: Snapshot) -> None:

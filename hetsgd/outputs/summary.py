@@ -98,6 +98,59 @@ class Mix:
         return {name: dataclasses.asdict(group) for name, group in self.groups.items()}
 
 
+@dataclass(frozen=True)
+class Staleness:
+    """How stale the updates of an asynchronous run were. The staleness of an update is the
+    number of other workers' updates that reached the master between its step's read of the
+    parameters and its own landing. The virtual clock counts exactly that; shared-memory worker
+    processes count the other workers' steps begun meanwhile (the same on average; see
+    :mod:`hetsgd.engines.shared_memory.worker`).
+
+    Where every worker steps again as soon as it has landed, each landing falls in exactly one
+    step of each other worker, so the mean over the run is pinned by the counts alone:
+    ``(W - 1) (1 - W / (2 N))`` for W workers and N updates, whatever their speeds. What the
+    devices' speeds and a simulated mix's jitter change is how the staleness spreads (``max``)
+    and how it splits between the groups (``by_group``: a slow accelerator's few updates are
+    each stale by many of the hosts')."""
+
+    mean: float
+    max: int
+    by_group: dict[str, float | None]  # the mean over each group's updates
+
+    @classmethod
+    def of(cls, groups: Sequence[str], counters: Sequence[Mapping[str, float]]
+           ) -> Staleness | None:
+        """From the workers' final counters (``groups``: each worker's); None for a run
+        without an update."""
+        updates = sum(row["updates"] for row in counters)
+        if not updates:
+            return None
+        stale = by_group(groups, (row["stale_sum"] for row in counters))
+        steps = by_group(groups, (row["updates"] for row in counters))
+        return cls(sum(stale.values()) / updates, int(max(row["stale_max"] for row in counters)),
+                   {g: stale[g] / steps[g] if steps[g] else None for g in stale})
+
+    @classmethod
+    def from_dict(cls, staleness: Mapping[str, Any]) -> Staleness:
+        return cls(**_known(cls, staleness))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What a run cost around its training, in wall seconds: from the job's start (the
+    process's, for the first run a process makes: the interpreter and its imports are that run's
+    cost; else the runner's entry, as for a sweep's later jobs) to the training clock's start,
+    its first snapshot; and from the end of training to the summary's last write (evaluation
+    and the results files). Figures and the process's exit come after both."""
+
+    before_training_s: float
+    after_training_s: float
+
+    @classmethod
+    def from_dict(cls, timing: Mapping[str, Any]) -> Timing:
+        return cls(**_known(cls, timing))
+
+
 def by_group(groups: Sequence[str], values: Iterable[float]) -> dict[str, float]:
     """``values`` (one a worker) summed over the workers of each group (``groups``: each
     worker's), every group in the order it first comes; a worker without a value (a snapshot
@@ -143,6 +196,9 @@ class RunSummary:
     updates: int | None = None
     updates_by_group: dict[str, int] | None = None
     update_share: dict[str, float | None] | None = None
+    # asynchronous runs of several workers (Hogwild, Hogbatch, Adaptive): None where no update
+    # can be stale, a lone worker's or ranks' that step together (sync, local SGD)
+    staleness: Staleness | None = None
     examples_per_s: float | None = None  # None also in a run with no training time
     initial: Losses | None = None
     final: Losses | None = None
@@ -151,6 +207,7 @@ class RunSummary:
     time_to_loss: dict[str, float | None] | None = None
     epochs_to_loss: dict[str, float | None] | None = None
     utilization: dict[str, float | None] | None = None  # the run's own means
+    timing: Timing | None = None  # the cost around training (a run that trained)
     extra: dict[str, Any] = field(default_factory=dict)  # every other entry, by its key
     coordinator: dict[str, Any] | None = None  # the process writing it, while it runs
     run_dir: str | None = None  # where the run was written (it may have moved since)
@@ -166,7 +223,7 @@ class RunSummary:
                 summary.update(value)
             elif isinstance(value, Mix):
                 summary[f.name] = value.to_dict()
-            elif isinstance(value, Losses | TargetLosses):
+            elif isinstance(value, Losses | TargetLosses | Staleness | Timing):
                 summary[f.name] = dataclasses.asdict(value)
             elif value is not None or f.name in written:
                 summary[f.name] = value
@@ -179,7 +236,8 @@ class RunSummary:
         for key in ("initial", "final"):
             if isinstance(known.get(key), Mapping):
                 known[key] = Losses.from_dict(known[key])
-        parsers = {"target_losses": TargetLosses.from_dict, "mix": Mix.from_dict}
+        parsers = {"target_losses": TargetLosses.from_dict, "mix": Mix.from_dict,
+                   "staleness": Staleness.from_dict, "timing": Timing.from_dict}
         for key, parse in parsers.items():
             known[key] = parse(known[key]) if isinstance(known.get(key), Mapping) else None
         for key in IDENTITY[1:]:

@@ -10,6 +10,7 @@ measured (:class:`RunJournal`), so that a run whose process is killed can still 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections import Counter
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import track
@@ -27,6 +29,8 @@ from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.engines.distributed.handoff import hand_off
 from hetsgd.engines.distributed.torchrun import torchrun
 from hetsgd.engines.factory import build_engine
+from hetsgd.engines.hooks import SharedMemoryHooks
+from hetsgd.engines.processes import warm_up
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.engines.training import Training
@@ -50,7 +54,9 @@ from hetsgd.outputs.summary import (
     Losses,
     Mix,
     RunSummary,
+    Staleness,
     TargetLosses,
+    Timing,
     by_group,
     shares,
 )
@@ -156,6 +162,18 @@ def _failed(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, er
     return summary
 
 
+_runs_started = 0  # by this process
+
+
+def _job_start() -> float:
+    """When this run started, on the wall clock: the process's start for the first run a
+    process makes (its interpreter and imports are that run's cost), else now (a sweep's later
+    job, a second run from Python)."""
+    global _runs_started
+    _runs_started += 1
+    return psutil.Process().create_time() if _runs_started == 1 else time.time()
+
+
 def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Run one experiment into `run_dir` and return its summary (also on failure). A composed
@@ -166,6 +184,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
     checkpoint's: a resume that cannot be is then a :class:`UserError` raised before anything
     is written over it. A full disk (a :class:`WriteError`) ends the run ``crashed``, as a
     killed run does, so that ``hetsgd recover`` takes what it left once there is room."""
+    started_at = _job_start()
     if torchrun() is not None and (cfg.resume is not None or cfg.checkpoint.every_s is not None):
         error = ("checkpoints are not supported under torchrun (the other nodes' ranks can neither "
                  "send their parts nor read them): set checkpoint.every_s=null, without resume")
@@ -185,6 +204,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
                       resumed_from=resumption.summary() if resumption is not None else None)
     running = this_process()  # tells a run still going from a crashed one
     handed_off = evaluated = False
+    trained: tuple[float | None, float] | None = None  # training's start and end, wall clock
     try:
         out.write_config(resolved_config)
         # until the finally block rewrites it
@@ -219,17 +239,23 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
             data.problem.build_model(cfg.model, cfg.seed), cfg.optim.step)})
         # what recovery after a crash starts from
         out.write_summary(replace(summary, coordinator=running).to_dict())
+        hooks = algorithm.hooks(plan)
         with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
               RunJournal(out, specs) as journal):
-            engine = build_engine(plan, algorithm.hooks(plan), data.problem, data.train, master,
+            engine = build_engine(plan, hooks, data.problem, data.train, master,
                                   progress.update, journal,
                                   resumption.checkpoint if resumption is not None else None)
             training = engine.run(lambda pids: UtilizationMonitor(
                 cfg.monitor.interval_s, pids, devices=[s.device for s in specs],
                 on_sample=journal.utilization))
-        # warnings: e.g. a coordinator that was not scheduled for a while
+        trained = (journal.training_started_at, time.time())
+        # warnings: e.g. a coordinator that was not scheduled for a while; staleness where
+        # several workers update the master asynchronously (the shared-memory hooks)
+        asynchronous = isinstance(hooks, SharedMemoryHooks) and len(specs) > 1
         summary = replace(summary, status=training.status, error=training.error,
-                          warnings=training.warnings or None)
+                          warnings=training.warnings or None,
+                          staleness=(Staleness.of([s.group for s in specs], training.counters)
+                                     if asynchronous else None))
         for warning in training.warnings:
             log.warning("%s", warning)
         workers = workers_table(specs, training.counters)
@@ -254,6 +280,9 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         summary = replace(summary, status="failed", error=f"{type(exc).__name__}: {exc}")
         (run_dir / "error.log").write_text(traceback.format_exc())
     finally:
+        if trained is not None and trained[0] is not None:
+            summary = replace(summary, timing=Timing(trained[0] - started_at,
+                                                     time.time() - trained[1]))
         try:
             out.write_summary(summary.to_dict())
         except WriteError as exc:  # summary.json still names this process: it reads as crashed

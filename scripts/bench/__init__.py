@@ -16,6 +16,9 @@ f. the utilization sampler's overhead (monitor.interval_s 0.5 vs 0.05)
 g. the virtual-clock engine's own cost: one worker's examples per real second simulated vs real
    (mlp_paper and mlp at batch 1 and 16; goal: simulated >= 0.9x real), and the costly case, 48
    simulated one-example Hogwild workers: real seconds per virtual second and per 1,000 updates
+h. the cost around a 1 s run of the command (one worker, two-worker Hogwild, local SGD on the
+   emulated mix, a sweep's second job) as a ratio to ``python -c "import torch"`` measured beside
+   it (goal: at most 1.5x), split into before training, after it, and to the exit
 
 A ratio below its goal says so, with (for the step) the profile that explains it.
 ``python -m scripts.bench`` runs every section; ``--quick`` (``make bench-quick``) runs a-d and g

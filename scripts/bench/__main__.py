@@ -24,6 +24,7 @@ from scripts.bench.hogwild import bench_hogwild
 from scripts.bench.jobs import Jobs, choose_data
 from scripts.bench.load import OtherLoad
 from scripts.bench.memory import bench_memory
+from scripts.bench.overhead import bench_overhead
 from scripts.bench.sampler import bench_sampler
 from scripts.bench.section import Section
 from scripts.bench.step import bench_loop, bench_step
@@ -37,7 +38,8 @@ BENCHES: dict[str, tuple[Bench, str]] = {
     "a": (bench_step, "worker step vs plain loop"), "b": (bench_loop, "loop overhead"),
     "c": (bench_hogwild, "Hogwild scaling"), "d": (bench_memory, "memory"),
     "e": (bench_time_to_target, "time to target"), "f": (bench_sampler, "sampler overhead"),
-    "g": (bench_virtual_engine, "virtual engine overhead")}
+    "g": (bench_virtual_engine, "virtual engine overhead"),
+    "h": (bench_overhead, "the cost around a run")}
 QUICK = "abcdg"  # `make bench-quick`: the sections with goals
 QUICK_SECONDS = 2.0
 

@@ -44,7 +44,7 @@ from hetsgd.engines.distributed.group import Group
 from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
 from hetsgd.engines.shared_memory.links import Link, default_link
 from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.engines.shared_memory.worker import LOSS_READ_S
+from hetsgd.engines.shared_memory.worker import LOSS_READ_S, set_up_math
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step
@@ -229,7 +229,7 @@ def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Shar
     ``world`` is every rank's spec, ``loop_type`` the algorithm's loop and ``setup`` a [ranks,
     len(SETUP_COLUMNS)] table where rank 0 leaves what it settled, for summary.json (all bound
     with functools.partial by the coordinator)."""
-    torch.set_num_threads(spec.threads)
+    set_up_math(spec, cfg)
     group: Group | None = None
     with reporting(spec.rank, state, reports):
         try:

@@ -18,16 +18,23 @@ class EpochCursor(SharedViews):
     One epoch is N examples consumed by all workers together; a chunk never crosses an epoch
     boundary, so the last chunk of an epoch may be shorter than the asking worker's batch. The
     budget in examples (``epochs * N``) ends the hand-out.
+
+    The cursor also numbers its claims, under the same lock: a worker reads the count, without
+    the lock, when its step has landed, and the claims since its own are the steps the other
+    workers began meanwhile, its staleness as the shared-memory workers measure it
+    (:meth:`~.worker.Worker.run`).
     """
 
-    VIEWS = {"_handed": "_state"}
+    VIEWS = {"_handed": "_state", "_claims": "_claimed"}
     _handed: npt.NDArray[np.int64]  # of _state, set by _build_views
+    _claims: npt.NDArray[np.int64]  # of _claimed
 
     def __init__(self, num_examples: int, epochs: float | None,
                  lock: AbstractContextManager[bool]) -> None:
         self.num_examples = num_examples
         self.total = math.inf if epochs is None else round(epochs * num_examples)
         self._state = torch.zeros(1, dtype=torch.int64).share_memory_()  # examples handed out
+        self._claimed = torch.zeros(1, dtype=torch.int64).share_memory_()  # claims so far
         self._lock = lock
         self._build_views()
 
@@ -40,8 +47,18 @@ class EpochCursor(SharedViews):
     def handed_out(self, examples: int) -> None:
         self._handed[0] = examples
 
+    @property
+    def claims(self) -> int:
+        """Claims so far, read without the lock (one aligned 8-byte load: never torn)."""
+        return int(self._claims[0])
+
     def claim(self, batch_size: int) -> tuple[int, int, int] | None:
         """Returns (epoch, start within the epoch's order, size), or None when the budget is spent."""
+        numbered = self.claim_numbered(batch_size)
+        return None if numbered is None else numbered[:3]
+
+    def claim_numbered(self, batch_size: int) -> tuple[int, int, int, int] | None:
+        """:meth:`claim`, and the claim's number (1 for the first: :attr:`claims` just after it)."""
         with self._lock:
             handed = int(self._handed[0])
             if handed >= self.total:
@@ -49,4 +66,6 @@ class EpochCursor(SharedViews):
             epoch, start = divmod(handed, self.num_examples)
             size = int(min(batch_size, self.num_examples - start, self.total - handed))
             self._handed[0] = handed + size
-        return epoch, start, size
+            number = int(self._claims[0]) + 1
+            self._claims[0] = number
+        return epoch, start, size, number

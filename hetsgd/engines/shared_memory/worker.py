@@ -6,6 +6,16 @@ What a step computes is :mod:`hetsgd.model.step`; how its result reaches the mas
 worker's link (:mod:`.links`). Everything else in the loop (claiming, counting, the stop flag)
 costs about a microsecond a step: shared scalars are read through numpy views, and the loss is
 read only a few times a second.
+
+A step's staleness is counted as the other workers' claims on the epoch cursor between its own
+claim and its landing (the cursor numbers its claims under the lock it takes anyway; the count
+is read once, without it, when the step has landed). That is the steps the others *began* while
+this one ran, where the definition counts the updates they *landed* meanwhile: the two agree on
+average for workers that keep stepping (each of the others' steps lands one step after it
+began), but a single step may differ by up to one for each other worker (another's step begun
+before this one's claim and landed during it is missed; one begun during it and landed after
+it is counted), and an accelerator's replica reads the master just after its claim, a Hogwild
+worker's step layer by layer while it computes.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from hetsgd.engines.checkpoint import (
     rng_state,
 )
 from hetsgd.engines.counters import CounterRow
+from hetsgd.engines.denormals import flush_denormals
 from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
 from hetsgd.engines.shared_memory.links import LinkFactory, default_link
 from hetsgd.engines.shared_memory.state import SharedState
@@ -100,19 +111,25 @@ class Worker:
         checkpoints = state.signals if state.checkpointing and on_checkpoint else None
         loss: torch.Tensor | None = None
         next_read = 0.0
+        stale_sum = stale_max = 0  # kept here, written to the shared row a few times a second
         while not stop.is_set():
             waited = time.perf_counter()
-            claim = cursor.claim(counters.batch_size)
+            claim = cursor.claim_numbered(counters.batch_size)
             started = time.perf_counter()
             if claim is None:
                 break
-            epoch, start, size = claim
+            epoch, start, size, number = claim
             loss, comm = self.step(epoch, start, size)
             finished = time.perf_counter()
             counters.step(size, finished - started - comm, started - waited, comm)
+            stale = cursor.claims - number
+            stale_sum += stale
+            if stale > stale_max:
+                stale_max = stale
             if observe is not None:
                 observe(StepRecord(epoch, start, size, float(loss)))
             if finished >= next_read:
+                counters.staleness(stale_sum, stale_max)
                 self.read_loss(loss, counters, epoch + start / self.batches.n)
                 next_read = finished + LOSS_READ_S
             emulate(finished - started, sleeping)
@@ -120,6 +137,7 @@ class Worker:
                 assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
                 on_checkpoint(self.checkpoint(counters))
                 checkpoints.answer_checkpoint(rank)
+        counters.staleness(stale_sum, stale_max)
         if loss is not None:
             self.read_loss(loss, counters, counters["examples"] / self.batches.n)
         if checkpoints is not None:
@@ -154,10 +172,18 @@ class Worker:
         counters.record_loss(value)
 
 
+def set_up_math(spec: WorkerSpec, cfg: RunConfig) -> None:
+    """A worker or rank process's float mode, then its threads: torch's intra-op threads, which
+    start later, inherit the mode (``devices.flush_denormal``; :mod:`hetsgd.engines.denormals`)."""
+    flush_denormals(cfg.devices.flush_denormal)
+    torch.set_num_threads(spec.threads)
+
+
 def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
                    reports: Reports, link_factory: LinkFactory | None = None) -> None:
-    """Entry point of a spawned worker: threads first, then train, then report how it ended."""
-    torch.set_num_threads(spec.threads)
+    """Entry point of a spawned worker: its math set up first, then train, then report how it
+    ended."""
+    set_up_math(spec, cfg)
     with reporting(spec.rank, state, reports):
         with beating(state, spec.rank):
             worker = Worker(spec, cfg, problem, state, link_factory)

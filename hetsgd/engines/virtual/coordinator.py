@@ -15,12 +15,14 @@ A step of a worker on a chunk, starting at virtual time ``t``:
 
 ``compute`` is the group's :class:`~.profiles.DeviceProfile` time for the step's batch size,
 ``copies`` the link's copies per step times the profile's copy time, both times the group's
-``slowdown`` (the real engine's emulated worker sleeps (slowdown - 1) x its whole step). So
-staleness, update interleaving, shares and idle time follow from the devices' relative speeds,
-as on real hardware. Events run in (time, rank) order. After each landing the budget
-and the snapshot spacing are checked, at the landing's time; every ``TICK_S`` of virtual time the
-periodic duties (the controller, progress, utilization samples) run before the events that
-follow, as the real coordinator's loop runs them. Nothing reads a wall clock, so the same seed
+``slowdown`` (the real engine's emulated worker sleeps (slowdown - 1) x its whole step) and the
+step's jitter factor (:class:`~.step_times.StepTimes`). So staleness, update interleaving,
+shares and idle time follow from the devices' relative speeds, as on real hardware; a step's
+staleness is counted exactly, as the updates that landed between its start and its landing.
+Events run in (time, rank) order. After each landing the budget and the snapshot spacing are
+checked, at the landing's time; every ``TICK_S`` of virtual time the periodic duties (the
+controller, progress, utilization samples) run before the events that follow, as the real
+coordinator's loop runs them. Nothing reads a wall clock, so the same seed
 and config give the same results, bit for bit.
 """
 
@@ -31,8 +33,6 @@ import math
 import threading
 from dataclasses import dataclass
 
-import torch
-
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.counters import CounterRow
@@ -42,8 +42,9 @@ from hetsgd.engines.shared_memory.worker import Worker
 from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.engines.virtual.busy import BusyTime
-from hetsgd.engines.virtual.mix import math_threads
+from hetsgd.engines.virtual.mix import simulated_math
 from hetsgd.engines.virtual.profiles import DeviceProfile
+from hetsgd.engines.virtual.step_times import step_times
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending
@@ -59,6 +60,7 @@ class InFlight:
     compute_s: float
     copy_s: float
     epoch: float
+    landed_before: int  # updates landed when it started: its staleness is those since
 
 
 class VirtualCoordinator(EngineBase):
@@ -70,22 +72,21 @@ class VirtualCoordinator(EngineBase):
                  profiles: list[DeviceProfile], journal: Journal | None = None) -> None:
         super().__init__(cfg, specs, problem, data, master, on_tick, controller, journal,
                          threading)
-        self.link_factory, self.profiles = link_factory, profiles
+        self.link_factory = link_factory
+        self.times = step_times(cfg, specs, profiles)
         self.workers: list[Worker] = []
         self.rows: list[CounterRow] = []
         self.in_flight: dict[int, InFlight] = {}
         self.events: list[tuple[float, int]] = []  # (landing time, rank)
+        self.landed = 0  # updates landed so far, every worker's
+        self.stale: list[tuple[int, int]] = [(0, 0)] * len(specs)  # each worker's sum and max
         self.busy = BusyTime(specs)
 
     def run(self, monitor_factory: MonitorFactory) -> Training:
         """Train on the virtual clock. ``monitor_factory`` is not used: utilization is each
         device's virtual busy share (:mod:`.busy`)."""
-        threads = torch.get_num_threads()
-        torch.set_num_threads(math_threads(self.specs))
-        try:
+        with simulated_math(self.cfg, self.specs):
             training = self._simulate()
-        finally:
-            torch.set_num_threads(threads)
         return self._finish(training)
 
     # -- steps -------------------------------------------------------------------------------
@@ -96,15 +97,14 @@ class VirtualCoordinator(EngineBase):
         if claim is None:
             return
         epoch, start, size = claim
-        worker, profile = self.workers[rank], self.profiles[rank]
+        worker = self.workers[rank]
         pending, _ = worker.begin(epoch, start, size)
-        slowdown = worker.spec.slowdown
-        compute = profile.compute_s(size) * slowdown
-        copies = worker.link.COPIES_PER_STEP * profile.copy_s() * slowdown
+        compute, copies = self.times[rank].step(size, worker.link.COPIES_PER_STEP)
         computing = time_s + copies / 2  # half the copies come before the batch
         self.busy.compute(rank, computing, computing + compute)
         self.in_flight[rank] = InFlight(pending, size, compute, copies,
-                                        epoch + start / self.state.data.num_examples)
+                                        epoch + start / self.state.data.num_examples,
+                                        self.landed)
         heapq.heappush(self.events, (time_s + copies + compute, rank))
 
     def _land(self, rank: int) -> int:
@@ -113,6 +113,10 @@ class VirtualCoordinator(EngineBase):
         self.workers[rank].end(step.pending)
         row = self.rows[rank]
         row.step(step.size, step.compute_s, 0.0, step.copy_s)
+        stale, (total, largest) = self.landed - step.landed_before, self.stale[rank]
+        self.stale[rank] = total + stale, max(largest, stale)
+        row.staleness(*self.stale[rank])
+        self.landed += 1
         Worker.read_loss(step.pending.loss, row, step.epoch)
         return step.size
 

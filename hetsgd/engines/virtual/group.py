@@ -3,7 +3,8 @@ each with a virtual clock.
 
 Each rank runs the algorithm's own loop (:class:`~hetsgd.engines.distributed.rank.RankLoop`)
 against a :class:`VirtualGroup`, which has the real group's collectives. A rank's clock advances
-by its device profile's time whenever it has computed a step; a collective ends for every rank
+by its step's time (:class:`~.step_times.StepTimes`: the profile's, jittered) whenever it has
+computed a step; a collective ends for every rank
 at the latest arrival plus the collective's cost: an exchange of the model as the mix's
 calibration measured it (what a round costs beyond its slowest step, at the wait of the
 earliest rank), or, for rooflines, ring traffic over the slowest link, ``2 (W - 1) / W`` copies
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 from hetsgd.engines.distributed.group import Group, RankLost
 from hetsgd.engines.virtual.busy import BusyTime
-from hetsgd.engines.virtual.profiles import DeviceProfile
+from hetsgd.engines.virtual.step_times import StepTimes
 from hetsgd.workers import WorkerSpec
 
 # what the barrier runs while every rank waits, with the time the collective ends
@@ -33,11 +34,11 @@ OnMeeting = Callable[[float], None]
 
 
 class VirtualClock:
-    """A rank's virtual seconds: its profile's compute time passes when it has computed."""
+    """A rank's virtual seconds: its step's time passes when it has computed."""
 
-    def __init__(self, rank: int, profile: DeviceProfile, slowdown: float, budget_s: float | None,
+    def __init__(self, rank: int, times: StepTimes, budget_s: float | None,
                  busy: BusyTime) -> None:
-        self.rank, self.profile, self.slowdown = rank, profile, slowdown
+        self.rank, self.times = rank, times
         self.budget_s, self.busy = budget_s, busy
         self.time = 0.0
 
@@ -45,7 +46,7 @@ class VirtualClock:
         return self.time
 
     def computed(self, batch_size: int) -> None:
-        seconds = self.profile.compute_s(batch_size) * self.slowdown
+        seconds, _ = self.times.step(batch_size)
         self.busy.compute(self.rank, self.time, self.time + seconds)
         self.time += seconds
 
@@ -54,8 +55,8 @@ class VirtualClock:
 
     def step_seconds(self, step: Callable[[int], None], spec: WorkerSpec, batch_size: int
                      ) -> float:
-        """The profile's, without running ``step``."""
-        return self.profile.compute_s(batch_size) * self.slowdown
+        """The profile's, on average, without running ``step``."""
+        return self.times.mean_compute_s(batch_size)
 
 
 class Meeting:
@@ -71,8 +72,7 @@ class Meeting:
         self.barrier = threading.Barrier(world, action=self._reduce)
         self.go = threading.Barrier(world, action=self._start_clocks)
         # ring all-reduce: 2 (W - 1) / W copies of the model over the slowest link
-        self.ring_s = 2 * (world - 1) / world * max(
-            clock.profile.copy_s() * clock.slowdown for clock in clocks)
+        self.ring_s = 2 * (world - 1) / world * max(clock.times.copy_s() for clock in clocks)
 
     def _reduce(self) -> None:
         slots = [slot for slot in self.slots if slot is not None]
@@ -95,7 +95,8 @@ class Meeting:
         """An exchange of the model: as the mix's calibration measured it at the wait of the
         earliest rank, else the ring."""
         times = [clock.time for clock in self.clocks]
-        measured = [clock.profile.exchange_s(max(times) - min(times)) for clock in self.clocks]
+        measured = [clock.times.profile.exchange_s(max(times) - min(times))
+                    for clock in self.clocks]
         known = [seconds for seconds in measured if seconds is not None]
         return self.ring_s if len(known) < len(measured) else max(known)
 

@@ -1,12 +1,17 @@
 """How a simulated mix's workers run here: the device profile of each (its group's named device,
 a roofline of the run's model on it, else the group's row of the mix's calibration file), and
-the threads their math takes."""
+the threads and float mode their math takes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from hetsgd.config import RunConfig
+from hetsgd.engines.denormals import flushed
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.engines.virtual.profiles import (
     DeviceProfile,
@@ -50,3 +55,17 @@ def math_threads(specs: list[WorkerSpec]) -> int:
     would use, up to the cores this machine has (a simulated socket's 18 threads on a laptop
     would only oversubscribe it)."""
     return max(1, min(max(spec.threads for spec in specs), usable_cores()))
+
+
+@contextmanager
+def simulated_math(cfg: RunConfig, specs: list[WorkerSpec]) -> Iterator[None]:
+    """This process computes the simulated workers' steps meanwhile: on :func:`math_threads`
+    threads, flushing denormals as a worker process does (``devices.flush_denormal``); both
+    restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(math_threads(specs))
+    try:
+        with flushed(cfg.devices.flush_denormal):
+            yield
+    finally:
+        torch.set_num_threads(threads)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import threading
 
-import torch
-
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import EngineBase
 from hetsgd.engines.distributed.group import RankLost
@@ -23,8 +21,9 @@ from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.group import Meeting, VirtualClock, VirtualGroup
-from hetsgd.engines.virtual.mix import math_threads
+from hetsgd.engines.virtual.mix import simulated_math
 from hetsgd.engines.virtual.profiles import DeviceProfile
+from hetsgd.engines.virtual.step_times import step_times
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
@@ -43,8 +42,8 @@ class VirtualRanks(EngineBase):
         super().__init__(cfg, world, problem, data, master, on_tick, None, journal, threading)
         self.loop_type, self.setup_summary = loop_type, setup_summary
         self.busy = BusyTime(world)
-        clocks = [VirtualClock(s.rank, profiles[s.rank], s.slowdown, cfg.budget.seconds, self.busy)
-                  for s in world]
+        clocks = [VirtualClock(s.rank, times, cfg.budget.seconds, self.busy)
+                  for s, times in zip(world, step_times(cfg, world, profiles))]
         self.meeting = Meeting(clocks, master.nbytes, self._on_meeting)
         self.loops: list[RankLoop | None] = [None] * len(world)
         self.errors: dict[int, BaseException] = {}
@@ -91,17 +90,13 @@ class VirtualRanks(EngineBase):
         device's virtual busy share."""
         training = Training()
         setup: dict[str, list[float]] = {}
-        threads_before = torch.get_num_threads()
-        torch.set_num_threads(math_threads(self.specs))
         self._take_snapshot(0.0, self.snapshots)
         ranks = [threading.Thread(target=self._rank, args=(spec, setup), daemon=True,
                                   name=f"hetsgd-rank-{spec.rank}") for spec in self.specs]
-        try:
+        with simulated_math(self.cfg, self.specs):  # the rank threads inherit its float mode
             for thread in ranks:
                 thread.start()
             self._join(ranks, training)
-        finally:
-            torch.set_num_threads(threads_before)
         self._raise_failure(training)
         training.time_s = max(clock.time for clock in self.meeting.clocks)
         self._snapshot(training.time_s)
