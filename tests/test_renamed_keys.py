@@ -39,4 +39,4 @@ def test_an_old_runs_config_with_the_old_keys_rebuilds(tmp_path: Path) -> None:
     assert "min_accel_batch" not in file.read_text()
     _, run = rebuild_config(file, ["algo=adaptive"], "cannot rebuild")
     assert isinstance(run.algo, AdaptiveConfig)
-    assert (run.algo.min_accel_batch, run.algo.max_host_batch) == (16, 64)
+    assert (run.algo.min_accel_batch, run.algo.max_host_batch) == (16, AdaptiveConfig.max_host_batch)

@@ -10,7 +10,10 @@ The paper does not give its rule. This is the project's reconstruction (docs/alg
 * r > 1: shrink the accelerator batch,
   b_g <- clamp(b_g / r^gamma, min_accel_batch, max_accel_batch); once b_g sits at
   ``min_accel_batch`` (the paper's threshold, which caps the utilization cost), grow the host
-  batches by r^gamma up to ``max_host_batch``;
+  batches by r^gamma up to ``max_host_batch``. On the paper's machines a small accelerator step
+  is mostly its two copies of the model, so the host batches must grow far past 64 for the
+  accelerator to catch up; where both bounds stop the controller, the threshold decides the
+  balance and the utilization (docs/results/adaptive_threshold.md);
 * r < 1: undo in the opposite order (host batches back down to their configured size, then
   b_g up to ``max_accel_batch``);
 * each resize is capped at a factor of 4, and the measuring window restarts after it.
@@ -39,15 +42,19 @@ NO_UPDATE_FLOOR = 0.5
 
 
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
-    """Hogbatch's layout; ``max_accel_batch`` defaults to the accelerator group's batch size."""
+    """Hogbatch's layout; ``max_accel_batch`` defaults to the accelerator group's batch size, and
+    a threshold above it means the accelerator batch never shrinks (the default threshold is
+    set for the paper's GPU batch of 1024, above an emulated accelerator's 256)."""
     hogbatch.check_workers(cfg, specs)
     algo = cfg.algo
     assert isinstance(algo, AdaptiveConfig)
     accel_batch = next(s.batch_size for s in specs if s.accel)
     max_accel_batch = algo.max_accel_batch or accel_batch
-    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(algo, max_accel_batch=max_accel_batch))
+    min_accel_batch = min(algo.min_accel_batch, max_accel_batch)
+    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(
+        algo, max_accel_batch=max_accel_batch, min_accel_batch=min_accel_batch))
     return Plan(cfg, specs, {"max_accel_batch": max_accel_batch,
-                             "min_accel_batch": algo.min_accel_batch,
+                             "min_accel_batch": min_accel_batch,
                              "max_host_batch": algo.max_host_batch})
 
 

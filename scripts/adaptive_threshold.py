@@ -1,0 +1,217 @@
+"""Adaptive Hogbatch's batch-size threshold against Ma & Rusu: per threshold and simulated paper
+machine, the CPU's share of the model updates and the GPU's busy share, as a markdown table on
+stdout and one figure (docs/results/adaptive_threshold.md).
+
+    python scripts/adaptive_threshold.py [OVERRIDES...]   # the experiment's jobs, replayed
+    python scripts/adaptive_threshold.py --sweep SWEEP_DIR  # a finished sweep of the experiment:
+        # hetsgd run -m +experiment=adaptive_threshold hydra.sweep.dir=SWEEP_DIR
+
+A replay runs each job of the experiment on the virtual engine with the roofline
+profiles of the job's own model (the paper's net) while a logistic regression does the math. A
+simulated run's schedule (when each step starts and lands, so its update counts and busy time)
+follows from the profiles, the batch sizes and the controller, which reads update counts only,
+never the model's numbers: the replay's counts are the full run's, without the hours a run of the
+paper's net costs here (``tests/test_adaptive_threshold.py`` checks the equality on a small net).
+
+Shares are read over the second half of the budget, after the controller has settled (the first
+half starts at the GPU's batch of 1024 and the hosts' of 1); whole-run values beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from hetsgd import algorithms
+from hetsgd.config import CONF_DIR, AdaptiveConfig, RunConfig, compose_run, register_configs, to_run_config
+from hetsgd.engines.hooks import SharedMemoryHooks
+from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.engines.virtual.coordinator import VirtualCoordinator
+from hetsgd.engines.virtual.mix import profiles_for
+from hetsgd.outputs.figure_style import DPI, SIZE, save, styled
+from hetsgd.outputs.report import markdown_table
+from hetsgd.runs.setup import load_run_data
+from hetsgd.workers import expand
+
+EXPERIMENT = "+experiment=adaptive_threshold"
+MACHINES = {"paper_hogbatch_v100": ("V100", "tab:blue"), "paper_hogbatch_k80": ("K80", "tab:red")}
+# Ma & Rusu, read off their figures (docs/papers.md): Adaptive's CPU update share per machine,
+# and the GPU's utilization for covtype on the K80 server under CPU+GPU Hogbatch and Adaptive
+PAPER_CPU_SHARE = {"paper_hogbatch_v100": (0.52, 0.60), "paper_hogbatch_k80": (0.71, 0.81)}
+PAPER_GPU_BUSY = {"Hogbatch": (82.0, 97.0), "Adaptive": (45.0, 53.0)}
+STAND_IN = "model=logreg"  # the math of a replay
+
+
+@dataclass
+class Point:
+    """One job's numbers: ``updates`` (virtual time, GPU updates, CPU updates) at each snapshot,
+    ``gpu_busy`` (virtual time, percent) at each utilization sample."""
+
+    machine: str
+    threshold: int | None  # None: not Adaptive (Hogbatch)
+    budget_s: float
+    updates: list[tuple[float, float, float]]
+    gpu_busy: list[tuple[float, float]]
+    final_batches: tuple[int, int]  # the GPU's and a host worker's batch size at the end
+
+    def cpu_share(self, start: float = 0.0) -> float:
+        """CPU updates over all updates between the first snapshot at or after ``start`` and the
+        last within the budget (the run's end for ``start`` 0)."""
+        inside = [u for u in self.updates if start <= u[0] <= self.budget_s] if start else self.updates
+        (_, g0, c0), (_, g1, c1) = inside[0], inside[-1]
+        return (c1 - c0) / (c1 - c0 + g1 - g0)
+
+    def busy(self, start: float = 0.0) -> float:
+        return statistics.fmean(b for t, b in self.gpu_busy
+                                if start < t <= (self.budget_s if start else np.inf))
+
+
+def sweep_jobs() -> list[list[str]]:
+    """Each job's overrides, as `hetsgd run -m +experiment=adaptive_threshold` makes them."""
+    register_configs()
+    held = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            params = compose("config", overrides=[EXPERIMENT], return_hydra_config=True).hydra.sweeper.params
+    finally:
+        GlobalHydra.instance().hydra = held
+    given = [f"{key}={value}" for key, value in params.items()] + [EXPERIMENT]
+    batch, = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)
+    return batch
+
+
+def replay(job: list[str]) -> Point:
+    """The job's schedule on the virtual engine: its model's profiles, the stand-in's math."""
+    cfg = to_run_config(compose_run(["progress=false", *job]))
+    cheap = to_run_config(compose_run(["progress=false", *job, STAND_IN]))
+    data = load_run_data(cheap, progress=False)
+    algo = algorithms.get(cheap.algo.name)
+    plan = algo.plan(cheap, expand(cheap.devices))
+    hooks = algo.hooks(plan)
+    assert isinstance(hooks, SharedMemoryHooks)
+    engine = VirtualCoordinator(plan.cfg, plan.workers, data.problem, data.train,
+                                SharedMaster.initial(cheap.model, data.problem, cheap.seed), None,
+                                hooks.link, hooks.controller,
+                                profiles_for(cfg, plan.workers, data.problem))
+    training = engine.run(None)  # type: ignore[arg-type]  # the virtual engine takes no monitor
+    accel = {s.rank for s in plan.workers if s.accel}
+    updates = [(s.time_s, sum(u for r, u in enumerate(s.updates) if r in accel),
+                sum(u for r, u in enumerate(s.updates) if r not in accel)) for s in training.snapshots]
+    last = {s.rank: s.batch_size for s in plan.workers}  # then every resize, in order
+    last.update({int(r["worker"]): int(r["batch_size"]) for r in training.batches})
+    gpu, host = min(accel), next(s.rank for s in plan.workers if not s.accel)
+    return Point(plan.cfg.devices.name, plan.settled.get("min_accel_batch"), _budget(cfg), updates,
+                 [(r["time_s"], r["gpu0_util"]) for r in training.utilization],
+                 (last[gpu], last[host]))
+
+
+def _budget(cfg: RunConfig) -> float:
+    assert cfg.budget.seconds is not None, "the experiment's budget is in virtual seconds"
+    return cfg.budget.seconds
+
+
+def read_run(run_dir: Path) -> Point:
+    """A finished job's numbers from its run directory."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    cfg = to_run_config(compose_run(["progress=false", *_job_overrides(run_dir)]))
+    convergence = pd.read_csv(run_dir / "convergence.csv")
+    utilization = pd.read_csv(run_dir / "utilization.csv")
+    workers = pd.read_csv(run_dir / "workers.csv").drop_duplicates("group").set_index("group")
+    return Point(summary["devices"], summary["plan"]["min_accel_batch"], _budget(cfg),
+                 list(zip(convergence["time_s"], convergence["updates_gpu"], convergence["updates_cpu"])),
+                 list(zip(utilization["time_s"], utilization["gpu0_util"])),
+                 (int(workers.loc["gpu", "last_batch"]), int(workers.loc["cpu", "last_batch"])))
+
+
+def _job_overrides(run_dir: Path) -> list[str]:
+    return yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+
+
+def finished_runs(sweep: Path) -> Iterator[Path]:
+    yield from sorted(p.parent for p in sweep.rglob("summary.json"))
+
+
+def table(points: list[Point]) -> str:
+    rows = []
+    for p in points:
+        half = p.budget_s / 2
+        low, high = PAPER_CPU_SHARE[p.machine]
+        rows.append([MACHINES[p.machine][0], str(p.threshold), f"{p.cpu_share(half):.3f}",
+                     f"{low:.2f}–{high:.2f}", f"{p.busy(half):.0f}", f"{p.cpu_share():.3f}",
+                     f"{p.busy():.0f}", f"{p.final_batches[0]} / {p.final_batches[1]}"])
+    return markdown_table(["machine", "threshold (min_accel_batch)", "CPU update share, 2nd half",
+                           "paper (Adaptive)", "GPU busy [%], 2nd half", "CPU update share, run",
+                           "GPU busy [%], run", "final batch GPU / host"], rows)
+
+
+def _axes(ax: Axes, thresholds: list[int], ylabel: str, title: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(thresholds, [str(t) for t in thresholds], rotation=45)
+    ax.axvline(AdaptiveConfig.min_accel_batch, color="0.3", linewidth=0.8, linestyle="--",
+               label="default threshold")
+    ax.set(xlabel="threshold: min_accel_batch", ylabel=ylabel, title=title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False)
+
+
+@styled
+def figure(points: list[Point], out_dir: Path, note: str) -> list[Path]:
+    fig = Figure(figsize=(2 * SIZE[0], SIZE[1] + 1.2), dpi=DPI)
+    FigureCanvasAgg(fig)
+    shares, busy = fig.subplots(1, 2)
+    thresholds = sorted({p.threshold for p in points if p.threshold is not None})
+    for machine, (label, color) in MACHINES.items():
+        mine = sorted((p for p in points if p.machine == machine), key=lambda p: p.threshold or 0)
+        x = [p.threshold for p in mine]
+        shares.plot(x, [p.cpu_share(p.budget_s / 2) for p in mine], "o-", color=color,
+                    label=f"{label}, simulated")
+        shares.axhspan(*PAPER_CPU_SHARE[machine], color=color, alpha=0.15,
+                       label=f"{label}, paper (Adaptive)")
+        busy.plot(x, [p.busy(p.budget_s / 2) for p in mine], "o-", color=color,
+                  label=f"{label}, simulated")
+    for (method, band), shade in zip(PAPER_GPU_BUSY.items(), ("0.55", "0.2")):
+        busy.axhspan(*band, color=shade, alpha=0.2, label=f"K80 paper, {method} (covtype)")
+    shares.set_ylim(0, 1.02)
+    busy.set_ylim(0, 100)
+    _axes(shares, thresholds, "CPU share of model updates", "CPU update share")
+    _axes(busy, thresholds, "GPU busy [%]", "GPU utilization")
+    fig.suptitle(f"Adaptive Hogbatch's threshold, {note}", fontsize=9.5)
+    return save(fig, out_dir, "adaptive_threshold", ["png"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweep", type=Path, help="a finished sweep's folder (else: a replay)")
+    parser.add_argument("--figures", type=Path, default=Path("docs/figures"))
+    parser.add_argument("overrides", nargs="*", help="a replay's overrides of every job")
+    args = parser.parse_args()
+    if args.sweep is None:
+        points = [replay([*job, *args.overrides]) for job in sweep_jobs()]
+    else:
+        points = [read_run(run) for run in finished_runs(args.sweep)]
+    points.sort(key=lambda p: (list(MACHINES).index(p.machine), p.threshold or 0))
+    print(table(points))
+    budget = points[0].budget_s
+    note = (f"mlp_paper on digits, simulated; shares over {budget / 2:g}-{budget:g} virtual s"
+            + ("" if args.sweep else " (schedule replay)"))
+    for path in figure(points, args.figures, note):
+        print(f"figure: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Adaptive Hogbatch's threshold on the simulated paper machines (+experiment=adaptive_threshold,
+scripts/adaptive_threshold.py): the jobs the sweep launches, the defaults' CPU update shares
+against the paper's bands, Hogbatch beside them, the direction the threshold moves the shares,
+and the script's schedule replay against a full run. The virtual engine is deterministic, so
+every number here is the same on any machine under any load."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pandas as pd
+import pytest
+from conftest import compose_config
+from hydra import compose
+from test_sweeps import hydra_conf, sweep_jobs  # noqa: F401  (hydra_conf: a fixture)
+
+from hetsgd.config import AdaptiveConfig, to_run_config
+from hetsgd.runs import runner
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "adaptive_threshold.py"
+EXPERIMENT = "+experiment=adaptive_threshold"
+MACHINES = ("paper_hogbatch_v100", "paper_hogbatch_k80")
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("adaptive_threshold", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_experiment_sweeps_the_threshold_on_both_paper_machines(hydra_conf,  # noqa: F811
+                                                                    script: ModuleType) -> None:
+    jobs = sweep_jobs(EXPERIMENT)
+    assert script.sweep_jobs() == jobs  # the replay runs the very jobs the sweep launches
+    grid = set()
+    for job in jobs:
+        cfg = to_run_config(compose("config", overrides=job))
+        assert isinstance(cfg.algo, AdaptiveConfig)
+        assert (cfg.model.name, cfg.dataset.name, cfg.devices.simulated) == ("mlp_paper", "digits", True)
+        assert cfg.budget.seconds is not None and cfg.budget.epochs is None
+        # every job's own threshold reached the config, the host bound is the default's
+        assert f"algo.min_accel_batch={cfg.algo.min_accel_batch}" in job
+        assert cfg.algo.max_host_batch == AdaptiveConfig.max_host_batch
+        grid.add((cfg.devices.name, cfg.algo.min_accel_batch))
+    thresholds = {t for _, t in grid}
+    assert grid == {(m, t) for m in MACHINES for t in thresholds} and len(jobs) == len(grid)
+    # the sweep spans the default and the GPU's own batch (no shrinking: next to Hogbatch)
+    assert {32, AdaptiveConfig.min_accel_batch, 1024} <= thresholds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("machine,band", [("paper_hogbatch_v100", (0.52, 0.60)),
+                                          ("paper_hogbatch_k80", (0.71, 0.81))])
+def test_the_default_threshold_lands_in_the_papers_cpu_share_on_each_machine(
+        script: ModuleType, machine: str, band: tuple[float, float]) -> None:
+    """The experiment's controller timing and budget, the thresholds at their defaults."""
+    point = script.replay([EXPERIMENT, f"devices={machine}"])
+    assert point.threshold == AdaptiveConfig.min_accel_batch
+    low, high = band
+    assert low <= point.cpu_share(point.budget_s / 2) <= high
+    # both bounds reached: the GPU at the threshold, the hosts at max_host_batch
+    assert point.final_batches == (AdaptiveConfig.min_accel_batch, AdaptiveConfig.max_host_batch)
+
+
+@pytest.mark.slow
+def test_hogbatch_leaves_the_cpu_nearly_all_the_updates(script: ModuleType) -> None:
+    point = script.replay(["algo=hogbatch", "devices=paper_hogbatch_v100", "dataset=digits",
+                           "model=mlp_paper", "budget.epochs=null", "budget.seconds=0.2",
+                           "eval.every_s=0.05", "eval.every_epochs=null", "monitor.interval_s=0.01"])
+    assert point.threshold is None and point.final_batches == (1024, 1)
+    assert point.cpu_share() >= 0.9
+
+
+@pytest.mark.slow
+def test_a_higher_threshold_leaves_the_cpu_more_updates_and_the_gpu_busier(
+        script: ModuleType) -> None:
+    """The documented direction: the threshold trades update balance for GPU utilization."""
+    points = [script.replay([EXPERIMENT, "devices=paper_hogbatch_k80",
+                             f"algo.min_accel_batch={threshold}"]) for threshold in (128, 512, 1024)]
+    shares = [p.cpu_share(p.budget_s / 2) for p in points]
+    busy = [p.busy(p.budget_s / 2) for p in points]
+    assert shares == sorted(shares) and shares[-1] - shares[0] > 0.1, shares
+    assert busy == sorted(busy) and busy[-1] - busy[0] > 10, busy
+    assert [p.final_batches[0] for p in points] == [128, 512, 1024]
+
+
+@pytest.mark.integration
+def test_the_schedule_replay_gives_a_full_runs_update_counts(tmp_path: Path,
+                                                             script: ModuleType) -> None:
+    """What the script's replay rests on: the stand-in's math leaves the schedule as
+    the run's own model makes it (here `mlp`, cheap enough to train for real)."""
+    job = ["algo=adaptive", "devices=paper_hogbatch_v100", "dataset=digits", "model=mlp",
+           "optim.lr=0.01", "budget.epochs=null", "budget.seconds=0.04", "algo.period_s=0.01",
+           "algo.window_s=0.02", "eval.every_s=0.01", "eval.every_epochs=null",
+           "monitor.interval_s=0.01"]
+    cfg = compose_config(*job)
+    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg)
+    assert summary["status"] == "completed", summary["error"]
+    full = pd.read_csv(tmp_path / "run" / "convergence.csv")
+    replayed = script.replay(job)
+    assert len(pd.read_csv(tmp_path / "run" / "batches.csv")) > 49  # the controller resized
+    assert replayed.updates == list(zip(full["time_s"], full["updates_gpu"], full["updates_cpu"]))
