@@ -1,0 +1,137 @@
+"""Lim et al.'s comparison with ResNet20 (``+experiment=biased_local_resnet20`` and ``_gpus``):
+the jobs the sweeps launch, the step times the simulated paper mix gives ResNet20, and the
+helpers of ``scripts/biased_local_resnet20.py``. Nothing here trains."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hydra import compose
+from test_sweeps import hydra_conf, sweep_jobs  # noqa: F401  (hydra_conf: a fixture)
+from torch import nn
+
+from hetsgd.config import RunConfig, to_run_config
+from hetsgd.data.images import read_idx
+from hetsgd.engines.virtual.model_cost import ModelCost
+from hetsgd.model.problem import Problem
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "biased_local_resnet20.py"
+FASHION = Problem("multiclass", 784, 10, (1, 28, 28))
+
+
+def script() -> ModuleType:
+    """The script as a module (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location("biased_local_resnet20", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def jobs_of(experiment: str) -> list[tuple[str, int, RunConfig]]:
+    """(method, seed, composed config) of each job the experiment's sweep launches."""
+    jobs = []
+    for job in sweep_jobs(f"+experiment={experiment}"):
+        swept = dict(o.lstrip("+").split("=", 1) for o in job)
+        jobs.append((swept["method"], int(swept["seed"]),
+                     to_run_config(compose("config", overrides=job))))
+    return jobs
+
+
+@pytest.mark.usefixtures("hydra_conf")
+def test_the_sweeps_run_five_methods_on_the_paper_mix_with_three_seeds() -> None:
+    jobs = jobs_of("biased_local_resnet20") + jobs_of("biased_local_resnet20_gpus")
+    methods = ("sync", "local_balanced", "local_unbalanced", "local_biased", "fast_alone")
+    assert sorted((m, s) for m, s, _ in jobs) == sorted((m, s) for m in methods
+                                                        for s in (0, 1, 2))
+    first = jobs[0][2]
+    for method, _, cfg in jobs:
+        assert cfg.algo.name == ("sync" if method in ("sync", "fast_alone") else "local_sgd")
+        assert cfg.devices.only == (["gpu"] if method == "fast_alone" else [])
+        # one problem and one budget for all fifteen: the comparison is of methods alone
+        assert (cfg.model.name, cfg.dataset.name, cfg.devices.name) == (
+            "resnet20", "fashion_mnist", "paper_biased_local")
+        assert (cfg.budget.epochs, cfg.budget.seconds) == (first.budget.epochs, None)
+        assert (cfg.dataset.limit, cfg.optim) == (first.dataset.limit, first.optim)
+
+
+@pytest.mark.usefixtures("hydra_conf")
+def test_the_resnet20_step_ratio_on_the_paper_mix_is_the_profiles() -> None:
+    """Each group's step is its own device's roofline of ResNet20's counts, as the script's
+    parts show it; and the ratio follows the model, not the mix."""
+    module = script()
+    _, _, cfg = jobs_of("biased_local_resnet20")[0]
+    profiles = module.group_profiles(cfg, FASHION)
+    assert {g: (p.device.name, b) for g, (b, p) in profiles.items()} == {
+        g: (cfg.devices.groups[g].profile, cfg.devices.groups[g].batch_size)
+        for g in ("gpu", "cpu")}
+    for batch, profile in profiles.values():
+        launches, flops, traffic = module.roofline_parts(profile, batch)
+        assert profile.compute_s(batch) == pytest.approx(launches + max(flops, traffic))
+    assert profiles["gpu"][1].cost == ModelCost.of(FASHION.build_model(cfg.model, 0), (784,),
+                                                   "multiclass", cfg.optim.step)
+    steps = module.group_steps(cfg, FASHION)
+    # a V100 is the fast side for ResNet20, and by more than for the MLP of the w8a simulation
+    mlp = to_run_config(compose("config", overrides=["+experiment=biased_local_paper_sim",
+                                                     "devices=paper_biased_local"]))
+    mlp_steps = module.group_steps(mlp, Problem("binary", 300, 1, None))
+    assert steps["cpu"] / steps["gpu"] > mlp_steps["cpu"] / mlp_steps["gpu"] > 1
+
+
+def test_activations_of_functional_operators_count_as_memory_traffic() -> None:
+    """torch.relu and a residual + write activations just as nn.ReLU does."""
+
+    class Functional(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x)) + x
+
+    modules = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    functional = ModelCost.of(Functional(), (3,), "multiclass").bytes_per_example
+    # input, linear, relu, and the sum: four passes of four bytes over 3 elements each
+    assert functional == 4 * 4 * 3 * 4
+    assert ModelCost.of(modules, (3,), "multiclass").bytes_per_example == 4 * 4 * 3 * 3
+
+
+def write_fake_fashion(folder: Path, n_train: int, n_test: int) -> list[str]:
+    """Random images with labels 0..9 in turn under Fashion-MNIST's four file names."""
+    module = script()
+    names = module.fashion_files()
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for images, labels, n in ((*names[:2], n_train), (*names[2:], n_test)):
+        module.write_idx(folder / images, rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        module.write_idx(folder / labels, np.arange(n, dtype=np.uint8) % 10)
+    return names
+
+
+def test_the_test_subset_is_stratified_and_keeps_the_training_files(tmp_path: Path) -> None:
+    images_train, _, images_test, labels_test = write_fake_fashion(tmp_path / "published",
+                                                                   n_train=20, n_test=200)
+    subset = script().with_test_subset(tmp_path / "published", tmp_path / "subset", 50)
+    assert np.bincount(read_idx(subset / labels_test)).tolist() == [5] * 10
+    assert read_idx(subset / images_test).shape == (50, 28, 28)
+    assert (subset / images_train).resolve() == (tmp_path / "published" / images_train).resolve()
+
+
+def test_the_table_reads_accuracy_crossings_between_snapshots() -> None:
+    table = script()
+    curve = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "epoch": [0.0, 1.0, 2.5],
+                          "test_acc": [0.1, 0.5, 0.7]})
+    assert table.crossing(curve, 0.6, "time_s") == pytest.approx(1.5)
+    assert table.crossing(curve, 0.6, "epoch") == pytest.approx(1.75)
+    assert table.crossing(curve, 0.05, "epoch") == 0.0
+    assert np.isnan(table.crossing(curve, 0.8, "time_s"))
+    assert table.at_epoch(curve, 2.0) == pytest.approx(0.5 + 0.2 * (1.0 / 1.5))
+    assert np.isnan(table.at_epoch(curve, 3.0))
+    other = curve.assign(test_acc=[0.1, 0.456, 0.3])
+    assert table.common_accuracy(pd.DataFrame({"curve": [curve, other]})) == pytest.approx(0.45)
