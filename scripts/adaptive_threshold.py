@@ -160,11 +160,18 @@ def table(points: list[Point]) -> str:
                            "GPU busy [%], run", "final batch GPU / host"], rows)
 
 
+def paper_setting() -> AdaptiveConfig:
+    """Adaptive's bounds for the paper's machines, as ``+experiment=adaptive_paper`` sets them."""
+    algo = to_run_config(compose_run(["algo=adaptive", "+experiment=adaptive_paper"])).algo
+    assert isinstance(algo, AdaptiveConfig)
+    return algo
+
+
 def _axes(ax: Axes, thresholds: list[int], ylabel: str, title: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(thresholds, [str(t) for t in thresholds], rotation=45)
-    ax.axvline(AdaptiveConfig.min_accel_batch, color="0.3", linewidth=0.8, linestyle="--",
-               label="default threshold")
+    ax.axvline(paper_setting().min_accel_batch, color="0.3", linewidth=0.8, linestyle="--",
+               label="+experiment=adaptive_paper")
     ax.set(xlabel="threshold: min_accel_batch", ylabel=ylabel, title=title)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False)
 

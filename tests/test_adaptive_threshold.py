@@ -1,8 +1,9 @@
 """Adaptive Hogbatch's threshold on the simulated paper machines (+experiment=adaptive_threshold,
-scripts/adaptive_threshold.py): the jobs the sweep launches, the defaults' CPU update shares
-against the paper's bands, Hogbatch beside them, the direction the threshold moves the shares,
-and the script's schedule replay against a full run. The virtual engine is deterministic, so
-every number here is the same on any machine under any load."""
+scripts/adaptive_threshold.py): the jobs the sweep launches, the CPU update shares of the
+paper-machine setting (+experiment=adaptive_paper) against the paper's bands, Hogbatch beside
+them, the direction the threshold moves the shares, and the script's schedule replay against a
+full run. The virtual engine is deterministic, so every number here is the same on any machine
+under any load."""
 
 from __future__ import annotations
 
@@ -45,28 +46,31 @@ def test_the_experiment_sweeps_the_threshold_on_both_paper_machines(hydra_conf, 
         assert isinstance(cfg.algo, AdaptiveConfig)
         assert (cfg.model.name, cfg.dataset.name, cfg.devices.simulated) == ("mlp_paper", "digits", True)
         assert cfg.budget.seconds is not None and cfg.budget.epochs is None
-        # every job's own threshold reached the config, the host bound is the default's
+        # every job's own threshold reached the config, the host bound is the paper setting's
         assert f"algo.min_accel_batch={cfg.algo.min_accel_batch}" in job
-        assert cfg.algo.max_host_batch == AdaptiveConfig.max_host_batch
+        assert cfg.algo.max_host_batch == script.paper_setting().max_host_batch
         grid.add((cfg.devices.name, cfg.algo.min_accel_batch))
     thresholds = {t for _, t in grid}
     assert grid == {(m, t) for m in MACHINES for t in thresholds} and len(jobs) == len(grid)
-    # the sweep spans the default and the GPU's own batch (no shrinking: next to Hogbatch)
-    assert {32, AdaptiveConfig.min_accel_batch, 1024} <= thresholds
+    # the sweep spans the default, the paper setting and the GPU's own batch (no shrinking)
+    assert {AdaptiveConfig.min_accel_batch, script.paper_setting().min_accel_batch,
+            1024} <= thresholds
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("machine,band", [("paper_hogbatch_v100", (0.52, 0.60)),
                                           ("paper_hogbatch_k80", (0.71, 0.81))])
-def test_the_default_threshold_lands_in_the_papers_cpu_share_on_each_machine(
+def test_the_paper_setting_lands_in_the_papers_cpu_share_on_each_machine(
         script: ModuleType, machine: str, band: tuple[float, float]) -> None:
-    """The experiment's controller timing and budget, the thresholds at their defaults."""
-    point = script.replay([EXPERIMENT, f"devices={machine}"])
-    assert point.threshold == AdaptiveConfig.min_accel_batch
+    """The experiment's controller timing and budget, the bounds of +experiment=adaptive_paper."""
+    paper = script.paper_setting()
+    point = script.replay([EXPERIMENT, f"devices={machine}",
+                           f"algo.min_accel_batch={paper.min_accel_batch}"])
+    assert point.threshold == paper.min_accel_batch
     low, high = band
     assert low <= point.cpu_share(point.budget_s / 2) <= high
     # both bounds reached: the GPU at the threshold, the hosts at max_host_batch
-    assert point.final_batches == (AdaptiveConfig.min_accel_batch, AdaptiveConfig.max_host_batch)
+    assert point.final_batches == (paper.min_accel_batch, paper.max_host_batch)
 
 
 @pytest.mark.slow
