@@ -46,6 +46,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 run_statuses: list[str] = []  # how each run this process trained ended
 runs_started: list[Path] = []  # the run directory of each run this command started
 errors_printed: list[str] = []  # the error lines this command printed (for hetsgd.api)
+command_started_at: float | None = None  # the console command's process start (see main)
 terminated: list[int] = []  # the stop signals that arrived
 # A launcher such as submitit runs sweep jobs in processes that unpickle `train_job` and compose
 # their own config, so the schemas and resolvers are registered wherever this module loads.
@@ -149,9 +150,11 @@ def train_job(cfg: DictConfig) -> None:
     from hetsgd.runs import runner  # the training stack loads only when a run starts
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    # the command's first run pays for the process's start; later jobs of a sweep start now
+    started_at = command_started_at if not runs_started else None
     runs_started.append(run_dir)
     try:
-        summary = runner.run(cfg, run_dir, cfg, HydraConfig.get().overrides.task)
+        summary = runner.run(cfg, run_dir, cfg, HydraConfig.get().overrides.task, started_at)
     except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written, no figures
         run_statuses.append("failed")
         _print_error(str(exc))
@@ -528,5 +531,11 @@ def _lasting_output() -> None:
 
 
 def main() -> None:
+    """The console command: its runs' cost begins with this process (its interpreter and
+    imports), which ``hetsgd.run`` from Python does not pay per run."""
+    import psutil
+
+    global command_started_at
+    command_started_at = psutil.Process().create_time()
     _lasting_output()
     app()

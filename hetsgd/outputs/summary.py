@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hetsgd.outputs.index import read_summary
 
@@ -26,40 +26,42 @@ from hetsgd.outputs.index import read_summary
 IDENTITY = ("status", "error", "algo", "dataset", "model", "devices", "seed")
 
 
-def _known(cls: Any, values: Mapping[str, Any]) -> dict[str, Any]:
-    """Each field of the dataclass ``cls`` from ``values``, None where they lack it: a file
-    edited by hand or written by an earlier version still reads."""
-    return {f.name: values.get(f.name) for f in dataclasses.fields(cls)}
+R = TypeVar("R", bound="_Record")
 
 
 @dataclass(frozen=True)
-class Losses:
+class _Record:
+    """A part of ``summary.json`` kept as a frozen dataclass (its subclasses)."""
+
+    @classmethod
+    def from_dict(cls: type[R], values: Mapping[str, Any]) -> R:
+        """Each field from ``values``, None where they lack it: a file edited by hand or written
+        by an earlier version still reads."""
+        return cls(**{f.name: values.get(f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class Losses(_Record):
     """Training and test loss, and test accuracy, of one snapshot."""
 
     train_loss: float
     test_loss: float
     test_acc: float
 
-    @classmethod
-    def from_dict(cls, losses: Mapping[str, Any]) -> Losses:
-        return cls(**_known(cls, losses))
 
 
 @dataclass(frozen=True)
-class TargetLosses:
+class TargetLosses(_Record):
     """The absolute training losses a run is timed to, and what they are relative to
     (:func:`hetsgd.outputs.metrics.target_losses`)."""
 
     losses: list[float]
     reference: str
 
-    @classmethod
-    def from_dict(cls, targets: Mapping[str, Any]) -> TargetLosses:
-        return cls(**_known(cls, targets))
 
 
 @dataclass(frozen=True)
-class GroupMix:
+class GroupMix(_Record):
     """One group of workers a run trained on."""
 
     kind: str  # the workers' label: cpu, cuda, emulated or simulated
@@ -69,9 +71,6 @@ class GroupMix:
     batch_size: int
     devices: list[str]  # one a worker
 
-    @classmethod
-    def from_dict(cls, group: Mapping[str, Any]) -> GroupMix:
-        return cls(**_known(cls, group))
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ class Mix:
 
 
 @dataclass(frozen=True)
-class Staleness:
+class Staleness(_Record):
     """How stale the updates of an asynchronous run were. The staleness of an update is the
     number of other workers' updates that reached the master between its step's read of the
     parameters and its own landing. The virtual clock counts exactly that; shared-memory worker
@@ -130,25 +129,19 @@ class Staleness:
         return cls(sum(stale.values()) / updates, int(max(row["stale_max"] for row in counters)),
                    {g: stale[g] / steps[g] if steps[g] else None for g in stale})
 
-    @classmethod
-    def from_dict(cls, staleness: Mapping[str, Any]) -> Staleness:
-        return cls(**_known(cls, staleness))
 
 
 @dataclass(frozen=True)
-class Timing:
+class Timing(_Record):
     """What a run cost around its training, in wall seconds: from the job's start (the
-    process's, for the first run a process makes: the interpreter and its imports are that run's
-    cost; else the runner's entry, as for a sweep's later jobs) to the training clock's start,
+    process's, for the first run of the `hetsgd` command: the interpreter and its imports are
+    that run's cost; else the runner's entry, as for a sweep's later jobs or ``hetsgd.run``) to
+    the training clock's start,
     its first snapshot; and from the end of training to the summary's last write (evaluation
     and the results files). Figures and the process's exit come after both."""
 
     before_training_s: float
     after_training_s: float
-
-    @classmethod
-    def from_dict(cls, timing: Mapping[str, Any]) -> Timing:
-        return cls(**_known(cls, timing))
 
 
 def by_group(groups: Sequence[str], values: Iterable[float]) -> dict[str, float]:
@@ -223,7 +216,7 @@ class RunSummary:
                 summary.update(value)
             elif isinstance(value, Mix):
                 summary[f.name] = value.to_dict()
-            elif isinstance(value, Losses | TargetLosses | Staleness | Timing):
+            elif isinstance(value, _Record):
                 summary[f.name] = dataclasses.asdict(value)
             elif value is not None or f.name in written:
                 summary[f.name] = value

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import psutil
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import track
@@ -162,20 +161,8 @@ def _failed(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, er
     return summary
 
 
-_runs_started = 0  # by this process
-
-
-def _job_start() -> float:
-    """When this run started, on the wall clock: the process's start for the first run a
-    process makes (its interpreter and imports are that run's cost), else now (a sweep's later
-    job, a second run from Python)."""
-    global _runs_started
-    _runs_started += 1
-    return psutil.Process().create_time() if _runs_started == 1 else time.time()
-
-
 def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
-        overrides: Sequence[str] = ()) -> dict[str, Any]:
+        overrides: Sequence[str] = (), started_at: float | None = None) -> dict[str, Any]:
     """Run one experiment into `run_dir` and return its summary (also on failure). A composed
     config (`hetsgd run`'s) is checked here, so an out-of-range value ends like any failure.
 
@@ -183,8 +170,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
     `run_dir`, which may be RUN_DIR itself, with ``overrides`` (the command's) on top of the
     checkpoint's: a resume that cannot be is then a :class:`UserError` raised before anything
     is written over it. A full disk (a :class:`WriteError`) ends the run ``crashed``, as a
-    killed run does, so that ``hetsgd recover`` takes what it left once there is room."""
-    started_at = _job_start()
+    killed run does, so that ``hetsgd recover`` takes what it left once there is room.
+    ``started_at`` is when the run began on the wall clock, for ``timing`` (default: now; the
+    command passes its process's start for its first run)."""
+    started_at = time.time() if started_at is None else started_at  # for summary.json's timing
     if torchrun() is not None and (cfg.resume is not None or cfg.checkpoint.every_s is not None):
         error = ("checkpoints are not supported under torchrun (the other nodes' ranks can neither "
                  "send their parts nor read them): set checkpoint.every_s=null, without resume")
