@@ -29,16 +29,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from hetsgd import algorithms
-from hetsgd.config import CONF_DIR, AdaptiveConfig, RunConfig, compose_run, register_configs, to_run_config
+from hetsgd.config import AdaptiveConfig, RunConfig, compose_run, to_run_config
+from hetsgd.config.compose import sweep_jobs
 from hetsgd.engines.hooks import SharedMemoryHooks
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
@@ -81,19 +78,9 @@ class Point:
                                 if start < t <= (self.budget_s if start else np.inf))
 
 
-def sweep_jobs() -> list[list[str]]:
+def jobs() -> list[list[str]]:
     """Each job's overrides, as `hetsgd run -m +experiment=adaptive_threshold` makes them."""
-    register_configs()
-    held = GlobalHydra.instance().hydra
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            params = compose("config", overrides=[EXPERIMENT], return_hydra_config=True).hydra.sweeper.params
-    finally:
-        GlobalHydra.instance().hydra = held
-    given = [f"{key}={value}" for key, value in params.items()] + [EXPERIMENT]
-    batch, = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)
-    return batch
+    return sweep_jobs([EXPERIMENT])
 
 
 def replay(job: list[str]) -> Point:
@@ -208,7 +195,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="a replay's overrides of every job")
     args = parser.parse_args()
     if args.sweep is None:
-        points = [replay([*job, *args.overrides]) for job in sweep_jobs()]
+        points = [replay([*job, *args.overrides]) for job in jobs()]
     else:
         points = [read_run(run) for run in finished_runs(args.sweep)]
     points.sort(key=lambda p: (list(MACHINES).index(p.machine), p.threshold or 0))

@@ -16,9 +16,10 @@ import pandas as pd
 import pytest
 from conftest import compose_config
 from hydra import compose
-from test_sweeps import hydra_conf, sweep_jobs  # noqa: F401  (hydra_conf: a fixture)
+from test_sweeps import hydra_conf  # noqa: F401  (a fixture)
 
 from hetsgd.config import AdaptiveConfig, to_run_config
+from hetsgd.config.compose import sweep_jobs
 from hetsgd.runs import runner
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "adaptive_threshold.py"
@@ -38,8 +39,8 @@ def script() -> ModuleType:
 
 def test_the_experiment_sweeps_the_threshold_on_both_paper_machines(hydra_conf,  # noqa: F811
                                                                     script: ModuleType) -> None:
-    jobs = sweep_jobs(EXPERIMENT)
-    assert script.sweep_jobs() == jobs  # the replay runs the very jobs the sweep launches
+    jobs = sweep_jobs([EXPERIMENT])
+    assert script.jobs() == jobs  # the replay runs the very jobs the sweep launches
     grid = set()
     for job in jobs:
         cfg = to_run_config(compose("config", overrides=job))

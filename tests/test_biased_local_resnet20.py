@@ -13,10 +13,11 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose
-from test_sweeps import hydra_conf, sweep_jobs  # noqa: F401  (hydra_conf: a fixture)
+from test_sweeps import hydra_conf  # noqa: F401  (a fixture)
 from torch import nn
 
 from hetsgd.config import RunConfig, to_run_config
+from hetsgd.config.compose import sweep_jobs
 from hetsgd.data.images import read_idx
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.model.problem import Problem
@@ -37,7 +38,7 @@ def script() -> ModuleType:
 def jobs_of(experiment: str) -> list[tuple[str, int, RunConfig]]:
     """(method, seed, composed config) of each job the experiment's sweep launches."""
     jobs = []
-    for job in sweep_jobs(f"+experiment={experiment}"):
+    for job in sweep_jobs([f"+experiment={experiment}"]):
         swept = dict(o.lstrip("+").split("=", 1) for o in job)
         jobs.append((swept["method"], int(swept["seed"]),
                      to_run_config(compose("config", overrides=job))))

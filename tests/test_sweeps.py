@@ -13,13 +13,11 @@ import pandas as pd
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from hetsgd.config import CONF_DIR, compose_run, register_configs, to_run_config
-from hetsgd.config.compose import with_first_group_choices
+from hetsgd.config.compose import sweep_jobs, with_first_group_choices
 from hetsgd.config.swept import MULTIRUN, sweep_overrides, swept_keys, swept_name
 
 SHORT = ("dataset=digits", "budget.seconds=1", "budget.epochs=null", "progress=false")
@@ -64,19 +62,8 @@ def hydra_conf() -> Iterator[None]:
         GlobalHydra.instance().hydra = held
 
 
-def sweep_jobs(*args: str) -> list[list[str]]:
-    """The overrides of each job that `hetsgd run -m ARGS` launches, in order, as Hydra's basic
-    sweeper makes them: the sweeper's params from the sweep's config, then the arguments."""
-    arguments = with_first_group_choices(args)
-    fixed = [a for a in arguments if a.startswith("+experiment=")]
-    params = compose("config", overrides=fixed, return_hydra_config=True).hydra.sweeper.params
-    given = [f"{key}={value}" for key, value in (params or {}).items()] + arguments
-    batch, = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)
-    return batch
-
-
 def test_the_make_run_experiment_runs_the_twelve_jobs_make_run_ran_before(hydra_conf) -> None:
-    before, now = sweep_jobs(*MAKE_RUN_BEFORE), sweep_jobs("+experiment=make_run")
+    before, now = sweep_jobs(MAKE_RUN_BEFORE), sweep_jobs(["+experiment=make_run"])
     methods_and_seeds = [[o for o in job if o.startswith(("+method=", "seed="))] for job in before]
     assert len(before) == 12
     assert [[o for o in job if o != "+experiment=make_run"] for job in now] == methods_and_seeds
@@ -158,7 +145,7 @@ def test_a_failed_submitit_job_fails_the_sweep(results_dir: Path) -> None:
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
 def test_the_first_job_of_every_experiment_composes_into_a_checked_config(hydra_conf,
                                                                           experiment: str) -> None:
-    first, *_ = sweep_jobs(f"+experiment={experiment}")
+    first, *_ = sweep_jobs([f"+experiment={experiment}"])
     to_run_config(compose("config", overrides=first))
 
 

@@ -86,11 +86,12 @@ def _open(schema: type) -> DictConfig:
     return node
 
 
-def compose_run(overrides: Sequence[str]) -> DictConfig:
+def compose_run(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig:
     """The config that `hetsgd run OVERRIDES` composes, for code outside Hydra's own composition
     (calibration, torchrun followers, recovery, tests, benchmarks), or inside a `hetsgd run` job
     (resuming): Hydra has one global state, which the job holds, so it is set aside while
-    composing and given back after."""
+    composing and given back after. With ``hydra_config``, the config keeps its ``hydra``
+    node (a sweep's ``hydra.sweeper.params``, say)."""
     from hydra import compose, initialize_config_dir
 
     register_configs()
@@ -98,10 +99,26 @@ def compose_run(overrides: Sequence[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides))
+            return compose(config_name="config", overrides=list(overrides),
+                           return_hydra_config=hydra_config)
     finally:
         # on the instance that is global now: initialize_config_dir leaves a copy of the old one
         GlobalHydra.instance().hydra = held
+
+
+def sweep_jobs(arguments: Sequence[str]) -> list[list[str]]:
+    """The overrides of each job that `hetsgd run -m ARGUMENTS` launches, in order, as Hydra's
+    basic sweeper makes them (its own expansion): the swept values an experiment gives in
+    ``hydra.sweeper.params``, then the arguments. For scripts and tests that run or check a
+    sweep's jobs without launching it."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    arguments = with_first_group_choices(arguments)
+    experiments = [a for a in arguments if a.startswith("+experiment=")]
+    params = compose_run(experiments, hydra_config=True).hydra.sweeper.params
+    given = [f"{key}={value}" for key, value in (params or {}).items()] + arguments
+    jobs, = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)
+    return jobs
 
 
 def with_first_group_choices(args: Sequence[str]) -> list[str]:
