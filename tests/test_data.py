@@ -8,10 +8,13 @@ import gzip
 import hashlib
 import io
 import lzma
+import os
 import pickle
 import shutil
 import socket
 import struct
+import subprocess
+import sys
 import tarfile
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -27,6 +30,7 @@ from hetsgd.config.schema import SCALINGS, SyntheticConfig
 from hetsgd.data import data_home, fetch, images, libsvm, list_sources, load_dataset, source_info
 from hetsgd.data.download import RemoteFile, download
 from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD, read_idx
+from hetsgd.data.prepare import split_rows
 from hetsgd.data.registry import SOURCES, get_source, resolve_scale
 from hetsgd.errors import UserError
 
@@ -130,6 +134,41 @@ def test_limit_is_a_stratified_subset_of_the_training_part() -> None:
     assert np.abs(np.bincount(small.y_train, minlength=10) - 20).max() <= 1
     rows = {r.tobytes() for r in full.x_train}
     assert all(r.tobytes() in rows for r in small.x_train)
+
+
+# what a process that loads digits prints: whether it imported scikit-learn, then its data
+_LOAD_DIGITS = ("import sys; from hetsgd.config import DatasetConfig; "
+                "from hetsgd.data import load_dataset; "
+                "d = load_dataset(DatasetConfig(name='digits'), seed=3, progress=False); "
+                "print('sklearn' in sys.modules, d.num_train, d.y_test.tobytes().hex(), "
+                "float(d.x_train.sum()), d.source)")
+
+
+@pytest.mark.integration
+def test_a_second_load_of_digits_needs_no_scikit_learn(home: Path) -> None:
+    """digits' arrays and its split are cached: a machine's second process loads the same data
+    without importing scikit-learn (2 s of a short run's start)."""
+    env = {**os.environ, "HETSGD_DATA": str(home)}
+    first, second = (subprocess.run([sys.executable, "-c", _LOAD_DIGITS], env=env, text=True,
+                                    capture_output=True, check=True).stdout.split(" ", 1)
+                     for _ in range(2))
+    assert (first[0], second[0]) == ("True", "False")
+    assert first[1] == second[1]
+
+
+def test_a_split_is_drawn_once_and_again_where_its_entry_was_altered(home: Path) -> None:
+    y = np.repeat(np.arange(4), 10)
+    kept, rest, how = split_rows(y, "multiclass", 5, test_size=0.25)
+    assert how == "stratified" and len(rest) == 10
+    entry, = (home / "splits").rglob("output.pkl")
+    np.testing.assert_array_equal(split_rows(y, "multiclass", 5, test_size=0.25)[1], rest)
+    other = split_rows(y, "multiclass", 6, test_size=0.25)[1]  # the seed is part of the key
+    assert not np.array_equal(other, rest)
+    with entry.open("wb") as f:  # a split of other rows: not this one's
+        pickle.dump((np.arange(3), np.arange(3, 5), "random"), f)
+    again = split_rows(y, "multiclass", 5, test_size=0.25)
+    np.testing.assert_array_equal(again[0], kept)
+    np.testing.assert_array_equal(again[1], rest)
 
 
 def test_task_that_does_not_fit_the_source_is_rejected() -> None:

@@ -3,8 +3,10 @@ once (``workers.start: forkserver``, the default), or each as a fresh interprete
 
 A spawned worker imports torch again before it can report ready, which is most of a short run's
 cost around its training (``import torch`` takes 1.4-2.9 s on the development VMs). A forkserver
-is one clean process, started by :func:`warm_up` before the run loads its data so that its
-imports overlap that work; each worker is then a fork of it, with the imports done. Isolation is
+is one clean process, started by :func:`warm_up` as early as the command knows how its workers
+start (``hetsgd run`` before it imports the training stack, so that the forkserver's imports
+overlap the coordinator's own and the data's loading); each worker is then a fork of it, with
+the imports done. Isolation is
 kept: every worker is still its own process, which the coordinator watches, ends and reports on
 as before; a forkserver that died is started again for the next run. Nothing in the forkserver
 touches CUDA (importing torch does not initialise it), so a worker forked from it still creates
@@ -17,12 +19,11 @@ coordinator's environment as it is at the run's start (:func:`settle`), as a spa
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from multiprocessing import forkserver
 from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any
-
-import torch.multiprocessing as mp  # with torch's reductions: shared tensors pass by handle
 
 #: What the forkserver imports once: torch and every module a worker or rank unpickles its
 #: target and arguments from; the first also leaves Ctrl-C and SIGHUP to the coordinator.
@@ -32,19 +33,27 @@ PRELOAD = ("hetsgd.engines.forkserver_preload", "torch", "hetsgd.algorithms",
 
 def context(start: str) -> ForkServerContext | SpawnContext:
     """The multiprocessing context that starts a run's processes (``workers.start``, one of
-    ``START_METHODS``)."""
+    ``START_METHODS``). Its pickler carries torch's reductions (shared tensors pass by handle),
+    which importing torch registers: every caller has imported it, and this import says so."""
+    import torch.multiprocessing  # noqa: F401 - the reductions, registered on import
+
+    return _context(start)
+
+
+def _context(start: str) -> ForkServerContext | SpawnContext:
     if start == "spawn":
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
     return ctx
 
 
 def warm_up(start: str) -> None:
     """Start the forkserver now, if it is the start method and not running yet: it imports
-    ``PRELOAD`` in its own process while this one goes on (loading the data)."""
+    ``PRELOAD`` in its own process while this one goes on. Torch is not imported here, so that
+    the command can call this before its own imports of torch."""
     if start == "forkserver":
-        context(start)
+        _context(start)
         forkserver.ensure_running()
 
 

@@ -14,13 +14,11 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from hetsgd.errors import UserError
 from hetsgd.outputs.metrics import TARGETS
 
 if TYPE_CHECKING:  # matplotlib.typing is new in matplotlib 3.8
     from matplotlib.typing import RcKeyType
 
-FORMATS = ("png", "svg", "pdf")
 DPI = 100
 SIZE = (6.4, 3.6)
 #: Metadata that would otherwise carry a timestamp or a version, per format.
@@ -68,15 +66,6 @@ def styled(draw: Callable[P, R]) -> Callable[P, R]:
         with mpl.rc_context(STYLE):
             return draw(*args, **kwargs)
     return wrapper
-
-
-def check_formats(formats: Iterable[str]) -> tuple[str, ...]:
-    chosen = tuple(f.strip().lower().lstrip(".") for f in formats)
-    bad = [f for f in chosen if f not in FORMATS]
-    if bad or not chosen:
-        raise UserError(f"unknown figure format {bad[0] if bad else ''!r}: "
-                        f"choose from {', '.join(FORMATS)}")
-    return chosen
 
 
 def new_figure(width: float = SIZE[0]) -> tuple[Figure, Axes]:

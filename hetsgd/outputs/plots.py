@@ -19,6 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from hetsgd.errors import UserError
+from hetsgd.outputs.figure_formats import check_formats
 from hetsgd.outputs.figure_style import (
     ALGO_COLORS,
     BAND,
@@ -26,7 +27,6 @@ from hetsgd.outputs.figure_style import (
     LINESTYLES,
     SIZE,
     SPARE_COLORS,
-    check_formats,
     legend,
     loss_axes,
     new_figure,

@@ -14,10 +14,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from hetsgd.outputs.figure_formats import check_formats
 from hetsgd.outputs.figure_style import (
     GPU_COLORS,
     GROUP_COLORS,
-    check_formats,
     legend,
     loss_axes,
     new_figure,

@@ -29,10 +29,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.figure_style import check_formats
+from hetsgd.outputs.figure_formats import check_formats
 from hetsgd.outputs.index import index_dirs, is_run_dir, read_summary
-from hetsgd.outputs.plots import plot_comparison
-from hetsgd.outputs.report import write_report
 from hetsgd.outputs.run_directory import write_csv, write_text
 
 log = logging.getLogger(__name__)
@@ -91,6 +89,11 @@ def finalize_sweep(sweep_dir: Path, baseline: str | None = None,
     """Write the sweep's summary.csv, report.md, report.csv and comparison figures (a job's own
     figures are left to ``hetsgd plot``, off the sweep's critical path); return the report's
     markdown. A failed, crashed or unreadable job is listed, never fatal."""
+    # the report's and the figures' stack (matplotlib) loads here, at the sweep's end, not with
+    # this module: Hydra imports it for every run that lists the callback, single ones too
+    from hetsgd.outputs.plots import plot_comparison
+    from hetsgd.outputs.report import write_report
+
     sweep_dir = Path(sweep_dir)
     jobs = index_dirs(job_dirs(sweep_dir))  # each job read once: an unreadable one warns once
     write_csv(sweep_dir / "summary.csv", sweep_summary(jobs))
