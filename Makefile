@@ -14,6 +14,9 @@ setup: $(STAMP) bytecode
 ## hetsgd's compiled modules, written here because an editable install writes none and some
 ## machines forbid Python to (PYTHONDONTWRITEBYTECODE): without them every process compiles
 ## hetsgd's sources again, about 1.5 s of each run's start. Up-to-date files are skipped.
+## For the same reason make's own commands may write bytecode (pytest's rewritten test modules:
+## about 4 s of each test process's collection).
+unexport PYTHONDONTWRITEBYTECODE
 bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q hetsgd
 
