@@ -164,11 +164,14 @@ def test_a_split_is_drawn_once_and_again_where_its_entry_was_altered(home: Path)
     np.testing.assert_array_equal(split_rows(y, "multiclass", 5, test_size=0.25)[1], rest)
     other = split_rows(y, "multiclass", 6, test_size=0.25)[1]  # the seed is part of the key
     assert not np.array_equal(other, rest)
-    with entry.open("wb") as f:  # a split of other rows: not this one's
-        pickle.dump((np.arange(3), np.arange(3, 5), "random"), f)
-    again = split_rows(y, "multiclass", 5, test_size=0.25)
-    np.testing.assert_array_equal(again[0], kept)
-    np.testing.assert_array_equal(again[1], rest)
+    altered = ((np.arange(3), np.arange(3, 5)),  # a split of other rows: not this one's
+               (kept[::-1].copy(), rest))  # these rows, out of order: no part in file order
+    for parts in altered:
+        with entry.open("wb") as f:
+            pickle.dump((*parts, "stratified"), f)
+        again = split_rows(y, "multiclass", 5, test_size=0.25)
+        np.testing.assert_array_equal(again[0], kept)
+        np.testing.assert_array_equal(again[1], rest)
 
 
 def test_task_that_does_not_fit_the_source_is_rejected() -> None:

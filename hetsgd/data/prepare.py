@@ -147,8 +147,11 @@ def split_rows(y: np.ndarray, task: str, seed: int, *, test_size: float | None =
 
 
 def _splits(kept: object, rest: object, n: int) -> bool:
-    """Whether ``kept`` and ``rest`` are ascending row numbers that part ``range(n)``."""
+    """Whether ``kept`` and ``rest`` are ascending row numbers that part ``range(n)`` (the
+    parts' rows are copied in file order, which needs them ascending)."""
     if not (isinstance(kept, np.ndarray) and isinstance(rest, np.ndarray)):
+        return False
+    if any(np.any(np.diff(part) <= 0) for part in (kept, rest)):
         return False
     rows = np.concatenate([kept, rest])
     return len(rows) == n and bool(np.array_equal(np.sort(rows), np.arange(n)))
