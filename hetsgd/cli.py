@@ -151,8 +151,8 @@ def train_job(cfg: DictConfig) -> None:
     """Hydra's task function: one run, or one job of a sweep. A launcher such as submitit pickles
     it to run it in another process, so it is a plain module function (pickled by name) and keeps
     nothing the command needs after the sweep: that comes from the run folders."""
-    if not cfg.devices.simulated:  # its imports overlap this process's own, just below
-        warm_up(cfg.workers.start)
+    if not cfg.devices.simulated and _passes_checks(cfg):  # its imports overlap this
+        warm_up(cfg.workers.start)  # process's own, just below
     from hetsgd.runs import runner  # the training stack loads only when a run starts
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -175,6 +175,16 @@ def train_job(cfg: DictConfig) -> None:
     console.print(_summary_table(summary))
     if summary["status"] == "interrupted":
         raise KeyboardInterrupt  # a sweep stops here; its summary covers the jobs that ran
+
+
+def _passes_checks(cfg: DictConfig) -> bool:
+    """Whether the schema's checks pass: a refused value needs no workers, so no forkserver is
+    started (and no torch imported there) only for :func:`runner.run` to fail the run."""
+    try:
+        to_run_config(cfg)
+    except ConfigError:
+        return False
+    return True
 
 
 _hydra_run = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(train_job)

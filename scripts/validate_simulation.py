@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from hetsgd.runs.validate import CASES, table, validate
+from hetsgd.runs.validate import CASES, UnsteadyMachine, table, validate
 
 
 def main() -> int:
@@ -43,10 +43,15 @@ def main() -> int:
     if not cases:
         parser.error(f"no case's name contains {args.only!r}: "
                      f"{', '.join(case.name for case in CASES)}")
-    comparisons = validate(cases, common, args.seeds, args.target_loss, args.out,
-                           args.calibration_seconds,
-                           progress=lambda line: print(f"[{time.perf_counter() - started:6.0f} s] "
-                                                       f"{line}", file=sys.stderr, flush=True))
+    try:
+        comparisons = validate(cases, common, args.seeds, args.target_loss, args.out,
+                               args.calibration_seconds,
+                               progress=lambda line: print(
+                                   f"[{time.perf_counter() - started:6.0f} s] {line}",
+                                   file=sys.stderr, flush=True))
+    except UnsteadyMachine as exc:
+        print(f"validate_simulation: error: {exc}", file=sys.stderr)
+        return 2
     print(f"{args.dataset}, {args.model}, {args.seconds:g} s a run, seeds "
           f"{' '.join(map(str, args.seeds))}, time to training loss {args.target_loss:g} "
           "unless a case has its own; "

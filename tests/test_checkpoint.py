@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+import hetsgd
 from hetsgd.errors import UserError
 from hetsgd.outputs.checkpoint import latest_checkpoint, read_checkpoint
 from hetsgd.outputs.index import read_summary
@@ -27,19 +28,19 @@ CHECKPOINTS = ("checkpoint.every_s=600", "progress=false")
 
 
 def _hetsgd(results: Path, *args: str) -> subprocess.CompletedProcess:
-    """`hetsgd run ARGS` with results under `results`."""
+    """`hetsgd run ARGS` as a command, with results under `results`: for what only the command
+    shows (its exit status and error line)."""
     env = {**os.environ, "HETSGD_RESULTS": str(results)}
     return subprocess.run([sys.executable, "-m", "hetsgd", "run", *args], env=env,
                           capture_output=True, text=True, timeout=300)
 
 
-def _new_run(results: Path, *args: str) -> Path:
-    """Run `hetsgd run ARGS`; the new run directory."""
-    before = set((results / "runs").glob("*")) if (results / "runs").exists() else set()
-    done = _hetsgd(results, *args)
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir, = set((results / "runs").glob("*")) - before
-    return run_dir
+def _new_run(*args: str) -> Path:
+    """`hetsgd run ARGS` in this process (the command's own path, without a process's start),
+    under the test's results folder; the run directory of a run that completed."""
+    result = hetsgd.run(*args)
+    assert result.exit_code == 0 and result.status == "completed", result.summary.error
+    return result.run_dir
 
 
 def _final_model(run_dir: Path) -> torch.Tensor:
@@ -52,13 +53,12 @@ def _final_model(run_dir: Path) -> torch.Tensor:
 @pytest.mark.parametrize("algo", [SYNC, LOCAL], ids=["sync", "local_sgd"])
 def test_a_resumed_run_ends_where_a_straight_run_ends(results_dir: Path,
                                                       algo: tuple[str, ...]) -> None:
-    straight = _new_run(results_dir, *algo, *CHECKPOINTS, "budget.epochs=2")
-    first = _new_run(results_dir, *algo, *CHECKPOINTS, "budget.epochs=1")
+    straight = _new_run(*algo, *CHECKPOINTS, "budget.epochs=2")
+    first = _new_run(*algo, *CHECKPOINTS, "budget.epochs=1")
     old, before = read_summary(first), pd.read_csv(first / "convergence.csv")
     checkpointed = _final_model(first)
     runs = set((results_dir / "runs").iterdir())
-    done = _hetsgd(results_dir, f"resume={first}", "budget.epochs=2", "progress=false")
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert _new_run(f"resume={first}", "budget.epochs=2", "progress=false") == first
     assert set((results_dir / "runs").iterdir()) == runs  # it continued in its own directory
 
     assert torch.allclose(_final_model(first), _final_model(straight), atol=1e-6)
@@ -95,9 +95,8 @@ def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(results_dir: Pat
     assert version is not None and read_summary(run_dir)["status"] == "crashed"
     checkpoint_s = read_checkpoint(version).time_s
 
-    done = _hetsgd(results_dir, f"resume={run_dir}", f"budget.seconds={checkpoint_s + 1}",
-                   "progress=false")
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert _new_run(f"resume={run_dir}", f"budget.seconds={checkpoint_s + 1}",
+                    "progress=false") == run_dir
     summary = read_summary(run_dir)
     assert summary["status"] == "completed"
     assert summary["resumed_from"]["time_s"] == pytest.approx(checkpoint_s)
@@ -110,8 +109,8 @@ def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(results_dir: Pat
 
 @pytest.mark.integration
 def test_bad_resumes_are_one_line_errors(results_dir: Path, tmp_path: Path) -> None:
-    no_checkpoint = _new_run(results_dir, *SYNC, "budget.epochs=0.2", "progress=false")
-    with_checkpoint = _new_run(results_dir, *SYNC, *CHECKPOINTS, "budget.epochs=0.2")
+    no_checkpoint = _new_run(*SYNC, "budget.epochs=0.2", "progress=false")
+    with_checkpoint = _new_run(*SYNC, *CHECKPOINTS, "budget.epochs=0.2")
     nowhere = tmp_path / "nowhere"
     done = _hetsgd(results_dir, f"resume={nowhere}", "progress=false")
     assert done.returncode == 1 and "no such directory" in done.stderr, done.stderr

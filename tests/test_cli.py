@@ -12,11 +12,14 @@ import pandas as pd
 import pytest
 from conftest import run_config
 
+from hetsgd import api
 from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, load_calibration
 from hetsgd.machine import cuda_devices
 from hetsgd.runs.calibrate import calibrate
 
-pytestmark = pytest.mark.integration  # every test here runs the `hetsgd` command
+# every test here runs the `hetsgd` command: as a process where its exit, output or error line is
+# what is checked, otherwise in this process (hetsgd.api: the command's own path, no start)
+pytestmark = pytest.mark.integration
 
 def hetsgd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hetsgd", *args], capture_output=True, text=True,
@@ -112,10 +115,11 @@ def _write_libsvm(path: Path) -> Path:
 
 def test_run_trains_on_an_unseen_libsvm_file(tmp_path: Path, results_dir: Path) -> None:
     data = _write_libsvm(tmp_path / "unseen.svm")
-    result = hetsgd("run", "algo=sync", "dataset=libsvm", f"dataset.path={data}", "model=mlp",
-                    "budget.epochs=2", "progress=false")
-    assert result.returncode == 0, result.stderr
+    result = api.run("algo=sync", "dataset=libsvm", f"dataset.path={data}", "model=mlp",
+                     "budget.epochs=2", "progress=false")
+    assert result.exit_code == 0, result.summary.error
     run_dir = only_run_dir(results_dir)
+    assert run_dir == result.run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["final"]["test_loss"] < summary["initial"]["test_loss"]
@@ -160,10 +164,10 @@ def test_bad_input_is_one_clear_error_line(overrides: list[str], says: str, tmp_
 
 
 def test_a_sweep_finishes_its_other_jobs_when_one_fails(results_dir: Path) -> None:
-    result = hetsgd("run", "-m", "dataset=digits,libsvm", "budget.epochs=1", "progress=false",
-                    timeout=300)
-    assert result.returncode != 0  # the failure is not hidden ...
+    result = api.sweep("dataset=digits,libsvm", "budget.epochs=1", "progress=false")
+    assert result.exit_code != 0  # the failure is not hidden ...
     sweep, = (results_dir / "sweeps").iterdir()
+    assert sweep == result.sweep_dir
     summary = pd.read_csv(sweep / "summary.csv")
     statuses = dict(zip(summary["overrides"].astype(str), summary["status"]))
     assert sorted(statuses.values()) == ["completed", "failed"]  # ... and did not stop the sweep

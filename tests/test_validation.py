@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hetsgd.runs.validate import CASES, Comparison, table, validate
+from hetsgd.runs.validate import CASES, Comparison, UnsteadyMachine, drift_between, table, validate
 
 
 @pytest.mark.integration
@@ -20,18 +20,39 @@ def test_simulated_hogbatch_keeps_the_real_runs_pace_and_shares(results_dir: Pat
     measured seed-by-seed ratios of 0.92-1.12 here, but one 2 s real run has read 1.69x slower
     than its calibration (a clean-clone CI run). The host's share is the sharp check: a
     simulation that ignored its slowdown gives it about 3x its share, one that applied it twice
-    about half; a clock off by more than 2x leaves the examples/s bounds."""
+    about half; a clock off by more than 2x leaves the examples/s bounds. A real run that the
+    machine slowed (a calibration after it disagrees with the one before, as after a host
+    share of 0.39 against 0.20 simulated read once straight after the parallel tier) is run
+    again; a machine that never holds still skips the test, saying so."""
     case, = (case for case in CASES if case.name.startswith("hogbatch"))
     common = ("dataset=digits", "model=mlp", "optim.lr=0.01", "budget.epochs=null",
               "budget.seconds=2", "eval.every_s=0.2", "eval.every_epochs=null", "progress=false")
-    comparisons = validate([case], common, seeds=[0], target_loss=0.1, out=results_dir,
-                           calibration_s=0.25)
+    try:
+        comparisons = validate([case], common, seeds=[0], target_loss=0.1, out=results_dir,
+                               calibration_s=0.25)
+    except UnsteadyMachine as exc:  # no measure of the clock here now, not a wrong clock
+        pytest.skip(str(exc))
     ratios = {c.metric: c.ratio for c in comparisons}
     assert 0.5 <= ratios["examples/s"] <= 2.0, table(comparisons)
     assert 0.6 <= ratios["host update share"] <= 1.6, table(comparisons)
     real, = (c.real for c in comparisons if c.metric == "host update share")
     assert 0.1 < real < 0.5, table(comparisons)  # the slowed host makes a minority of updates
     assert set(ratios) == {"examples/s", "host update share", "time to loss 0.1"}
+
+
+def test_drift_is_the_largest_groups_mean_move_either_way() -> None:
+    before = [{"group": "accel", "batch_size": 8, "ms_per_step": 1.0},
+              {"group": "cpu", "batch_size": 8, "ms_per_step": 4.0},
+              {"group": "cpu", "batch_size": 64, "ms_per_step": 10.0}]
+    # the cpu's steps twice as fast at one batch size, as fast at the other: moved sqrt(2)x
+    half = [{**row, "ms_per_step": row["ms_per_step"] * (0.5 if row["batch_size"] == 64 else 1)}
+            for row in before]
+    noisy = [{**row, "ms_per_step": row["ms_per_step"] * {8: 2, 64: 0.5}[row["batch_size"]]}
+             for row in before if row["group"] == "cpu"]
+    assert drift_between(before, before) == 1.0
+    assert drift_between(before, half) == pytest.approx(2 ** 0.5)
+    assert drift_between(half, before) == pytest.approx(2 ** 0.5)
+    assert drift_between(before, noisy) == pytest.approx(1.0)  # moves that cancel are noise
 
 
 def test_a_comparison_pairs_each_seeds_simulation_with_its_own_real_run() -> None:

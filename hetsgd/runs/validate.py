@@ -6,10 +6,16 @@ the profiles that a calibration of its mix measured just before the real run (``
 time to a fixed training loss, simulated over real, the median of the seeds' ratios. A wrong
 model of the machine (a step's time, a replica's copies, the slowdown, how the ranks wait for
 each other) shows as a ratio far from 1; a noisy machine moves it by some percent.
+
+A machine whose speed moved during a real run (another process, a VM's neighbours) makes that
+run no measure of the clock: each real run is therefore bracketed by calibrations, and a seed
+whose two calibrations disagree by more than ``drift`` on any group's step is measured again
+(this project's own guard: a comparison is only as good as the machine's steadiness).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +33,10 @@ METRICS: dict[str, Callable[[RunSummary], float | None]] = {
     "host update share": lambda summary: (summary.update_share or {}).get("cpu"),
 }
 TIME_TO_LOSS = "time to loss"
+
+
+class UnsteadyMachine(RuntimeError):
+    """The machine's speed moved during every attempt at a seed's real run: nothing to compare."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,19 @@ def _time_to_loss(key: str) -> Callable[[RunSummary], float | None]:
     return lambda summary: (summary.time_to_loss or {}).get(key)
 
 
+def drift_between(before: Sequence[dict], after: Sequence[dict]) -> float:
+    """The largest factor by which a group's step time moved from one calibration to the next,
+    either way (1 where they agree): per group the geometric mean of its batch sizes' ratios.
+    A load slows every batch size alike; one batch size's 0.25 s alone is noisier than that
+    (back to back on a quiet machine, single rows have differed by 1.36x, the means by 1.08x)."""
+    logs: dict[str, list[float]] = {}
+    old = {(row["group"], row["batch_size"]): row["ms_per_step"] for row in before}
+    for row in after:
+        if (key := (row["group"], row["batch_size"])) in old:
+            logs.setdefault(row["group"], []).append(math.log(row["ms_per_step"] / old[key]))
+    return max(math.exp(abs(statistics.fmean(moves))) for moves in logs.values())
+
+
 def _run(overrides: Sequence[str], run_dir: Path) -> RunSummary:
     cfg = compose_run(list(overrides))
     summary = RunSummary.from_dict(runner.run(to_run_config(cfg), run_dir, cfg))
@@ -99,12 +122,15 @@ def _run(overrides: Sequence[str], run_dir: Path) -> RunSummary:
 
 def validate(cases: Sequence[Case], common: Sequence[str], seeds: Sequence[int],
              target_loss: float, out: Path, calibration_s: float = 0.5,
-             progress: Callable[[str], None] = lambda line: None) -> list[Comparison]:
+             progress: Callable[[str], None] = lambda line: None, drift: float = 1.3,
+             attempts: int = 3) -> list[Comparison]:
     """For every case and seed under ``common`` overrides (data, model, budget), with the time
     to ``target_loss`` (or the case's own) compared: calibrate the case's mix
     (``calibration_s`` a batch size), run it for real, then simulated with that calibration;
     compare seed by seed. Each real run follows its own calibration, so a machine whose speed
-    drifts over minutes drifts in both."""
+    drifts over minutes drifts in both; a real run whose calibrations before and after
+    disagree by more than ``drift`` is run again, up to ``attempts`` times, then
+    :class:`UnsteadyMachine`."""
     common = (*common, f"results_dir={out}")
     comparisons = []
     for case in cases:
@@ -113,12 +139,22 @@ def validate(cases: Sequence[Case], common: Sequence[str], seeds: Sequence[int],
         summaries: dict[str, list[RunSummary]] = {"real": [], "simulated": []}
         for seed in seeds:
             overrides = (*common, *case.mix, *case.algo, f"seed={seed}")
-            progress(f"{case.name}, seed {seed}: calibrating")
             cfg = to_run_config(compose_run(list(overrides)))
-            calibration = save(calibrate(cfg, calibration_s), cfg)
             overrides = (*overrides, f"eval.target_losses=[{target}]")
-            progress(f"{case.name}, seed {seed}: real")
-            summaries["real"].append(_run(overrides, folder / f"seed{seed}_real"))
+            for attempt in range(1, attempts + 1):
+                progress(f"{case.name}, seed {seed}: calibrating, real run, calibrating")
+                rows = calibrate(cfg, calibration_s)
+                real = _run(overrides, folder / f"seed{seed}_real{attempt}")
+                moved = drift_between(rows, calibrate(cfg, calibration_s))
+                if moved <= drift:
+                    break
+                progress(f"{case.name}, seed {seed}: the machine's speed moved {moved:.2f}x "
+                         "during the real run")
+            else:
+                raise UnsteadyMachine(f"{case.name}, seed {seed}: the machine's speed moved by "
+                                      f"more than {drift:g}x during each of {attempts} real runs")
+            calibration = save(rows, cfg)
+            summaries["real"].append(real)
             progress(f"{case.name}, seed {seed}: simulated")
             summaries["simulated"].append(_run(
                 (*overrides, "devices.simulated=true", f"devices.calibration={calibration}"),
