@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from hetsgd import api
 from hetsgd.config import CONF_DIR, compose_run, register_configs, to_run_config
 from hetsgd.config.compose import sweep_jobs, with_first_group_choices
 from hetsgd.config.swept import MULTIRUN, sweep_overrides, swept_keys, swept_name
@@ -90,18 +91,20 @@ def test_a_job_folder_is_named_by_the_keys_its_sweep_varies_only(tmp_path: Path)
 
 @pytest.mark.integration
 def test_a_sweeps_job_folders_name_the_swept_values(results_dir: Path) -> None:
-    result = hetsgd_run("-m", "seed=0,1", "budget.epochs=0.2", "dataset=digits", "progress=false")
-    assert result.returncode == 0, result.stderr
+    result = api.sweep("seed=0,1", "budget.epochs=0.2", "dataset=digits", "progress=false")
+    assert result.exit_code == 0
     sweep, summary = the_sweep(results_dir)
+    assert sweep == result.sweep_dir
     assert [Path(d).name for d in summary["run_dir"]] == ["0_seed=0", "1_seed=1"]
     assert list(summary["job"]) == [0, 1] and list(summary["status"]) == ["completed"] * 2
 
 
 @pytest.mark.integration
 def test_a_sweep_over_methods_takes_overrides_of_the_mix_they_bring(results_dir: Path) -> None:
-    result = hetsgd_run("-m", "+method=hogbatch,sync", "devices.groups.accel.batch_size=64", *SHORT)
-    assert result.returncode == 0, result.stderr
+    result = api.sweep("+method=hogbatch,sync", "devices.groups.accel.batch_size=64", *SHORT)
+    assert result.exit_code == 0
     sweep, summary = the_sweep(results_dir)
+    assert sweep == result.sweep_dir
     assert list(summary["status"]) == ["completed", "completed"]
     assert list(summary["algo"]) == ["hogbatch", "sync"]
     for run_dir in summary["run_dir"]:
