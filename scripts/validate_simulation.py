@@ -1,11 +1,13 @@
 """Real against simulated on this machine (hetsgd.runs.validate): calibrate, run every case for
 real and on the virtual clock, print the table of medians and their ratios.
 
-    .venv/bin/python scripts/validate_simulation.py            # 5 cases x 3 seeds, about 9 min
+    .venv/bin/python scripts/validate_simulation.py            # 5 cases x 3 seeds, 9 min or more
     .venv/bin/python scripts/validate_simulation.py --seeds 0 --seconds 4
 
 Exit status 1 when a ratio is outside 1 +- --tolerance (0.15). Run it on a quiet machine: the
-real runs' speed is what the simulation is compared with.
+real runs' speed is what the simulation is compared with. (9 min was measured before each real
+run gained a second calibration, after it, to check that the machine held its speed; that adds
+one calibration a seed. Exit status 2 where it never held, --drift, in --attempts tries.)
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def main() -> int:
     parser.add_argument("--calibration-seconds", type=float, default=1.0,
                         help="each batch size's time in the calibrations")
     parser.add_argument("--tolerance", type=float, default=0.15)
+    parser.add_argument("--drift", type=float, default=1.3,
+                        help="the most a group's step time may move between the calibrations "
+                        "before and after a real run, or it is measured again")
+    parser.add_argument("--attempts", type=int, default=3)
     parser.add_argument("--only", default="", help="the cases whose name contains this text")
     parser.add_argument("--out", type=Path, default=Path("results/validation"))
     args = parser.parse_args()
@@ -48,7 +54,8 @@ def main() -> int:
                                args.calibration_seconds,
                                progress=lambda line: print(
                                    f"[{time.perf_counter() - started:6.0f} s] {line}",
-                                   file=sys.stderr, flush=True))
+                                   file=sys.stderr, flush=True),
+                               drift=args.drift, attempts=args.attempts)
     except UnsteadyMachine as exc:
         print(f"validate_simulation: error: {exc}", file=sys.stderr)
         return 2
