@@ -151,8 +151,9 @@ def train_job(cfg: DictConfig) -> None:
     """Hydra's task function: one run, or one job of a sweep. A launcher such as submitit pickles
     it to run it in another process, so it is a plain module function (pickled by name) and keeps
     nothing the command needs after the sweep: that comes from the run folders."""
-    if not cfg.devices.simulated and _passes_checks(cfg):  # its imports overlap this
-        warm_up(cfg.workers.start)  # process's own, just below
+    # the forkserver's imports overlap this process's own, just below
+    if not cfg.devices.simulated and _passes_checks(cfg):
+        warm_up(cfg.workers.start)
     from hetsgd.runs import runner  # the training stack loads only when a run starts
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)

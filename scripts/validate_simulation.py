@@ -5,9 +5,9 @@ real and on the virtual clock, print the table of medians and their ratios.
     .venv/bin/python scripts/validate_simulation.py --seeds 0 --seconds 4
 
 Exit status 1 when a ratio is outside 1 +- --tolerance (0.15). Run it on a quiet machine: the
-real runs' speed is what the simulation is compared with. (9 min was measured before each real
-run gained a second calibration, after it, to check that the machine held its speed; that adds
-one calibration a seed. Exit status 2 where it never held, --drift, in --attempts tries.)
+real runs' speed is what the simulation is compared with. Each real run is followed by a second
+calibration (the 9 min were measured before it was added); a real run whose two calibrations
+differ by more than --drift is run again, and after --attempts such runs the exit status is 2.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from hetsgd.outputs.summary import RunSummary
+from hetsgd.runs import validate as validation
 from hetsgd.runs.validate import CASES, Comparison, UnsteadyMachine, drift_between, table, validate
 
 
@@ -53,6 +55,32 @@ def test_drift_is_the_largest_groups_mean_move_either_way() -> None:
     assert drift_between(before, half) == pytest.approx(2 ** 0.5)
     assert drift_between(half, before) == pytest.approx(2 ** 0.5)
     assert drift_between(before, noisy) == pytest.approx(1.0)  # moves that cancel are noise
+
+
+def test_a_real_run_the_machine_moved_under_is_measured_again_then_refused(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Calibrations and runs stubbed: the loop around them, not the machine, is under test."""
+    def calibrations(*ms_per_step: float) -> None:
+        steps = iter(ms_per_step)  # before and after each attempt's real run
+        monkeypatch.setattr(validation, "calibrate", lambda cfg, seconds: [
+            {"group": "cpu", "batch_size": 8, "ms_per_step": next(steps)}])
+
+    saved: list[list[dict]] = []
+    runs: list[str] = []
+    done = RunSummary("completed", None, "hogbatch", "digits", "mlp", "emulated", 0)
+    monkeypatch.setattr(validation, "save", lambda rows, cfg: saved.append(rows) or tmp_path)
+    monkeypatch.setattr(validation, "_run", lambda overrides, run_dir: runs.append(run_dir.name)
+                        or done)
+    case, = (case for case in CASES if case.name.startswith("hogbatch"))
+    calibrations(1.0, 2.0, 3.0, 3.3)  # moved 2x, then 1.1x: the second attempt counts
+    validate([case], ("dataset=digits",), seeds=[0], target_loss=0.1, out=tmp_path)
+    assert runs == ["seed0_real1", "seed0_real2", "seed0_simulated"]
+    assert [rows[0]["ms_per_step"] for rows in saved] == [3.0]  # simulated: the one before it
+    calibrations(1.0, 2.0, 1.0, 0.5, 1.0, 1.5)  # never within 1.3x
+    runs.clear()
+    with pytest.raises(UnsteadyMachine, match="each of 3 real runs"):
+        validate([case], ("dataset=digits",), seeds=[0], target_loss=0.1, out=tmp_path)
+    assert runs == ["seed0_real1", "seed0_real2", "seed0_real3"]
 
 
 def test_a_comparison_pairs_each_seeds_simulation_with_its_own_real_run() -> None:
