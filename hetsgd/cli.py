@@ -29,7 +29,7 @@ from hetsgd.config.compose import with_first_group_choices
 from hetsgd.engines.distributed.torchrun import follower
 from hetsgd.engines.processes import warm_up
 from hetsgd.errors import UserError
-from hetsgd.machine import machine_facts
+from hetsgd.machine import machine_facts, process_started_at
 
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
@@ -550,10 +550,8 @@ def _lasting_output() -> None:
 def main() -> None:
     """The console command: its runs' cost begins with this process (its interpreter and
     imports), which ``hetsgd.run`` from Python does not pay per run."""
-    import psutil
-
     global command_started_at
-    command_started_at = psutil.Process().create_time()
+    command_started_at = process_started_at()
     _lasting_output()
     try:
         app()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -279,3 +280,15 @@ def test_cuda_devices_are_torchs_devices_in_torchs_order(monkeypatch):
         ours = [g["uuid"].lower().removeprefix("gpu-") for g in cuda_devices()]
         assert ours == from_torch, visible
     assert not torch.cuda.is_initialized()
+
+
+def test_a_process_started_at_lies_between_the_moments_around_its_start():
+    """psutil's create_time would read whole seconds early on a machine whose boot time is not
+    a whole second (0.82 s early on one development VM)."""
+    tick = 1 / os.sysconf("SC_CLK_TCK")  # the kernel counts a process's start in ticks
+    before = time.time()
+    child = subprocess.run(
+        [sys.executable, "-c", "from hetsgd.machine import process_started_at as p; print(p())"],
+        capture_output=True, text=True, check=True)
+    after = time.time()
+    assert before - tick <= float(child.stdout) <= after
