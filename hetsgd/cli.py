@@ -26,7 +26,7 @@ from rich.text import Text
 
 from hetsgd.config import CONF_DIR, ConfigError, RunConfig, compose_run, register_configs, to_run_config
 from hetsgd.config.compose import with_first_group_choices
-from hetsgd.engines.distributed.torchrun import follower
+from hetsgd.engines.distributed.torchrun import follower, torchrun
 from hetsgd.engines.processes import warm_up
 from hetsgd.errors import UserError
 from hetsgd.machine import machine_facts, process_started_at
@@ -151,23 +151,31 @@ def train_job(cfg: DictConfig) -> None:
     """Hydra's task function: one run, or one job of a sweep. A launcher such as submitit pickles
     it to run it in another process, so it is a plain module function (pickled by name) and keeps
     nothing the command needs after the sweep: that comes from the run folders."""
+    refusal = _refusal(cfg)
     # the forkserver's imports overlap this process's own, just below
-    if not cfg.devices.simulated and _passes_checks(cfg):
+    if refusal is None and not cfg.devices.simulated:
         warm_up(cfg.workers.start)
-    from hetsgd.runs import runner  # the training stack loads only when a run starts
-
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     # the command's first run pays for the process's start; later jobs of a sweep start now
     started_at = command_started_at if not runs_started else None
     runs_started.append(run_dir)
-    try:
-        summary = runner.run(cfg, run_dir, cfg, HydraConfig.get().overrides.task, started_at)
-    except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written, no figures
-        run_statuses.append("failed")
-        _print_error(str(exc))
-        return
-    if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep draws its comparison at its end
-        _draw_figures(run_dir)
+    if refusal is not None and cfg.resume is None and torchrun() is None:
+        # a value the checks refuse: its failed run directory, without the training stack (a
+        # resume's config is the checkpoint's; torchrun's other ranks wait for rank 0's word)
+        from hetsgd.runs.refused import refuse  # the run directory's writers load pandas
+
+        summary = refuse(run_dir, cfg, cfg, refusal)
+    else:
+        from hetsgd.runs import runner  # the training stack loads only when a run starts
+
+        try:
+            summary = runner.run(cfg, run_dir, cfg, HydraConfig.get().overrides.task, started_at)
+        except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written
+            run_statuses.append("failed")
+            _print_error(str(exc))
+            return
+        if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep draws its comparison at its end
+            _draw_figures(run_dir)
     run_statuses.append(summary["status"])
     _log_to_trackers(run_dir, cfg)
     if summary["status"] == "failed":
@@ -178,14 +186,14 @@ def train_job(cfg: DictConfig) -> None:
         raise KeyboardInterrupt  # a sweep stops here; its summary covers the jobs that ran
 
 
-def _passes_checks(cfg: DictConfig) -> bool:
-    """Whether the schema's checks pass: a refused value needs no workers, so no forkserver is
-    started (and no torch imported there) only for :func:`runner.run` to fail the run."""
+def _refusal(cfg: DictConfig) -> str | None:
+    """What the schema's checks refuse in ``cfg``, if anything: such a run needs no workers, so
+    no forkserver is started (and no torch imported there) only for the run to fail."""
     try:
         to_run_config(cfg)
-    except ConfigError:
-        return False
-    return True
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 _hydra_run = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(train_job)

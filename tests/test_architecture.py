@@ -8,6 +8,7 @@ run time is still a circle in the design.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -147,15 +148,19 @@ def test_the_command_line_and_the_config_load_no_torch() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("command", [["--help"], ["data", "list"], ["report", "--help"]])
-def test_commands_load_only_what_they_use(command: list[str]) -> None:
+@pytest.mark.parametrize("command", [["--help"], ["data", "list"], ["report", "--help"],
+                                     ["run", "seed=-1", "progress=false"]])
+def test_commands_load_only_what_they_use(command: list[str], tmp_path: Path) -> None:
     """`hetsgd --help` parses without the data stack (scikit-learn, pandas); no command that
-    trains nothing loads torch or matplotlib's pyplot, and only reading data loads scikit-learn."""
+    trains nothing loads torch or matplotlib's pyplot (a run the checks refuse included: it
+    writes only its failed run directory, with pandas), and only reading data loads
+    scikit-learn."""
     code = ("import sys; from hetsgd.cli import app\n"
             f"try: app({command!r})\nexcept SystemExit: pass\n"
             "print('LOADED', sorted(m for m in ('torch', 'matplotlib.pyplot', 'sklearn', 'pandas') "
             "if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "HETSGD_RESULTS": str(tmp_path)})
     loaded = done.stdout.rsplit("LOADED", 1)[1].strip()
-    expected = "['pandas']" if command[0] == "data" else "[]"
+    expected = "['pandas']" if command[0] in ("data", "run") else "[]"
     assert loaded == expected, done.stdout

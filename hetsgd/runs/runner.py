@@ -38,7 +38,7 @@ from hetsgd.model.step import step_kind
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
 from hetsgd.observe.progress import TrainingProgress
-from hetsgd.outputs.index import CRASHED, RUNNING
+from hetsgd.outputs.index import CRASHED
 from hetsgd.outputs.journal import RunJournal, remove_snapshots, workers_table
 from hetsgd.outputs.metrics import target_losses, time_to_losses
 from hetsgd.outputs.run_directory import (
@@ -59,17 +59,12 @@ from hetsgd.outputs.summary import (
     by_group,
     shares,
 )
+from hetsgd.runs.refused import refuse, started
 from hetsgd.runs.resume import resume
 from hetsgd.runs.setup import Handoff, RunData, load_run_data
 from hetsgd.workers import WorkerSpec, expand
 
 log = logging.getLogger("hetsgd")
-
-
-def _identity(cfg: RunConfig | DictConfig) -> RunSummary:
-    """The summary of a run that has just started."""
-    return RunSummary(status=RUNNING, error=None, algo=cfg.algo.name, dataset=cfg.dataset.name,
-                      model=cfg.model.name, devices=cfg.devices.name, seed=cfg.seed)
 
 
 def _convergence(snapshots: list[Snapshot], metrics: list, workers: list[dict[str, Any]],
@@ -151,16 +146,6 @@ def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Trainin
                     cfg.eval.target_losses)
 
 
-def _failed(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, error: str
-            ) -> dict[str, Any]:
-    """The summary of a run that failed before it could start, written as any failure's."""
-    out = RunDirectory(run_dir)
-    out.write_config(resolved_config)
-    summary = replace(_identity(cfg), status="failed", error=error).to_dict()
-    out.write_summary(summary)
-    return summary
-
-
 def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         overrides: Sequence[str] = (), started_at: float | None = None) -> dict[str, Any]:
     """Run one experiment into `run_dir` and return its summary (also on failure). A composed
@@ -178,7 +163,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         error = ("checkpoints are not supported under torchrun (the other nodes' ranks can neither "
                  "send their parts nor read them): set checkpoint.every_s=null, without resume")
         hand_off(Handoff(error=error))  # the other ranks wait for a plan: they fail with this
-        return _failed(run_dir, cfg, resolved_config, error)
+        return refuse(run_dir, cfg, resolved_config, error)
     resumption = None
     if cfg.resume is not None:
         try:
@@ -186,10 +171,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         except UserError as exc:
             if Path(cfg.resume).resolve() == run_dir.resolve():
                 raise
-            return _failed(run_dir, cfg, resolved_config, str(exc))
+            return refuse(run_dir, cfg, resolved_config, str(exc))
         cfg = resolved_config = resumption.cfg
     out = RunDirectory(run_dir)
-    summary = replace(_identity(cfg),
+    summary = replace(started(cfg),
                       resumed_from=resumption.summary() if resumption is not None else None)
     running = this_process()  # tells a run still going from a crashed one
     handed_off = evaluated = False

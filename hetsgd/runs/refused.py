@@ -1,0 +1,32 @@
+"""A run that fails before it starts (a value the schema's checks reject, a resume that cannot
+be): its directory says so and why, as any failed run's does. Nothing here loads the training
+stack, so that the command answers bad input without importing torch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from hetsgd.config import RunConfig
+from hetsgd.outputs.index import RUNNING
+from hetsgd.outputs.run_directory import RunDirectory
+from hetsgd.outputs.summary import RunSummary
+
+
+def started(cfg: RunConfig | DictConfig) -> RunSummary:
+    """The summary of a run that has just started."""
+    return RunSummary(status=RUNNING, error=None, algo=cfg.algo.name, dataset=cfg.dataset.name,
+                      model=cfg.model.name, devices=cfg.devices.name, seed=cfg.seed)
+
+
+def refuse(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, error: str
+           ) -> dict[str, Any]:
+    """Write the directory of a run that failed before it could start; its summary."""
+    out = RunDirectory(run_dir)
+    out.write_config(resolved_config)
+    summary = replace(started(cfg), status="failed", error=error).to_dict()
+    out.write_summary(summary)
+    return summary
