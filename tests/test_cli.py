@@ -19,8 +19,9 @@ from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, load_calibration
 from hetsgd.machine import cuda_devices
 from hetsgd.runs.calibrate import calibrate
 
-# every test here runs the `hetsgd` command: as a process where its exit, output or error line is
-# what is checked, otherwise in this process (hetsgd.api: the command's own path, no start)
+# every test here runs the `hetsgd` command: as a process where the process is what is checked
+# (help and listings as a shell shows them, representative error lines and exit statuses),
+# otherwise in this process (hetsgd.api or Typer's runner: the command's own code, no start)
 pytestmark = pytest.mark.integration
 
 def hetsgd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
