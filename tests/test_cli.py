@@ -58,9 +58,9 @@ def test_data_list_and_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_calibrate_measures_every_group(results_dir: Path) -> None:
-    result = hetsgd("machine", "--calibrate", "devices=emulated", "progress=false", "--seconds",
-                    "0.02")
-    assert result.returncode == 0, result.stderr
+    result = CliRunner().invoke(app, ["machine", "--calibrate", "devices=emulated",
+                                      "progress=false", "--seconds", "0.02"])
+    assert result.exit_code == 0, result.stderr
     saved, = (results_dir / "calibration").glob("*_mlp_digits_emulated.csv")
     table = pd.read_csv(saved)
     assert set(table["group"]) == {"accel", "cpu"}

@@ -22,6 +22,7 @@ import torch
 import yaml
 from typer.testing import CliRunner, Result
 
+import hetsgd
 from hetsgd.cli import app
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.outputs import journal
@@ -42,13 +43,14 @@ RUN = ("algo=sync", "dataset=digits", "model=mlp", "budget.epochs=null", "budget
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One short real run, made once for the module: its snapshots kept, one checkpoint."""
+    """One short real run, made once for the module (in this process, as `hetsgd run` makes
+    it): its snapshots kept, one checkpoint."""
     results = tmp_path_factory.mktemp("results")
-    env = {**os.environ, "HETSGD_RESULTS": str(results),
-           "HETSGD_DATA": str(tmp_path_factory.mktemp("data"))}
-    done = subprocess.run([sys.executable, "-m", "hetsgd", "run", *RUN], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HETSGD_RESULTS", str(results))
+        patch.setenv("HETSGD_DATA", str(tmp_path_factory.mktemp("data")))
+        done = hetsgd.run(*RUN)
+    assert done.exit_code == 0, done.summary.error
     run_dir, = (results / "runs").iterdir()
     assert latest_checkpoint(run_dir) is not None and len(_snapshot_files(run_dir)) >= 5
     return run_dir
