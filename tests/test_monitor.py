@@ -284,11 +284,14 @@ def test_cuda_devices_are_torchs_devices_in_torchs_order(monkeypatch):
 
 def test_a_process_started_at_lies_between_the_moments_around_its_start():
     """psutil's create_time would read whole seconds early on a machine whose boot time is not
-    a whole second (0.82 s early on one development VM)."""
+    a whole second (0.82 s early on one development VM); the child asks half a second after it
+    started, so that the moment of asking does not pass for the start."""
     tick = 1 / os.sysconf("SC_CLK_TCK")  # the kernel counts a process's start in ticks
     before = time.time()
     child = subprocess.run(
-        [sys.executable, "-c", "from hetsgd.machine import process_started_at as p; print(p())"],
+        [sys.executable, "-c", "import time; time.sleep(0.5); "
+         "from hetsgd.machine import process_started_at as p; print(p(), time.time())"],
         capture_output=True, text=True, check=True)
     after = time.time()
-    assert before - tick <= float(child.stdout) <= after
+    started, asked = map(float, child.stdout.split())
+    assert before - tick <= started <= min(after, asked - 0.5)
