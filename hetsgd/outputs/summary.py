@@ -18,9 +18,14 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from hetsgd.outputs.index import read_summary
+from hetsgd.outputs.index import RUNNING, read_summary
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from hetsgd.config import RunConfig
 
 #: The fields every summary writes, None or not: which run it is and how it ended.
 IDENTITY = ("status", "error", "algo", "dataset", "model", "devices", "seed")
@@ -204,6 +209,13 @@ class RunSummary:
     extra: dict[str, Any] = field(default_factory=dict)  # every other entry, by its key
     coordinator: dict[str, Any] | None = None  # the process writing it, while it runs
     run_dir: str | None = None  # where the run was written (it may have moved since)
+
+    @classmethod
+    def starting(cls, cfg: RunConfig | DictConfig) -> RunSummary:
+        """The summary of a run that has just started: its identity, from its config (the
+        composed one or the checked one)."""
+        return cls(status=RUNNING, error=None, algo=cfg.algo.name, dataset=cfg.dataset.name,
+                   model=cfg.model.name, devices=cfg.devices.name, seed=cfg.seed)
 
     def to_dict(self) -> dict[str, Any]:
         """What ``summary.json`` holds: each field that is not None, ``extra`` in its place; the

@@ -11,15 +11,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hetsgd.config import RunConfig
-from hetsgd.outputs.index import RUNNING
 from hetsgd.outputs.run_directory import RunDirectory
 from hetsgd.outputs.summary import RunSummary
-
-
-def started(cfg: RunConfig | DictConfig) -> RunSummary:
-    """The summary of a run that has just started."""
-    return RunSummary(status=RUNNING, error=None, algo=cfg.algo.name, dataset=cfg.dataset.name,
-                      model=cfg.model.name, devices=cfg.devices.name, seed=cfg.seed)
 
 
 def refuse(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, error: str
@@ -27,6 +20,6 @@ def refuse(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, err
     """Write the directory of a run that failed before it could start; its summary."""
     out = RunDirectory(run_dir)
     out.write_config(resolved_config)
-    summary = replace(started(cfg), status="failed", error=error).to_dict()
+    summary = replace(RunSummary.starting(cfg), status="failed", error=error).to_dict()
     out.write_summary(summary)
     return summary

@@ -59,7 +59,7 @@ from hetsgd.outputs.summary import (
     by_group,
     shares,
 )
-from hetsgd.runs.refused import refuse, started
+from hetsgd.runs.refused import refuse
 from hetsgd.runs.resume import resume
 from hetsgd.runs.setup import Handoff, RunData, load_run_data
 from hetsgd.workers import WorkerSpec, expand
@@ -174,7 +174,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
             return refuse(run_dir, cfg, resolved_config, str(exc))
         cfg = resolved_config = resumption.cfg
     out = RunDirectory(run_dir)
-    summary = replace(started(cfg),
+    summary = replace(RunSummary.starting(cfg),
                       resumed_from=resumption.summary() if resumption is not None else None)
     running = this_process()  # tells a run still going from a crashed one
     handed_off = evaluated = False
