@@ -13,7 +13,8 @@ import pytest
 from test_report import write_broken_runs, write_failed, write_run, write_sweep
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.plots import plot_all
+from hetsgd.outputs.index import index_runs
+from hetsgd.outputs.plots import plot_all, plot_comparison
 from hetsgd.outputs.run_figures import _cores_given, _run_utilization, plot_run, run_title
 from hetsgd.outputs.summary import Mix, RunSummary
 
@@ -47,11 +48,18 @@ def test_plot_all_draws_every_figure_and_redraws_the_same_bytes(tmp_path: Path) 
     assert by_dir[sweep / "figures"] == COMPARISON_FIGURES  # the sweep's comparison
     assert by_dir[results / "figures"] == COMPARISON_FIGURES  # everything under results/
 
+    # a redraw gives the same bytes: a run of each kind and the sweep's comparison, drawn
+    # again from nothing (every figure of a kind comes from the same code)
     before = _hashes(paths)
     for figures in results.rglob("figures"):
         shutil.rmtree(figures)
     assert not any(p.exists() for p in paths)
-    assert _hashes(plot_all(results)) == before
+    sync, adaptive = (next(d for d in sorted(sweep.iterdir()) if f"algo={algo}" in d.name)
+                      for algo in ("sync", "adaptive"))
+    redrawn = [*plot_all(sync), *plot_all(adaptive),
+               *plot_comparison(index_runs(sweep), sweep / "figures")]
+    assert len(redrawn) == 2 * len(RUN_FIGURES) + 1 + len(COMPARISON_FIGURES)
+    assert _hashes(redrawn) == {p: before[p] for p in redrawn}
 
 
 def test_svg_and_pdf_are_reproducible(tmp_path: Path) -> None:
