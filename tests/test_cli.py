@@ -54,7 +54,8 @@ def test_data_list_and_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     # the command's old name still answers, with a notice on stderr, and is gone from the help
     renamed = hetsgd("devices", "--json")
     assert json.loads(renamed.stdout) == machine and "is now `hetsgd machine`" in renamed.stderr
-    assert "machine" in hetsgd("--help").stdout and " devices " not in hetsgd("--help").stdout
+    help_ = hetsgd("--help").stdout
+    assert "machine" in help_ and " devices " not in help_
 
 
 def test_calibrate_measures_every_group(results_dir: Path) -> None:

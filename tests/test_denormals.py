@@ -12,6 +12,7 @@ from conftest import run_config
 from test_virtual_engine import Fixed
 
 from hetsgd import algorithms
+from hetsgd.engines import processes
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.denormals import DENORMAL, flushed, flushing
 from hetsgd.engines.hooks import DistributedHooks, SharedMemoryHooks
@@ -52,7 +53,7 @@ def _nonzero_denormals(flush: bool, results: mp.Queue) -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize("flush", [True, False])
 def test_a_worker_process_flushes_on_every_intra_op_thread(flush: bool) -> None:
-    ctx = mp.get_context("spawn")
+    ctx = processes.context("forkserver")  # where a run's workers come from
     results = ctx.Queue()
     child = ctx.Process(target=_nonzero_denormals, args=(flush, results))
     child.start()

@@ -24,6 +24,7 @@ from hetsgd import algorithms
 from hetsgd.algorithms.sync import split
 from hetsgd.config import RunConfig, to_run_config
 from hetsgd.data import load_dataset
+from hetsgd.engines import processes
 from hetsgd.engines.distributed.group import free_port
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
@@ -86,9 +87,13 @@ def _run(run_dir: Path, *overrides: str) -> dict:
 
 
 def _reference(fn: Callable, cfg: RunConfig, *args) -> torch.Tensor:
-    """Run fn(rank, port, cfg, out, *args) on two spawned gloo ranks; rank 0's parameters."""
+    """Run fn(rank, port, cfg, out, *args) on two gloo ranks; rank 0's parameters. The ranks
+    are forks of the forkserver the run's own ranks came from (torch imported once), not
+    fresh interpreters."""
     out = torch.zeros_like(FlatModel(_model(cfg)).params).share_memory_()
-    mp.spawn(fn, args=(free_port("127.0.0.1"), cfg, out, *args), nprocs=2)
+    processes.warm_up("forkserver")
+    mp.start_processes(fn, args=(free_port("127.0.0.1"), cfg, out, *args), nprocs=2,
+                       start_method="forkserver")
     return out
 
 
