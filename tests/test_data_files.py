@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import compose_config
-from sklearn.datasets import load_digits
 
 from hetsgd.config import DatasetConfig, to_run_config
 from hetsgd.config.schema import FilesConfig, FolderConfig
@@ -36,6 +35,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits; imported here, not at collection (1 s of every test process)."""
+    from sklearn.datasets import load_digits
+
     return load_digits(return_X_y=True)
 
 
