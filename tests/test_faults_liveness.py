@@ -20,7 +20,7 @@ from processes import await_snapshots, gone, start, workers
 from hetsgd.config import ConfigError, DistConfig
 from hetsgd.engines.base import TICK_S
 from hetsgd.engines.distributed.group import check_port
-from hetsgd.engines.shared_memory.coordinator import STARVED_S, Watch
+from hetsgd.engines.shared_memory.coordinator import STARVED_S, Watch, ended
 from hetsgd.errors import UserError
 
 RUN = ("run", "algo=hogwild", "devices=cpu", "dataset=digits", "budget.epochs=null",
@@ -158,6 +158,35 @@ def test_a_stopped_worker_fails_its_job_naming_it_leaves_nothing_and_the_sweep_g
     assert "worker 1 (cpu) made no progress" in output
     job_dir, = (p for p in sweep_dir.iterdir() if p.name.startswith("0_"))
     assert len(pd.read_csv(job_dir / "convergence.csv")) >= 3  # the curves are kept
+
+
+def test_how_a_process_ended_is_said_in_words() -> None:
+    assert ended(3) == "exited with code 3"
+    assert ended(-signal.SIGKILL) == "was killed by SIGKILL (signal 9)"
+    assert ended(-200) == "was killed by signal 200"  # no such signal here
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_killed_worker_fails_its_job_naming_how_and_the_sweep_goes_on(
+        results_dir: Path) -> None:
+    """A worker that dies without its report (say the OOM killer's SIGKILL) fails its job at
+    the next tick, long before its stall window; the worker still stepping is stopped."""
+    proc = start(results_dir, "run", "-m", *RUN[1:], "budget.seconds=3", "seed=0,1")
+    pids = workers(proc, count=2)
+    await_snapshots(results_dir / "sweeps", count=3)  # job 0's training under way
+    os.kill(pids[1], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 1, output  # a job failed
+    assert "Traceback" not in output, output
+    assert gone(pids, timeout_s=10)
+    sweep_dir, = (results_dir / "sweeps").iterdir()
+    jobs = pd.read_csv(sweep_dir / "summary.csv")
+    assert jobs["status"].tolist() == ["failed", "completed"], output
+    assert jobs["error"].iloc[0] == "worker 1 (cpu) was killed by SIGKILL (signal 9)"
+    job_dir, = (p for p in sweep_dir.iterdir() if p.name.startswith("0_"))
+    curve = pd.read_csv(job_dir / "convergence.csv")
+    assert len(curve) >= 3 and curve["time_s"].iloc[-1] < 3  # kept, and ended early
 
 
 @pytest.mark.integration

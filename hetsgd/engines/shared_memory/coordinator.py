@@ -130,6 +130,18 @@ def _cpu_s(pid: int) -> float:
     return times.user + times.system
 
 
+def ended(exitcode: int) -> str:
+    """How a process that sent no report ended, in words: multiprocessing gives a process
+    killed by a signal the exit code minus the signal's number (the OOM killer's SIGKILL: -9)."""
+    if exitcode >= 0:
+        return f"exited with code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        return f"was killed by signal {-exitcode}"
+    return f"was killed by {name} (signal {-exitcode})"
+
+
 def guarded(target: Callable, environment: dict[str, str], *args) -> None:
     """A worker process's entry: it leaves Ctrl-C and a terminal's hangup (SIGHUP, which reaches
     the whole foreground process group) to its coordinator (which stops it through ``stop`` and
@@ -403,7 +415,7 @@ class Coordinator(EngineBase):
             pass
         for spec, p in zip(self.specs, procs):
             if spec.rank not in finished and p.exitcode is not None and p.exitcode != 0:
-                finished[spec.rank] = ("failed", f"{self._name(spec.rank)} exited "
-                                                 f"with code {p.exitcode}")
+                finished[spec.rank] = ("failed", f"{self._name(spec.rank)} "
+                                                 f"{ended(p.exitcode)}")
                 self.state.signals.stop.set()
         return ready
