@@ -131,8 +131,8 @@ def _cpu_s(pid: int) -> float:
 
 
 def ended(exitcode: int) -> str:
-    """How a process that sent no report ended, in words: multiprocessing gives a process
-    killed by a signal the exit code minus the signal's number (the OOM killer's SIGKILL: -9)."""
+    """How a process that sent no report ended, in words: multiprocessing gives a process that
+    a signal killed the signal's number, negated, as its exit code (the OOM killer's: -9)."""
     if exitcode >= 0:
         return f"exited with code {exitcode}"
     try:
