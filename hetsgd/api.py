@@ -2,9 +2,11 @@
 
 ``run`` and ``sweep`` go through the command line's own ``hetsgd run`` in this process (the same
 composition, checks, run directory, figures, trackers and exit status), so a run started here is
-the run the shell would start; worker processes are spawned as there. Call them from the main
-thread: a run takes SIGTERM and SIGHUP for its duration, as the command does. ``load`` reads any
-run directory back, wherever it was started.
+the run the shell would start; worker processes are started as there, and never run the calling
+script again, so a script needs no ``if __name__ == "__main__":`` guard. Called from the main
+thread, a run takes SIGTERM and SIGHUP for its duration, as the command does; from another
+thread (only the main one may set signal handlers) it leaves them to the program. ``load`` reads
+any run directory back, wherever it was started.
 """
 
 from __future__ import annotations

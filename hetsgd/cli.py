@@ -28,8 +28,9 @@ from hetsgd.config import CONF_DIR, ConfigError, RunConfig, compose_run, registe
 from hetsgd.config.compose import with_first_group_choices
 from hetsgd.engines.distributed.torchrun import follower, torchrun
 from hetsgd.engines.processes import warm_up
-from hetsgd.errors import UserError
+from hetsgd.errors import UserError, out_of_memory
 from hetsgd.machine import machine_facts, process_started_at
+from hetsgd.outputs.safe_text import guard_logging
 
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
@@ -72,12 +73,17 @@ def _take_stop_signals() -> dict[signal.Signals, Any]:
     (`nohup` ignores SIGHUP); returns the handlers to put back. Multiprocessing's resource
     tracker, which the run's workers share, starts first with SIGHUP blocked, which it keeps (it
     unblocks only what it ignores itself): a hangup, which reaches the whole process group,
-    then stops the run through its coordinator rather than killing the tracker."""
+    then stops the run through its coordinator rather than killing the tracker.
+
+    Only the main thread may set handlers: a run started from another thread (``hetsgd.run`` in
+    a thread of the caller's) leaves the signals to the program that owns that thread."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     try:
         resource_tracker.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    if threading.current_thread() is not threading.main_thread():
+        return {}
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum, handler in previous.items():
         if handler is not signal.SIG_IGN:
@@ -100,16 +106,21 @@ def _one_line(message: str) -> str:
 
 
 def _composition_error(exc: Exception) -> str:
-    """What a bad override did, with its cause. Hydra raises some errors without a message (an
-    assertion deep in its defaults list, e.g. for `algo=${x}`): those still get a line that says
-    what failed."""
+    """What a bad override did, with its cause, or that memory ran out. Hydra raises some errors
+    without a message (an assertion deep in its defaults list, e.g. for `algo=${x}`): those
+    still get a line that says what failed."""
+    if (memory := out_of_memory(exc)) is not None:  # not the overrides' fault
+        return memory
     message = str(exc) or f"the overrides cannot be composed into a config ({type(exc).__name__})"
     return message + (f": {exc.__cause__}" if exc.__cause__ is not None else "")
 
 
 def _print_error(message: str) -> None:
-    errors_printed.append(_one_line(message))
-    err.print(Text.assemble(("hetsgd: error:", "red"), " ", _one_line(message)), soft_wrap=True)
+    from hetsgd.outputs.safe_text import redacted, shown  # a message may quote a run folder
+
+    line = shown(redacted(_one_line(message)))
+    errors_printed.append(line)
+    err.print(Text.assemble(("hetsgd: error:", "red"), " ", line), soft_wrap=True)
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -122,8 +133,9 @@ def _fail(message: str, code: int = 1) -> None:
 
 def _summary_table(summary: dict[str, Any]) -> Table:
     from hetsgd.outputs.report import mix_label  # loaded by the run already
+    from hetsgd.outputs.safe_text import shown  # a recovered summary is someone's data
 
-    table = Table(title=f"{summary['algo']} on {summary['dataset']} ({mix_label(summary)})",
+    table = Table(title=shown(f"{summary['algo']} on {summary['dataset']} ({mix_label(summary)})"),
                   show_header=False)
     final, initial = summary.get("final") or {}, summary.get("initial") or {}
     rows = [("status", summary["status"]), ("error", summary.get("error")),
@@ -143,7 +155,7 @@ def _summary_table(summary: dict[str, Any]) -> Table:
             ("results", summary.get("run_dir"))]
     for key, value in rows:
         if value is not None:
-            table.add_row(key, str(value))
+            table.add_row(shown(key), shown(value))
     return table
 
 
@@ -151,6 +163,7 @@ def train_job(cfg: DictConfig) -> None:
     """Hydra's task function: one run, or one job of a sweep. A launcher such as submitit pickles
     it to run it in another process, so it is a plain module function (pickled by name) and keeps
     nothing the command needs after the sweep: that comes from the run folders."""
+    _redact_hydra_files()
     refusal = _refusal(cfg)
     # the forkserver's imports overlap this process's own, just below
     if refusal is None and not cfg.devices.simulated:
@@ -159,31 +172,58 @@ def train_job(cfg: DictConfig) -> None:
     # the command's first run pays for the process's start; later jobs of a sweep start now
     started_at = command_started_at if not runs_started else None
     runs_started.append(run_dir)
+    # the run directory's writers (they load pandas), before the training stack: a run that
+    # cannot load torch (say beyond `ulimit -v`) still writes why
+    from hetsgd.runs.refused import refuse
+
     if refusal is not None and cfg.resume is None and torchrun() is None:
         # a value the checks refuse: its failed run directory, without the training stack (a
         # resume's config is the checkpoint's; torchrun's other ranks wait for rank 0's word)
-        from hetsgd.runs.refused import refuse  # the run directory's writers load pandas
-
         summary = refuse(run_dir, cfg, cfg, refusal)
     else:
-        from hetsgd.runs import runner  # the training stack loads only when a run starts
-
         try:
-            summary = runner.run(cfg, run_dir, cfg, HydraConfig.get().overrides.task, started_at)
-        except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written
-            run_statuses.append("failed")
-            _print_error(str(exc))
-            return
-        if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep draws its comparison at its end
-            _draw_figures(run_dir)
+            from hetsgd.runs import runner  # the training stack loads only when a run starts
+        except Exception as exc:  # noqa: BLE001 - e.g. torch's libraries not mapped: said, in the run
+            summary = refuse(run_dir, cfg, cfg, out_of_memory(exc) or
+                             f"loading the training stack raised {type(exc).__name__}: {exc}")
+        else:
+            try:
+                summary = runner.run(cfg, run_dir, cfg, HydraConfig.get().overrides.task,
+                                     started_at)
+            except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written
+                run_statuses.append("failed")
+                _print_error(str(exc))
+                return
+            if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep draws them at its end
+                _draw_figures(run_dir)
     run_statuses.append(summary["status"])
     _log_to_trackers(run_dir, cfg)
     if summary["status"] == "failed":
         _print_error(f"{summary['error']} (details in {run_dir})")
         return
-    console.print(_summary_table(summary))
+    try:
+        console.print(_summary_table(summary))
+    except Exception as exc:  # noqa: BLE001 - the run's files are written: only the table is lost
+        logging.getLogger("hetsgd").warning("could not print the summary of %s: %s", run_dir,
+                                            out_of_memory(exc) or exc)
     if summary["status"] == "interrupted":
         raise KeyboardInterrupt  # a sweep stops here; its summary covers the jobs that ran
+
+
+def _redact_hydra_files() -> None:
+    """Hydra wrote the job's config and overrides (and a sweep's) before this job began: the
+    secrets of URIs in them (a tracker's password) are redacted there, as in what the run
+    writes and logs itself; the run keeps the real values."""
+    from hetsgd.outputs.run_directory import redact_files
+
+    hydra_cfg = HydraConfig.get()
+    files = []
+    if hydra_cfg.output_subdir is not None:
+        files += [Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir / name
+                  for name in ("config.yaml", "hydra.yaml", "overrides.yaml")]
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        files.append(Path(hydra_cfg.sweep.dir) / "multirun.yaml")
+    redact_files(files)
 
 
 def _refusal(cfg: DictConfig) -> str | None:
@@ -201,12 +241,13 @@ _hydra_run = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_na
 
 def _draw_figures(run_dir: Path) -> None:
     """Figures are a view of the files just written; failing to draw never fails the run."""
-    from hetsgd.outputs.run_figures import plot_run  # matplotlib loads only here
-
     try:
+        from hetsgd.outputs.run_figures import plot_run  # matplotlib loads only here
+
         plot_run(run_dir)
     except Exception as exc:  # noqa: BLE001 - the results are on disk; say why figures are missing
-        logging.getLogger("hetsgd").warning("could not draw the figures of %s: %s", run_dir, exc)
+        logging.getLogger("hetsgd").warning("could not draw the figures of %s: %s", run_dir,
+                                            out_of_memory(exc) or exc)
 
 
 def _log_to_trackers(run_dir: Path, cfg: DictConfig) -> None:
@@ -246,6 +287,8 @@ def run(ctx: typer.Context) -> None:
             _fail(str(exc))
         raise typer.Exit(code)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us whole; we print them as one line
+    # for hetsgd.run too (put back after): Hydra logs a sweep's overrides, secrets included
+    record_factory = guard_logging()
     _forget_earlier_runs()
     argv, sys.argv = sys.argv, ["hetsgd run", *with_first_group_choices(ctx.args),
                                 *_continue_in_place(ctx.args)]
@@ -253,21 +296,28 @@ def run(ctx: typer.Context) -> None:
     interrupted, statuses = False, []  # statuses: read once, on an interrupt
     handlers = list(logging.root.handlers)
     try:
+        _refuse_used_sweep_dir(ctx.args)
         _hydra_run()
     except KeyboardInterrupt:
         interrupted, statuses = True, _statuses()
-        _close_interrupted_sweep(len(statuses))
+        sweep_dir = started_sweep()
+        if sweep_dir is not None:
+            err.print(f"hetsgd: sweep interrupted after {len(statuses)} job(s); the others did "
+                      f"not run ({_close_sweep(sweep_dir)})", soft_wrap=True)
     except (UserError, ConfigError) as exc:
         _fail(str(exc))
-    except MissingConfigException as exc:  # e.g. algo=nope
+    except MissingConfigException as exc:  # e.g. algo=nope (an OSError too, for Hydra)
         options = ", ".join(exc.options or [])
         _fail(f"no config '{exc.missing_cfg_file}'" + (f": choose one of {options}" if options else ""))
+    except OSError as exc:  # a write of Hydra's own (a job's .hydra/ files) failed: a full disk
+        _fail(_stopped_by(exc))
     except Exception as exc:  # Hydra's and OmegaConf's composition errors: bad overrides
         if os.environ.get("HETSGD_DEBUG"):
             raise
         _fail(_composition_error(exc))
     finally:
         _detach_log_handlers(keep=handlers)
+        logging.setLogRecordFactory(record_factory)
         sys.argv = argv
         for signum, handler in stop_handlers.items():
             signal.signal(signum, handler)
@@ -290,6 +340,19 @@ def _continue_in_place(args: list[str]) -> list[str]:
     # Hydra writes nothing there (no .hydra/): a refused resume leaves RUN_DIR as it was, and
     # an accepted one records its overrides itself (hetsgd.runs.resume)
     return [f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
+
+
+def _refuse_used_sweep_dir(args: list[str]) -> None:
+    """A sweep told to write into the folder of an earlier one (``hydra.sweep.dir=DIR``; by
+    default each sweep gets a new folder) is refused before any job runs."""
+    from hetsgd.outputs.index import override_key
+    from hetsgd.outputs.sweep import check_unused
+
+    given = [a for a in args if "=" in a and override_key(a) in ("hydra.sweep.dir", "results_dir")]
+    if not {"-m", "--multirun"} & set(args) or not any(
+            override_key(a) == "hydra.sweep.dir" for a in given):
+        return
+    check_unused(Path(str(compose_run(given, hydra_config=True).hydra.sweep.dir)))
 
 
 def _detach_log_handlers(keep: list[logging.Handler]) -> None:
@@ -327,17 +390,32 @@ def _statuses() -> list[str]:
     return job_statuses(sweep_dir) if sweep_dir else run_statuses
 
 
-def _close_interrupted_sweep(jobs: int) -> None:
-    """After Ctrl-C (or SIGTERM) in a sweep of which ``jobs`` ran: its summary and report of
-    those, and a line saying the others did not."""
+def _close_sweep(sweep_dir: Path) -> str:
+    """Write the summary and report of the jobs of ``sweep_dir`` that ran, once the sweep
+    stopped early; where they are, or why they could not be written (a full disk)."""
     from hetsgd.outputs.sweep import finalize_sweep
+
+    try:
+        finalize_sweep(sweep_dir)
+    except OSError as exc:
+        return f"no summary or report of them either: {exc}"
+    return f"summary and report of those that ran in {sweep_dir}"
+
+
+def _stopped_by(exc: OSError) -> str:
+    """A write of Hydra's own failed (a full disk): a job's ``.hydra/`` files, written before
+    the job starts, in the newest job folder of a sweep, whose summary and report of the jobs
+    that ran are still written."""
+    from hetsgd.outputs.run_directory import WriteError
+    from hetsgd.outputs.sweep import newest_job_folder
 
     sweep_dir = started_sweep()
     if sweep_dir is None:
-        return
-    finalize_sweep(sweep_dir)
-    err.print(f"hetsgd: sweep interrupted after {jobs} job(s); the others did not run "
-              f"(summary and report of those that ran in {sweep_dir})", soft_wrap=True)
+        return f"{exc} (writing the run's .hydra/ files)" if exc.filename is None else str(exc)
+    job = newest_job_folder(sweep_dir)
+    if exc.filename is None and job is not None:
+        exc = WriteError.of(job, exc)
+    return f"{exc}; the sweep stopped there ({_close_sweep(sweep_dir)})"
 
 
 # -- report and plot ---------------------------------------------------------------------------
@@ -376,12 +454,17 @@ def plot(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or a
 
 
 @app.command()
-def recover(run_dir: Path = typer.Argument(..., help="A run directory left by a crashed run.")) -> None:
+def recover(run_dir: Path = typer.Argument(..., help="A run directory left by a crashed run."),
+            model_target: list[str] = typer.Option(
+                [], "--model-target", metavar="PKG.FACTORY",
+                help="Call this model factory, which the run's config names (a custom model; "
+                     "repeat it for each _target_ the config names): a run folder's own "
+                     "targets are never called otherwise.")) -> None:
     """Evaluate the snapshots a crashed run left into convergence.csv, summary.json and figures."""
     from hetsgd.runs.recover import recover as recover_run
 
     try:
-        summary = recover_run(run_dir)
+        summary = recover_run(run_dir, model_target)
     except (UserError, ConfigError) as exc:
         _fail(str(exc))
     _draw_figures(run_dir)
@@ -561,6 +644,7 @@ def main() -> None:
     global command_started_at
     command_started_at = process_started_at()
     _lasting_output()
+    guard_logging()  # warnings quote run folders' names
     try:
         app()
     except SystemExit as exc:

@@ -4,6 +4,8 @@
 ``Diverged`` is a training loss that became NaN or infinite: the run is recorded as diverged.
 """
 
+import errno
+
 
 class UserError(Exception):
     """Bad input (a path, a value, a missing dataset or device) explained in one line."""
@@ -11,3 +13,22 @@ class UserError(Exception):
 
 class Diverged(Exception):
     """The training loss became NaN or infinite."""
+
+
+# What a failed allocation says where it is not a MemoryError: an mmap refused with ENOMEM (a
+# shared library that cannot be loaded, torch's CPU allocator) or a thread whose stack cannot be
+# mapped, as under `ulimit -v` or a cgroup's limit.
+_MEMORY_MESSAGES = ("cannot allocate memory", "can't allocate memory", "failed to map segment",
+                    "std::bad_alloc", "can't start new thread")
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """``out of memory (CAUSE)`` where ``exc`` says the process ran out of memory or address
+    space, else None: the one reason a run gives for it, wherever it struck (importing torch,
+    loading data, training, drawing), in its summary and on stderr."""
+    message = " ".join(str(exc).split())
+    if not (isinstance(exc, MemoryError)
+            or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM)
+            or any(text in message.lower() for text in _MEMORY_MESSAGES)):
+        return None
+    return f"out of memory ({type(exc).__name__}{': ' + message if message else ''})"

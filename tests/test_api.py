@@ -94,6 +94,7 @@ def test_sweep_reads_back_each_job_in_order(results: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.usefixtures("two_cores")  # hogwild's mix: one worker per core
 def test_a_sweeps_jobs_of_the_same_data_prepare_it_once(results: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from hetsgd.runs import setup
@@ -120,8 +121,8 @@ def test_a_sweeps_jobs_of_the_same_data_prepare_it_once(results: Path,
 @pytest.mark.integration
 def test_a_runs_timing_splits_its_wall_time_around_training(results: Path) -> None:
     started = time.time()
-    ran = hetsgd.run("algo=hogwild", "devices=cpu", "dataset=digits", "budget.seconds=0.5",
-                     "budget.epochs=null", "progress=false")
+    ran = hetsgd.run("algo=hogwild", "devices=cpu", "devices.groups.cpu.count=2", "dataset=digits",
+                     "budget.seconds=0.5", "budget.epochs=null", "progress=false")
     wall = time.time() - started
     timing = ran.summary.timing
     assert ran.status == "completed" and timing is not None
@@ -164,6 +165,7 @@ def test_a_summary_writes_what_the_run_reached_and_reads_back_the_same() -> None
     assert RunSummary.from_dict(written) == ran
 
 
+@pytest.mark.integration
 def test_importing_hetsgd_loads_no_training_stack() -> None:
     code = "import sys, hetsgd; print(sorted(m for m in ('torch', 'hetsgd.cli') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -19,7 +19,7 @@ import hetsgd
 
 #: Top-level parts of the package, lowest first; a module may import its own layer and below.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "machine"}),
+    frozenset({"errors", "machine", "liveness", "atomic"}),
     frozenset({"config"}),
     frozenset({"data", "model"}),
     frozenset({"workers"}),

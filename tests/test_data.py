@@ -30,7 +30,6 @@ from hetsgd.config.schema import SCALINGS, SyntheticConfig
 from hetsgd.data import data_home, fetch, images, libsvm, list_sources, load_dataset, source_info
 from hetsgd.data.download import RemoteFile, download
 from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD, read_idx
-from hetsgd.data.prepare import split_rows
 from hetsgd.data.registry import SOURCES, get_source, resolve_scale
 from hetsgd.errors import UserError
 
@@ -154,24 +153,6 @@ def test_a_second_load_of_digits_needs_no_scikit_learn(home: Path) -> None:
                      for _ in range(2))
     assert (first[0], second[0]) == ("True", "False")
     assert first[1] == second[1]
-
-
-def test_a_split_is_drawn_once_and_again_where_its_entry_was_altered(home: Path) -> None:
-    y = np.repeat(np.arange(4), 10)
-    kept, rest, how = split_rows(y, "multiclass", 5, test_size=0.25)
-    assert how == "stratified" and len(rest) == 10
-    entry, = (home / "splits").rglob("output.pkl")
-    np.testing.assert_array_equal(split_rows(y, "multiclass", 5, test_size=0.25)[1], rest)
-    other = split_rows(y, "multiclass", 6, test_size=0.25)[1]  # the seed is part of the key
-    assert not np.array_equal(other, rest)
-    altered = ((np.arange(3), np.arange(3, 5)),  # a split of other rows: not this one's
-               (kept[::-1].copy(), rest))  # these rows, out of order: no part in file order
-    for parts in altered:
-        with entry.open("wb") as f:
-            pickle.dump((*parts, "stratified"), f)
-        again = split_rows(y, "multiclass", 5, test_size=0.25)
-        np.testing.assert_array_equal(again[0], kept)
-        np.testing.assert_array_equal(again[1], rest)
 
 
 def test_task_that_does_not_fit_the_source_is_rejected() -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from hetsgd.atomic import writing_path
 from hetsgd.config import DatasetConfig
 from hetsgd.data import download_progress, files, load_dataset
 from hetsgd.data.dataset import Dataset
@@ -95,9 +96,9 @@ def test_a_killed_writers_leftovers_are_removed_and_a_live_ones_kept(tmp_path: P
     path.write_text(DENSE)
     host = socket.gethostname()
     parsed = home / "parsed"
-    dead = parsed / f"libsvm-0123456789abcdef.{dead_pid()}@{host}.tmp"
-    live = parsed / f"libsvm-0123456789abcdef.{os.getpid()}@{host}.tmp"
-    elsewhere = parsed / f"libsvm-0123456789abcdef.{dead_pid()}@not-{host}.tmp"
+    dead = parsed / f"libsvm-0123456789abcdef.0a1b.{dead_pid()}-0@{host}.tmp"
+    live = writing_path(parsed / "libsvm-0123456789abcdef")
+    elsewhere = parsed / f"libsvm-0123456789abcdef.0a1b.{dead_pid()}-0@not-{host}.tmp"
     for leftover in (dead, live, elsewhere):
         leftover.mkdir(parents=True)
         (leftover / "x_train.npy").write_bytes(b"half")
@@ -112,7 +113,7 @@ def test_a_failed_download_removes_a_killed_ones_leftovers_and_leaves_none(
     monkeypatch.delenv("HETSGD_DATA_MIRROR", raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     home.mkdir(parents=True)
-    dead = home / f"w8a.{dead_pid()}@{socket.gethostname()}.tmp"
+    dead = home / f"w8a.0a1b.{dead_pid()}-0@{socket.gethostname()}.tmp"
     dead.mkdir()
     (dead / "tmpabc").write_bytes(b"half a download")
     with socket.socket() as s:  # a port nothing listens on: refused at once, on loopback

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from hetsgd.engines.snapshots import Snapshot, Snapshots
+from hetsgd.liveness import this_process
 from hetsgd.observe.monitor import UtilizationMonitor
 from hetsgd.outputs.checkpoint import snapshot_file
 from hetsgd.outputs.index import CRASHED, RUNNING, read_summary
 from hetsgd.outputs.journal import RunJournal, read_snapshots
-from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, this_process
+from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory
 from hetsgd.workers import WorkerSpec
 
 SPECS = [WorkerSpec(rank, "cpu", "cpu", "cpu", 1, 8, 1.0, False) for rank in range(2)]

@@ -63,7 +63,9 @@ def _files(root: Path) -> set[Path]:
 
 def _invoke(root: Path, args: list[str]) -> tuple[int, str, str]:
     """`hetsgd run ARGS` in process, from `root/work`, results in `root/work/results`."""
-    env = {"HETSGD_RESULTS": str(root / "work" / "results"), "HETSGD_DATA": str(root / "cache")}
+    # HETSGD_CORES: two workers for hogwild's mix of one per core, on any machine
+    env = {"HETSGD_RESULTS": str(root / "work" / "results"), "HETSGD_DATA": str(root / "cache"),
+           "HETSGD_CORES": "2"}
     (root / "work").mkdir()
     cwd = os.getcwd()
     faulthandler.dump_traceback_later(HANG_S, exit=True)

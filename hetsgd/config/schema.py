@@ -171,6 +171,12 @@ class CustomModelConfig(ModelConfig):
     name: str = "custom"
     _target_: str = MISSING
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # how long importing the factory, calling it and probing its module may take, in each
+    # process that builds it: a factory that never returns fails the run instead of hanging it
+    build_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        seconds("model.build_timeout_s", self.build_timeout_s)
 
 
 MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {
@@ -278,13 +284,17 @@ class WorkersConfig:
     CUDA step compiles and tunes its kernels). Distributed ranks use `dist.timeout_s` instead,
     the limit of their collectives. `start`: how worker and rank processes start
     (hetsgd/engines/processes.py): forked from a forkserver that imported torch once, or each a
-    fresh interpreter (`spawn`, which imports torch again per process)."""
+    fresh interpreter (`spawn`, which imports torch again per process). A forkserver that has
+    not forked a run's workers within `start_timeout_s` (stopped, or stuck) is killed, failing
+    the run; the next run starts a new one."""
 
     stall_s: float = 30.0
     start: str = "forkserver"
+    start_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         seconds("workers.stall_s", self.stall_s)
+        seconds("workers.start_timeout_s", self.start_timeout_s)
         one_of("workers.start", self.start, START_METHODS)
 
 

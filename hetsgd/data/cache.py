@@ -13,9 +13,10 @@ at a time (``NpyRows``), never whole, and the parser's own arrays are dropped on
 An entry is trusted only as written: ``meta.json`` lists each array file with its size and CRC-32
 (about a GB/s: w8a's 60 MB add well under 0.1 s to a load), both checked on every load, so an
 array that was deleted, cut short or altered (NaNs written into it) is parsed again, with one
-warning line that names it. Writes (of an entry, or of a download) are assembled under a name that holds the
-writer's host and pid (``writing_path``) and renamed into place when whole; what a killed writer
-left is removed at the next load (``remove_abandoned``), and a live writer's is left alone.
+warning line that names it. Writes (of an entry, or of a download) are assembled under a name that
+says which process of which host writes them (:func:`hetsgd.atomic.writing_path`) and renamed into
+place when whole; what a killed writer left is removed at the next load (``remove_abandoned``), and
+a live writer's is left alone. Files and folders get the modes the umask gives, nothing wider.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -34,14 +33,13 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from hetsgd.atomic import remove_abandoned, writing_path
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download_progress import console
 from hetsgd.data.files import COMPRESSIONS, content_hash, open_data, reason
 from hetsgd.errors import UserError
 
 PARSED_FORMAT = 3  # bump when the layout of the cached arrays changes
-# a write in progress: "<target>.<pid>@<host>.tmp"
-_WRITING = re.compile(r"\.(\d{1,9})@([^/]+)\.tmp$")
 
 
 def data_home() -> Path:
@@ -133,41 +131,6 @@ def parsed_path(name: str, files: list[Path], params: dict[str, Any]) -> Path:
     return data_home() / "parsed" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def writing_path(target: Path) -> Path:
-    """Where a write of ``target`` is assembled before it is renamed into place; the name says
-    which process of which host writes it, so that ``remove_abandoned`` can tell whether it
-    still does."""
-    return target.with_name(f"{target.name}.{os.getpid()}@{socket.gethostname()}.tmp")
-
-
-def remove_abandoned(directory: Path) -> None:
-    """Remove what writers that died left in ``directory`` (a SIGKILL mid-write): only those of
-    this host whose pid is gone; another host's (a shared cache) or a live process's may still
-    be written."""
-    try:
-        children = list(directory.iterdir())
-    except OSError:  # no such directory yet, or unreadable: nothing of ours to remove
-        return
-    host = socket.gethostname()
-    for child in children:
-        match = _WRITING.search(child.name)
-        if match and match[2] == host and not _alive(int(match[1])):
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                child.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 class _Unusable(Exception):
     """A cache entry that is not as it was written; the message names the file and says how."""
 
@@ -200,7 +163,7 @@ def load_or_parse(name: str, files: list[Path], params: dict[str, Any],
 
 def _write(path: Path, parsed: Parsed) -> None:
     tmp = writing_path(path)  # parallel runs may parse at once
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True)
     listed: dict[str, tuple[int, str]] = {}
 
     def save(name: str, array: np.ndarray) -> None:

@@ -22,14 +22,8 @@ from pathlib import Path
 import pooch
 import requests
 
-from hetsgd.data.cache import (
-    candidate_names,
-    data_home,
-    find_local,
-    remove_abandoned,
-    strip_compression,
-    writing_path,
-)
+from hetsgd.atomic import give_umask_mode, remove_abandoned, writing_path
+from hetsgd.data.cache import candidate_names, data_home, find_local, strip_compression
 from hetsgd.data.download_progress import DownloadBar, console
 from hetsgd.data.files import COMPRESSIONS, content_hash, reason
 from hetsgd.errors import UserError
@@ -87,6 +81,7 @@ def download(remote: RemoteFile, dataset: str, progress: bool) -> Path:
     try:
         pooch.retrieve(url, known_hash=expected, fname=remote.name, path=writing,
                        downloader=downloader)
+        give_umask_mode(writing / remote.name)  # pooch's temporary file is 0o600
         os.replace(writing / remote.name, target)
     except requests.exceptions.RequestException as exc:
         raise UserError(

@@ -29,16 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from importlib.metadata import version
 
 import numpy as np
 import scipy.sparse as sp
 
 from hetsgd.config import DatasetConfig
-from hetsgd.data.cache import data_home
 from hetsgd.data.dataset import Allocate, Dataset, Features, Parsed, Rows, row_blocks
-from hetsgd.data.download_progress import console
-from hetsgd.data.files import reason
+from hetsgd.data.splits import split_rows
 from hetsgd.errors import UserError
 
 
@@ -120,61 +117,6 @@ def check_two_per_class(y: np.ndarray, task: str, where: str) -> None:
         raise UserError(f"{where}: class {values[counts.argmin()]:g} (of 0..{len(values) - 1}, "
                         "in sorted label order) has a single example; splitting off a test part "
                         "needs at least 2 of each class (drop it, or give a test file)")
-
-
-def split_rows(y: np.ndarray, task: str, seed: int, *, test_size: float | None = None,
-               train_size: int | None = None) -> tuple[np.ndarray, np.ndarray, str]:
-    """Seeded (kept, rest) row numbers, each in file order, stratified by class where possible:
-    not for multilabel sets, nor where a part is too small to hold every class.
-
-    scikit-learn draws the split; the draw is memoized in the data cache (``joblib.Memory``
-    under ``splits/``, keyed by the labels, the parameters and scikit-learn's version), so
-    a later run of the same data and seed neither draws it again nor imports scikit-learn. An
-    entry that is not a split of these rows (altered on disk) is drawn again."""
-    from joblib import Memory  # scikit-learn's own memoizer, a light import
-
-    args = (y, task, seed, test_size, train_size, version("scikit-learn"))
-    draw = Memory(data_home() / "splits", verbose=0).cache(_draw_split)
-    try:
-        kept, rest, how = draw(*args)
-        if not _splits(kept, rest, len(y)):
-            kept, rest, how = draw.call(*args)[0]
-    except OSError as exc:  # a full disk or read-only cache costs speed later, not this run
-        console.print(f"could not cache a split of {len(y)} rows: {reason(exc)}", markup=False,
-                      soft_wrap=True)
-        kept, rest, how = _draw_split(*args)
-    return kept, rest, how
-
-
-def _splits(kept: object, rest: object, n: int) -> bool:
-    """Whether ``kept`` and ``rest`` are ascending row numbers that part ``range(n)`` (the
-    parts' rows are copied in file order, which needs them ascending)."""
-    if not (isinstance(kept, np.ndarray) and isinstance(rest, np.ndarray)):
-        return False
-    if any(np.any(np.diff(part) <= 0) for part in (kept, rest)):
-        return False
-    rows = np.concatenate([kept, rest])
-    return len(rows) == n and bool(np.array_equal(np.sort(rows), np.arange(n)))
-
-
-def _draw_split(y: np.ndarray, task: str, seed: int, test_size: float | None,
-                train_size: int | None, sklearn_version: str) -> tuple[np.ndarray, np.ndarray, str]:
-    """:func:`split_rows`'s draw (``sklearn_version`` only keys its memo)."""
-    from sklearn.model_selection import train_test_split  # scikit-learn loads only for a split
-
-    rows = np.arange(len(y))
-    kwargs = {"test_size": test_size, "train_size": train_size, "random_state": seed}
-    if task != "multilabel":
-        try:
-            kept, rest = train_test_split(rows, stratify=y, **kwargs)
-            return np.sort(kept), np.sort(rest), "stratified"
-        except ValueError:
-            pass  # a part with fewer examples than classes: fall back to a plain draw
-    try:
-        kept, rest = train_test_split(rows, **kwargs)
-    except ValueError as exc:  # a part would be empty
-        raise UserError(f"cannot split {len(y)} example(s) into two parts: {exc}") from None
-    return np.sort(kept), np.sort(rest), "random"
 
 
 @dataclass(frozen=True)

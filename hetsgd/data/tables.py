@@ -20,14 +20,19 @@ through the parsed cache; binary files read at disk speed, and a cached copy wou
 
 Memory: ``.npy`` features are memory-mapped and read a block of rows at a time, so the prepared
 copy is the only private whole one (the mapped pages are the file's, which the kernel may drop);
-an ``.npz`` array or a table is read whole, as every source holds its parsed arrays.
+an ``.npz`` array or a table is read whole, as every source holds its parsed arrays. A table is
+measured before it is parsed (its columns and rows, :func:`table_shape`) and refused in one line
+where reading it would take more memory than is available: a wide one takes far more than its
+size on disk (100,000 columns by 400 rows, 80 MB of CSV, about 0.8 GB).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pandas as pd
@@ -42,6 +47,7 @@ from hetsgd.data.labels import encode_named
 from hetsgd.data.libsvm import read_libsvm
 from hetsgd.data.source import Source
 from hetsgd.errors import UserError
+from hetsgd.machine import available_memory
 
 _SUFFIXES = {".npz": "npz", ".npy": "npy", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 _CACHED = ("csv", "libsvm")  # text: slow to parse
@@ -98,7 +104,7 @@ def _labels(values: np.ndarray, where: str, cell: Callable[[int], str]) -> np.nd
                else pd.isna(values) if values.dtype.kind == "O" else np.zeros(len(values), bool))
     if missing.any():
         row = int(np.argmax(missing))
-        raise UserError(f"{where}: {cell(row)} has no label ({values[row]!r})")
+        raise UserError(f"{where}: {cell(row)} has no label ({short(repr(values[row]))})")
     return values
 
 
@@ -151,9 +157,9 @@ def read_npz(path: Path, x_name: str, y_name: str) -> _Part:
                 for name, key in ((x_name, "x_array"), (y_name, "y_array")):
                     if name not in archive.files:
                         raise UserError(f"{path} has no array {name!r} (dataset.{key}); it "
-                                        f"holds: {', '.join(archive.files) or 'nothing'}")
+                                        f"holds: {listing(archive.files) or 'nothing'}")
                 x, y = archive[x_name], archive[y_name]
-        except (ValueError, OSError, EOFError) as exc:  # zipfile.BadZipFile is an OSError
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
             raise UserError(f"cannot read {path} as .npz: {one_line(exc)}") from exc
     return _array_part(x, y, str(path), x_name, y_name)
 
@@ -198,19 +204,84 @@ def read_npy_pair(features: Path, labels: Path) -> _Part:
 # --------------------------------------------------------------------------------------------
 
 
+# What reading a table takes at its peak, per column and per cell (the parser's arrays, the
+# frame, the float32 features), measured with pandas 2.2 and pyarrow 18 on tables of 100 to
+# 100,000 columns and 40 to 200,000 rows, rounded up: a CSV about 1.2 KB and 18 bytes, a
+# Parquet file (each column its own chunk, with its metadata) about 12 KB and 25 bytes.
+_TABLE_BYTES = {"csv": (1536, 20), "parquet": (16384, 32)}  # (per column, per cell)
+_SHOWN = 5  # the names an error line lists, before it says how many there are
+
+
+def listing(names: Sequence[str]) -> str:
+    """At most ``_SHOWN`` names, each cut short, then how many there are in all: an error line
+    about a table of 100,000 columns stays one short line."""
+    more = f", ... ({len(names):,} in all)" if len(names) > _SHOWN else ""
+    return ", ".join(short(name) for name in names[:_SHOWN]) + more
+
+
+def short(text: str, limit: int = 40) -> str:
+    """``text``, or its first ``limit`` characters and an ellipsis: a name or a cell in a line."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def table_shape(path: Path, fmt: str) -> tuple[int, int]:
+    """(columns, rows) of a table, without parsing it: a Parquet file's metadata; a CSV's
+    header's commas and the lines after it, counted in one read of the file at disk speed (a
+    quoted comma or newline counts too: an estimate that errs on the large side)."""
+    if fmt == "parquet":
+        pyarrow = _pyarrow()
+        with open_data(path, decompress=False) as f:
+            try:
+                meta = pyarrow.parquet.ParquetFile(f).metadata
+            except (ValueError, pyarrow.ArrowException) as exc:
+                raise UserError(f"cannot read {path} as Parquet: {one_line(exc)}") from exc
+            return meta.num_columns, meta.num_rows
+    with open_data(path, text=True) as f:
+        columns = f.readline().count(b",") + 1
+        rows = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+    return columns, rows + 1  # the last line may have no newline
+
+
+def _pyarrow() -> ModuleType:
+    """pyarrow with its Parquet reader, or the line that says how to install it."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise UserError("reading Parquet needs pyarrow: pip install 'hetsgd[tables]'") from None
+    return pyarrow
+
+
+def check_table_memory(path: Path, fmt: str) -> None:
+    """Refuse, in one line, a table whose parse would take more memory than is available (a
+    table 100,000 columns wide takes over a hundred times its size on disk), before parsing."""
+    columns, rows = table_shape(path, fmt)
+    per_column, per_cell = _TABLE_BYTES[fmt]
+    need = columns * per_column + columns * rows * per_cell
+    free = available_memory()
+    if need > free:
+        raise UserError(f"{path}: a table of {columns:,} columns and about {rows:,} rows takes "
+                        f"about {_size(need)} to read, more than the {_size(free)} of memory "
+                        "available")
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
+
+
 def read_frame(path: Path, fmt: str) -> pd.DataFrame:
-    """The whole table: a CSV through pandas' parser (its first line the header), a Parquet file
-    through pyarrow."""
+    """The whole table, once :func:`check_table_memory` says it fits: a CSV through pandas'
+    parser (its first line the header), a Parquet file through pyarrow."""
+    check_table_memory(path, fmt)
     if fmt == "csv":
         with open_data(path, text=True) as f:
             try:
-                return pd.read_csv(f)
+                # the whole file at once: pandas' default reads it in chunks, each with arrays of
+                # every column (2 GB for 100,000 columns by 400 rows, against 0.8 GB)
+                return pd.read_csv(f, low_memory=False)
             except ValueError as exc:  # pandas' ParserError and EmptyDataError, bad encodings
                 raise UserError(f"cannot parse {path} as CSV: {one_line(exc)}") from exc
-    try:
-        import pyarrow
-    except ImportError:
-        raise UserError("reading Parquet needs pyarrow: pip install 'hetsgd[tables]'") from None
+    pyarrow = _pyarrow()
     with open_data(path, decompress=False) as f:
         try:
             return pd.read_parquet(f, engine="pyarrow")
@@ -227,8 +298,8 @@ def _numeric(column: pd.Series, path: Path, label: str) -> pd.Series:
     bad = (numbers.isna() & values.notna()).to_numpy()
     if bad.any():
         row = int(np.argmax(bad))
-        raise UserError(f"{path}: row {row + 1}, column {column.name!r} holds "
-                        f"{values.iloc[row]!r}, not a number (every column but "
+        raise UserError(f"{path}: row {row + 1}, column {short(str(column.name))!r} holds "
+                        f"{short(repr(values.iloc[row]))}, not a number (every column but "
                         f"dataset.label={label!r} is a feature)")
     return numbers
 
@@ -241,21 +312,36 @@ def read_table(path: Path, fmt: str, label: str, columns: tuple[str, ...] | None
     frame.columns = [str(name) for name in frame.columns]
     if label not in frame.columns:
         raise UserError(f"{path} has no column {label!r} (dataset.label); its columns: "
-                        f"{', '.join(frame.columns) or 'none'}")
+                        f"{listing(frame.columns) or 'none'}")
     features = tuple(name for name in frame.columns if name != label)
     if not features:
         raise UserError(f"{path} has no feature column besides dataset.label={label!r}")
     if columns is not None and set(features) != set(columns):
         differ = sorted(set(features) ^ set(columns))
         raise UserError(f"{path}'s feature columns are not the training file's (differing: "
-                        f"{', '.join(differ)})")
+                        f"{listing(differ)})")
     order = columns or features
     x = np.empty((len(frame), len(order)), np.float32)
     for j, name in enumerate(order):
         x[:, j] = _numeric(frame[name], path, label)
-    y = _labels(frame[label].to_numpy(), str(path), lambda row: f"row {row + 1}")
-    return _Part(x, y, str(path), lambda row, column: f"row {row + 1}, column {order[column]!r}",
-                 order)
+    y = _table_labels(frame[label], path)
+    return _Part(x, y, str(path),
+                 lambda row, column: f"row {row + 1}, column {short(order[column])!r}", order)
+
+
+def _table_labels(column: pd.Series, path: Path) -> np.ndarray:
+    """A table's label column as raw labels; one that holds lists or records (a Parquet list or
+    struct column) is one line naming the file, the column and the first such row."""
+    values = column.to_numpy()
+    if values.dtype.kind == "O":
+        nested = np.fromiter((pd.api.types.is_list_like(v) for v in values), bool, len(values))
+        if nested.any():
+            row = int(np.argmax(nested))
+            kind = "record" if isinstance(values[row], dict) else "list"
+            raise UserError(f"{path}: column {short(str(column.name))!r} (dataset.label) holds a "
+                            f"{kind} in row {row + 1} ({short(repr(values[row]))}), not a label: "
+                            "one number or name per row")
+    return _labels(values, str(path), lambda row: f"row {row + 1}")
 
 
 # --------------------------------------------------------------------------------------------

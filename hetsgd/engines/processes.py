@@ -15,20 +15,78 @@ forking it safe.
 
 Environment variables are the forkserver's, fixed when it started, so each worker takes the
 coordinator's environment as it is at the run's start (:func:`settle`), as a spawned one would.
+
+A worker never runs the coordinator's main script (:func:`_main_hidden`), so ``hetsgd.run``
+works from a script without an ``if __name__ == "__main__":`` guard, as from a notebook.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
 import os
+import signal
+import sys
+import threading
+import types
+from collections.abc import Iterator
 from multiprocessing import forkserver
-from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.context import (
+    ForkServerContext,
+    ForkServerProcess,
+    SpawnContext,
+    SpawnProcess,
+)
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 #: What the forkserver imports once: torch and every module a worker or rank unpickles its
 #: target and arguments from; the first also leaves Ctrl-C and SIGHUP to the coordinator.
 PRELOAD = ("hetsgd.engines.forkserver_preload", "torch", "hetsgd.algorithms",
            "hetsgd.engines.shared_memory.coordinator", "hetsgd.engines.distributed.coordinator")
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """While a process starts, a blank ``__main__`` for multiprocessing to describe to it.
+
+    Multiprocessing sends a child the path of the parent's main script
+    (``spawn.get_preparation_data``), which the child runs again, as ``__mp_main__``, before its
+    target: a script that calls ``hetsgd.run`` at top level would start a run in every worker.
+    A worker needs nothing from that script: its target and arguments live in hetsgd's modules,
+    and a custom model in a module of its own (``model._target_`` may not name ``__main__``).
+    The real module is put back as soon as the child has its description (another thread that
+    looks ``__main__`` up in sys.modules within those milliseconds sees the blank one)."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+class _MainHidden(BaseProcess):
+    """A process started under :func:`_main_hidden`. (The process object is pickled to the
+    child, so each of its classes is a module-level one.)"""
+
+    def start(self) -> None:
+        with _main_hidden():
+            super().start()
+
+
+class _ForkServerProcess(_MainHidden, ForkServerProcess):
+    pass
+
+
+class _SpawnProcess(_MainHidden, SpawnProcess):
+    pass
+
+
+class _ForkServer(ForkServerContext):
+    Process = _ForkServerProcess
+
+
+class _Spawn(SpawnContext):
+    Process = _SpawnProcess
 
 
 def context(start: str) -> ForkServerContext | SpawnContext:
@@ -42,8 +100,8 @@ def context(start: str) -> ForkServerContext | SpawnContext:
 
 def _context(start: str) -> ForkServerContext | SpawnContext:
     if start == "spawn":
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
+        return _Spawn()
+    ctx = _ForkServer()
     ctx.set_forkserver_preload(list(PRELOAD))
     return ctx
 
@@ -55,6 +113,57 @@ def warm_up(start: str) -> None:
     if start == "forkserver":
         _context(start)
         forkserver.ensure_running()
+
+
+def forkserver_pid() -> int | None:
+    """The running forkserver's pid, in the process that started it (None before)."""
+    pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]  # no public handle
+    return int(pid) if pid is not None else None
+
+
+@contextlib.contextmanager
+def start_deadline(start: str, timeout_s: float) -> Iterator[list[str]]:
+    """Bound the start of a run's processes from the forkserver (``workers.start_timeout_s``):
+    each start waits for the forkserver to answer with the new pid, forever if it is stopped
+    or stuck. Past ``timeout_s`` it is killed (SIGKILL: a stopped process handles nothing
+    else), which ends that wait with an error, and the next run starts a new one
+    (``forkserver.ensure_running`` sees it gone). Yields a list that then holds why."""
+    if start != "forkserver":
+        yield []
+        return
+    forkserver.ensure_running()
+    pid, killed = forkserver_pid(), []
+
+    def kill() -> None:
+        killed.append(f"the forkserver (pid {pid}) did not start the workers within "
+                      f"{timeout_s:g} s (workers.start_timeout_s; stopped or stuck): killed, "
+                      "the next run starts a new one")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+
+    timer = threading.Timer(timeout_s, kill)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield killed
+    finally:
+        timer.cancel()
+
+
+def forkserver_exit() -> tuple[int, int] | None:
+    """The forkserver's pid and exit code (a signal's number, negated) if it has ended, else
+    None. It stays unreaped (``WNOWAIT``), for ``forkserver.ensure_running`` to find gone."""
+    pid = forkserver_pid()
+    if pid is None:
+        return None
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None or info.si_pid == 0:
+        return None
+    signalled = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+    return pid, -info.si_status if signalled else info.si_status
 
 
 def settle(environment: dict[str, str]) -> None:

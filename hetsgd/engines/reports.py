@@ -17,7 +17,7 @@ from typing import Protocol
 
 from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.errors import Diverged, UserError
+from hetsgd.errors import Diverged, UserError, out_of_memory
 
 SETUP_BEAT_S = 0.2  # how often a worker that sets up beats its heartbeat (see `beating`)
 Report = tuple[str, int, str | bytes]  # (kind, rank, message)
@@ -82,4 +82,5 @@ def reporting(rank: int, state: SharedState, reports: Reports) -> Iterator[None]
     except BaseException as exc:  # noqa: BLE001 - reported, not swallowed
         state.signals.retire(rank)
         state.signals.stop.set()
-        reports.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        reports.put(("failed", rank, out_of_memory(exc)
+                     or f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))

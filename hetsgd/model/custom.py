@@ -16,12 +16,18 @@ Every engine keeps the model in one float32 vector: floating parameters and buff
 precision are converted with ``.float()``; a model with other (complex, integer) parameters is
 refused. Before training, one forward pass on two zero examples checks the output's shape, so a
 wrong model is one error line naming the target instead of a traceback in a worker.
+
+The user's code runs bounded (:func:`_bounded`): whatever it raises, ``SystemExit`` and
+``KeyboardInterrupt`` included, and a call that never returns, fail the run with the target
+named, in whichever process builds the model (the coordinator, each worker, the evaluator).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,6 +57,10 @@ def _locate(target: str) -> Any:
     parts = target.split(".")
     if len(parts) < 2 or not all(parts):
         raise UserError(f"model._target_={target}: not a dotted path PKG.MODULE.FACTORY")
+    if parts[0] in ("__main__", "__mp_main__"):  # a worker never runs the script or notebook
+        raise UserError(f"model._target_={target}: worker processes cannot import the script or "
+                        "notebook that starts the run; put the factory in a module of its own "
+                        "(e.g. mynets.py beside the script) and name that")
     for i in range(len(parts) - 1, 0, -1):
         name = ".".join(parts[:i])
         try:
@@ -126,14 +136,51 @@ def _probe(target: str, module: nn.Module, num_features: int, num_outputs: int,
 
 
 def _raised(target: str, exc: BaseException, doing: str = "building it") -> UserError:
-    return UserError(f"model._target_={target}: {doing} raised {type(exc).__name__}: {exc}"
+    said = f": {exc}" if str(exc) else ""
+    return UserError(f"model._target_={target}: {doing} raised {type(exc).__name__}{said}"
                      .replace("\n", " "))
+
+
+def _bounded(target: str, timeout_s: float, build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()``, run in a daemon thread and waited on for at most ``timeout_s``.
+
+    Python cannot interrupt a call that does not return, so the user's code gets a thread of its
+    own: one that hangs is left behind, and as a daemon it never holds up the process's exit.
+    The thread also tells the code's own ``SystemExit`` or ``KeyboardInterrupt`` from the user's
+    Ctrl-C: signals reach the main thread only, so whatever the thread catches was raised by the
+    code, and fails the run, while a Ctrl-C interrupts the wait and stops the run as ever."""
+    outcome: list[nn.Module | BaseException] = []
+
+    def call() -> None:
+        try:
+            outcome.append(build())
+        except BaseException as exc:  # noqa: BLE001 - the user's code's own, exits included
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, name=f"building {target}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise UserError(f"model._target_={target}: importing it, calling it and a first forward "
+                        f"did not end within model.build_timeout_s={timeout_s:g} s (raise it if "
+                        "building the model is only slow)")
+    if isinstance(outcome[0], UserError):
+        raise outcome[0]
+    if isinstance(outcome[0], BaseException):
+        raise _raised(target, outcome[0]) from None
+    return outcome[0]
 
 
 def build_custom(cfg: CustomModelConfig, num_features: int, num_outputs: int,
                  image_shape: tuple[int, ...] | None, task: str) -> nn.Module:
-    """The user's module, checked: float32 parameters, logits ``[B, num_outputs]``. Seeding is
-    the caller's (``build_model``)."""
+    """The user's module, checked: float32 parameters, logits ``[B, num_outputs]``, built
+    within ``cfg.build_timeout_s``. Seeding is the caller's (``build_model``)."""
+    return _bounded(cfg._target_, cfg.build_timeout_s, lambda: _checked(
+        cfg, num_features, num_outputs, image_shape, task))
+
+
+def _checked(cfg: CustomModelConfig, num_features: int, num_outputs: int,
+             image_shape: tuple[int, ...] | None, task: str) -> nn.Module:
     target = cfg._target_
     factory = _locate(target)
     offered = data_arguments(num_features, num_outputs, image_shape, task)

@@ -21,11 +21,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hetsgd.atomic import sync_folder
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import CONFIG, OVERRIDES
-from hetsgd.outputs.run_directory import SNAPSHOTS, replace_file, sync_folder, writing
+from hetsgd.outputs.run_directory import SNAPSHOTS, replace_file, writing
 
 CHECKPOINT = "checkpoint"
 STATE = "state.pt"

@@ -1,5 +1,7 @@
 """The look every figure shares, and saving figures so that the same files give the same bytes
-(no timestamps in the metadata, fixed SVG ids): figures can be deleted and redrawn."""
+(no timestamps in the metadata, fixed SVG ids): figures can be deleted and redrawn. A figure's
+text (titles, legends, ticks) comes partly from run folders: it is saved with its control
+characters escaped, and never through a symbolic link."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
+from hetsgd.errors import UserError
 from hetsgd.outputs.metrics import TARGETS
+from hetsgd.outputs.safe_text import shown
 
 if TYPE_CHECKING:  # matplotlib.typing is new in matplotlib 3.8
     from matplotlib.typing import RcKeyType
@@ -75,10 +80,17 @@ def new_figure(width: float = SIZE[0]) -> tuple[Figure, Axes]:
 
 
 def save(fig: Figure, out_dir: Path, name: str, formats: Sequence[str]) -> list[Path]:
+    """Write ``fig`` as ``out_dir/name.FORMAT``; a folder or file there that is a symbolic link
+    is a one-line UserError (the figure would land wherever it points)."""
+    for text in fig.findobj(Text):
+        text.set_text(shown(text.get_text(), lines=True))
+    files = [out_dir / f"{name}.{fmt}" for fmt in formats]
+    if linked := next((p for p in (out_dir, *files) if p.is_symlink()), None):
+        raise UserError(f"{linked} is a symbolic link: figures are written only inside their "
+                        "run or sweep folder, never through a link")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for fmt in formats:
-        path = out_dir / f"{name}.{fmt}"
+    for fmt, path in zip(formats, files, strict=True):
         fig.savefig(path, format=fmt, dpi=DPI, bbox_inches="tight", metadata=METADATA[fmt])
         paths.append(path)
     return paths

@@ -21,7 +21,8 @@ import pandas as pd
 import yaml
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY, is_alive
+from hetsgd.liveness import is_alive
+from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,9 @@ Runs that did not complete are counted in the status column and listed with thei
 averaged; so are completed runs whose ``convergence.csv`` cannot be read (``unusable``), and run
 directories that were killed before writing their summary (``crashed``): one bad run costs only its
 own row.
+
+Every string a run folder gave (its name, its summary's algo or error) is shown with its control
+characters escaped (:func:`~hetsgd.outputs.safe_text.shown`), on the terminal and in the files.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from hetsgd.errors import UserError
 from hetsgd.outputs.index import UNUSABLE, index_runs, load_csv, settings
 from hetsgd.outputs.metrics import TARGETS, crossing, normalized_loss
 from hetsgd.outputs.run_directory import write_csv, write_text
+from hetsgd.outputs.safe_text import shown
 
 log = logging.getLogger(__name__)
 
@@ -238,12 +242,28 @@ def _baseline_row(comp: Comparison, table: pd.DataFrame, selector: str | None) -
     return int(hits[0]) if hits else None
 
 
+def _time_ran(comp: Comparison, row: pd.Series) -> float | None:
+    """Mean over the row's completed runs of the last time its curve shows: how long each ran
+    without reaching a target it never reached. None when no run of the row has a curve."""
+    runs = comp.runs[comp.runs["status"] == "completed"]
+    for key in ROW_KEYS:
+        runs = runs[runs[key] == row[key]]
+    ends = [float(curve["time_s"].max()) for curve in map(comp.curves.get, runs["run_dir"])
+            if curve is not None]
+    return float(np.mean(ends)) if ends else None
+
+
 def add_speedup(comp: Comparison, table: pd.DataFrame, selector: str | None) -> str:
-    """Add ``speedup`` (baseline t@0.9 / row t@0.9) and ``baseline`` columns to ``table`` and
-    return the sentence that names the baseline."""
-    first = f"time_to_{TARGETS[0]}_mean"
+    """Add ``speedup`` (baseline t@0.9 / row t@0.9), ``speedup_bound`` and ``baseline`` columns
+    to ``table`` and return the sentence that names the baseline. A baseline that never reached
+    0.9 ran for as long as it ran without getting there, so its time to 0.9 is longer still:
+    that time over the row's t@0.9 is a lower bound of the speedup (``speedup_bound``), which
+    answers whether the row is faster on a machine where the baseline falls short."""
+    target = TARGETS[0]
+    first = f"time_to_{target}_mean"
     table["baseline"] = False
     table["speedup"] = math.nan
+    table["speedup_bound"] = False
     base = _baseline_row(comp, table, selector)
     how = f"matching '{selector}'" if selector else "default: the comparison's sync run"
     if base is None:
@@ -251,10 +271,23 @@ def add_speedup(comp: Comparison, table: pd.DataFrame, selector: str | None) -> 
     table.loc[base, "baseline"] = True
     name = row_label(table.loc[base])
     base_time = table.at[base, first]
-    if not np.isfinite(base_time):
-        return f"Baseline {name} ({how}) never reached {TARGETS[0]}: no speedups."
-    table["speedup"] = base_time / table[first]
-    return f"Speedup = baseline t@{TARGETS[0]} / row t@{TARGETS[0]}; baseline: {name} ({how})."
+    if np.isfinite(base_time):
+        table["speedup"] = base_time / table[first]
+        return f"Speedup = baseline t@{target} / row t@{target}; baseline: {name} ({how})."
+    ran = _time_ran(comp, table.loc[base])
+    if ran is None:
+        return f"Baseline {name} ({how}) never reached {target}: no speedups."
+    table["speedup"] = ran / table[first]
+    table["speedup_bound"] = True
+    return (f"Baseline {name} ({how}) never reached {target} in the {ran:.2f} s it ran (mean over "
+            f"its runs), so its t@{target} is longer: speedup ≥ {ran:.2f} s / row t@{target}, "
+            f"a lower bound.")
+
+
+def _speedup_cell(row: pd.Series) -> str:
+    """The ratio, or ``≥ 1.70x`` where it is a lower bound (see :func:`add_speedup`)."""
+    text = _number(row["speedup"], ".2f")
+    return f"≥ {text}x" if row["speedup_bound"] and text != DASH else text
 
 
 def _number(value: float, fmt: str) -> str:
@@ -282,7 +315,7 @@ def _shares(row: pd.Series, groups: list[str]) -> str:
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+        return "| " + " | ".join(shown(c).replace("|", "\\|") for c in cells) + " |"
     return "\n".join([line(headers), line(["---"] * len(headers)), *map(line, rows)])
 
 
@@ -298,15 +331,15 @@ def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: st
                      row["status"], *(_cell(row, col, fmt) for col, _, fmt in METRICS),
                      _shares(row, comp.groups),
                      *(_cell(row, col, fmt) for col, _, fmt in UTILIZATION),
-                     _number(row["speedup"], ".2f")])
+                     _speedup_cell(row)])
     best = DASH if comp.l_best is None else f"{comp.l_best:.4g}"
     return "\n\n".join([
-        f"## {comp.title}",
+        f"## {shown(comp.title)}",
         (f"Normalized loss = (L0 - L) / (L0 - L_best), L0 each run's initial training loss and "
          f"L_best = {best}, the lowest training loss reached by any completed run of this "
          f"comparison (same dataset and model). Times are training wall time (virtual time for "
          f"simulated runs), interpolated between snapshots; mean ± std over the n completed "
-         f"runs (seeds). {baseline_text}"),
+         f"runs (seeds). {shown(baseline_text)}"),
         markdown_table(headers, rows)])
 
 
@@ -320,7 +353,7 @@ def _failed_markdown(index: pd.DataFrame, root: Path) -> str:
         rel = where.relative_to(root) if where.is_relative_to(root) else where
         what = ", ".join(f"{key} {_plain(run[key])}" for key in IDENTITY if _plain(run[key]))
         error = " ".join((_plain(run["error"]) or "no error recorded").split())
-        lines.append(f"- `{rel}` ({what}): **{run['status']}**: {error}")
+        lines.append(shown(f"- `{rel}` ({what}): **{run['status']}**: {error}"))
     return "\n".join(lines)
 
 
@@ -330,7 +363,7 @@ def build_report(index: pd.DataFrame, root: Path,
     ``index``; ``root`` is where failed runs' paths are shown relative to. A completed run whose
     ``convergence.csv`` cannot be read is reported as ``unusable``, with the file named."""
     root = Path(root).resolve()
-    sections = [f"# hetsgd report: {root.name or root}"]
+    sections = [f"# hetsgd report: {shown(root.name or root)}"]
     tables = []
     comps = comparisons(index)
     for comp in comps:
@@ -345,7 +378,7 @@ def build_report(index: pd.DataFrame, root: Path,
     if not numbers.empty:
         first = ["dataset", "model", "l_best", "algo", "devices", "emulated", "simulated",
                  "variant", "n",
-                 "runs", "status", "baseline", "speedup"]
+                 "runs", "status", "baseline", "speedup", "speedup_bound"]
         numbers = numbers[first + [c for c in numbers.columns if c not in first]]
     return "\n\n".join(s for s in sections if s) + "\n", numbers
 
@@ -360,5 +393,5 @@ def write_report(path: Path, baseline: str | None = None, index: pd.DataFrame | 
     index = index_runs(path) if index is None or index.empty else index
     markdown, numbers = build_report(index, path, baseline)
     write_text(path / "report.md", markdown)
-    write_csv(path / "report.csv", numbers)
+    write_csv(path / "report.csv", numbers.map(lambda v: shown(v) if isinstance(v, str) else v))
     return markdown

@@ -9,18 +9,18 @@ import json
 import math
 import os
 import platform
-import socket
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import pandas as pd
-import psutil
 from omegaconf import OmegaConf
 
+from hetsgd import atomic
+from hetsgd.errors import UserError
 from hetsgd.machine import cpu_model, cuda_devices, usable_cores
+from hetsgd.outputs.safe_text import redacted
 
 SUMMARY = "summary.json"
 #: The raw snapshots of a run that has not evaluated them yet (:mod:`hetsgd.outputs.journal`).
@@ -61,44 +61,42 @@ def writing(path: Path) -> Iterator[None]:
 
 
 def replace_file(path: Path, write: Callable[[IO], object], binary: bool = False) -> None:
-    """Write ``path`` atomically: ``write`` fills a temporary file (text, or ``binary``) in the
-    same folder, which is flushed, synced to disk and only then renamed onto ``path``. A failure
-    at any point (a full disk, a serializer that raises midway) leaves the previous complete
-    file, or none, never a truncated one; an I/O error is a :class:`WriteError` naming ``path``."""
-    path = Path(path)
-    tmp: str | None = None
-    mode: dict[str, Any] = {"mode": "wb"} if binary else {"mode": "w", "encoding": "utf-8",
-                                                          "newline": ""}
-    try:
-        with writing(path):
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are for everyone who may read them
-            with os.fdopen(fd, **mode) as handle:
-                write(handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-            tmp = None
-    finally:
-        if tmp is not None:
-            with suppress(OSError):
-                os.unlink(tmp)
-    sync_folder(path.parent)
-
-
-def sync_folder(folder: Path) -> None:
-    """Make a rename into ``folder`` durable, where the system allows syncing a folder."""
-    with suppress(OSError):
-        handle = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(handle)
-        finally:
-            os.close(handle)
+    """Write ``path`` atomically (:func:`hetsgd.atomic.replace_file`: the previous complete
+    file, or none, never a truncated one, in the umask's mode); an I/O error is a
+    :class:`WriteError` naming ``path``."""
+    with writing(Path(path)):
+        atomic.replace_file(path, write, binary)
 
 
 def write_text(path: Path, text: str) -> None:
     """``path.write_text(text)``, atomically (:func:`replace_file`)."""
     replace_file(path, lambda handle: handle.write(text))
+
+
+def check_no_links(folder: Path, doing: str) -> None:
+    """Refuse (a one-line :class:`UserError` after ``doing``) to write into a folder read back
+    (a run to resume or recover) that holds a symbolic link anywhere: hetsgd writes and deletes
+    there (``checkpoint/``, ``figures/``, old snapshots), and a link, say in a folder copied
+    from someone else, would take those writes and deletions outside it."""
+    for root, dirs, files in os.walk(folder):  # never into a linked folder: it is listed only
+        for name in (*dirs, *files):
+            if (Path(root) / name).is_symlink():
+                raise UserError(f"{doing}: {Path(root) / name} is a symbolic link; hetsgd "
+                                "writes a run's files only inside its folder, never through a "
+                                "link: replace it with what it points to, or remove it")
+
+
+def redact_files(paths: Iterable[Path]) -> None:
+    """Rewrite those of ``paths`` (files Hydra wrote: ``.hydra/*.yaml``, a sweep's
+    ``multirun.yaml``) that hold a secret of a URI with it redacted; the others stay as they
+    are."""
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):  # none there (Hydra's output_subdir: null)
+            continue
+        if (safe := redacted(text)) != text:
+            write_text(path, safe)
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
@@ -120,27 +118,6 @@ def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
         handle.write(text.getvalue())  # one write: a killed process leaves whole rows
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def this_process() -> dict[str, Any]:
-    """The process writing a run directory, as summary.json records it while the run goes:
-    :func:`is_alive` tells a run still going from one whose coordinator died."""
-    me = psutil.Process()
-    return {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}
-
-
-def is_alive(process: Any) -> bool:
-    """Whether the process :func:`this_process` described still runs; a reused pid has another
-    start time. One on another host (a cluster job seen from the login node) cannot be asked:
-    it reads as still running rather than as crashed, and its summary names the host."""
-    try:
-        if process["host"] != socket.gethostname():
-            return True
-        proc = psutil.Process(process["pid"])
-        return (abs(proc.create_time() - process["started"]) < 0.01
-                and proc.status() != psutil.STATUS_ZOMBIE)
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return False
 
 
 def environment() -> dict[str, Any]:
@@ -178,7 +155,8 @@ class RunDirectory:
         path.mkdir(parents=True, exist_ok=True)
 
     def write_config(self, config: Any) -> None:
-        write_text(self.path / "config.yaml", OmegaConf.to_yaml(config, resolve=True))
+        # readable by all: the password of a URI in it (a tracker's) is not written
+        write_text(self.path / "config.yaml", redacted(OmegaConf.to_yaml(config, resolve=True)))
 
     def write_table(self, name: str, rows: list[dict[str, Any]] | pd.DataFrame) -> None:
         frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)

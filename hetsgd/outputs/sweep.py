@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.figure_formats import check_formats
-from hetsgd.outputs.index import index_dirs, is_run_dir, read_summary
+from hetsgd.outputs.index import MULTIRUN, index_dirs, is_run_dir, read_summary
 from hetsgd.outputs.run_directory import write_csv, write_text
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,26 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(found, key=lambda d: (_job_number(d) is None, _job_number(d) or 0, d.name))
 
 
+def newest_job_folder(sweep_dir: Path) -> Path | None:
+    """The folder of the sweep's latest job, a run directory or not yet one (Hydra makes it
+    before it writes its ``.hydra/`` files into it)."""
+    numbered = [(number, d) for d in Path(sweep_dir).iterdir()
+                if d.is_dir() and (number := _job_number(d)) is not None]
+    return max(numbered)[1] if numbered else None
+
+
 def job_statuses(sweep_dir: Path) -> list[str]:
     """How each job ended, in job order, as its folder says (``crashed`` without a final summary)."""
     return [read_summary(d)["status"] for d in job_dirs(sweep_dir)]
+
+
+def check_unused(sweep_dir: Path) -> None:
+    """A sweep started in the folder of an earlier one would overwrite its jobs' folders (job
+    numbers start at 0 again) and its summary: refused before any job runs."""
+    if (sweep_dir / MULTIRUN).is_file() or (sweep_dir.is_dir() and job_dirs(sweep_dir)):
+        raise UserError(f"hydra.sweep.dir {sweep_dir} already holds a sweep, whose jobs this one "
+                        "would overwrite: choose another hydra.sweep.dir (or leave it out for a "
+                        "new folder under results/sweeps/), or move that sweep away first")
 
 
 def sweep_summary(jobs: pd.DataFrame) -> pd.DataFrame:
@@ -105,7 +122,7 @@ def finalize_sweep(sweep_dir: Path, baseline: str | None = None,
     try:
         if not jobs.empty:
             plot_comparison(jobs, sweep_dir / "figures", formats)
-    except UserError as err:
+    except (UserError, OSError) as err:  # OSError: a full disk, say; the tables are written
         log.warning("no figures for the sweep in %s: %s", sweep_dir, err)
     return markdown
 
@@ -131,6 +148,10 @@ class SweepReport(Callback):
             return
         try:
             markdown = finalize_sweep(sweep_dir, self.baseline, self.formats)
+        except OSError as err:  # a full disk: the jobs' folders are as they ended
+            log.error("could not write the summary and report of the sweep in %s: %s",
+                      sweep_dir, err)
+            return
         except Exception:  # a report error must not hide the finished jobs' results
             log.exception("could not write the report of the sweep in %s", sweep_dir)
             return

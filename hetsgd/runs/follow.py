@@ -29,8 +29,7 @@ def follow() -> int:
     failed, the error on stderr)."""
     launch = torchrun()
     assert launch is not None, "follow() runs under torchrun only"
-    handoff = receive()
-    assert isinstance(handoff, Handoff)
+    handoff = Handoff.from_plain(receive())
     if handoff.plan is None:
         raise UserError(f"rank 0 failed before training: {handoff.error}")
     plan = handoff.plan

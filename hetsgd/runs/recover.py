@@ -6,13 +6,16 @@ it had measured (:mod:`hetsgd.outputs.journal`): the snapshots it had taken, its
 counters and its utilization samples. Recovery evaluates every snapshot that can be read as the
 run would have, into ``convergence.csv``, and writes the summary with the results up to the last
 one; a damaged snapshot file is named and skipped. The status stays ``crashed``: the run did not
-end by itself, and its time budget was not spent.
+end by itself, and its time budget was not spent. A custom model's factory, which the folder
+names, is called only when the user names it too (:mod:`hetsgd.runs.trust`), and a folder
+holding a symbolic link is not written into.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,10 +36,11 @@ from hetsgd.outputs.index import (
     read_overrides,
 )
 from hetsgd.outputs.journal import INDEX, read_snapshots, remove_snapshots, warn_skipped
-from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory
+from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, check_no_links
 from hetsgd.outputs.summary import RunSummary
 from hetsgd.runs.runner import evaluate
 from hetsgd.runs.setup import load_run_data
+from hetsgd.runs.trust import check_targets
 
 log = logging.getLogger("hetsgd")
 
@@ -61,10 +65,11 @@ def _config(run_dir: Path) -> RunConfig:
     return cfg
 
 
-def recover(run_dir: Path) -> dict[str, Any]:
+def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
     """Evaluate what the crashed run in ``run_dir`` left, write its convergence.csv and summary,
-    and return the summary. A run that is not ``crashed``, or left no snapshot that can be read,
-    is a :class:`UserError` saying so."""
+    and return the summary. ``model_targets``: the model factories the user lets it call (the
+    command's ``--model-target``). A run that is not ``crashed``, or left no snapshot that can
+    be read, is a :class:`UserError` saying so, as is a target not named or a link inside."""
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
         raise UserError(f"{run_dir} is not a run directory")
@@ -85,6 +90,8 @@ def recover(run_dir: Path) -> dict[str, Any]:
                "it crashed before training started, or was recovered already")
         raise UserError(f"{run_dir} left no snapshot to recover: {why}")
     cfg = _config(run_dir)
+    check_targets(cfg, run_dir, model_targets, "pass --model-target {}")
+    check_no_links(run_dir, f"cannot recover {run_dir}")
     data = load_run_data(cfg, progress=cfg.progress)
     training = Training(status=CRASHED, time_s=snapshots[-1].time_s, snapshots=snapshots,
                         utilization=_rows(load_csv(run_dir, "utilization")))

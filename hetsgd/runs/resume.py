@@ -5,7 +5,10 @@ the checkpoint's, composed as recovery does (:mod:`hetsgd.runs.recover`), with t
 overrides on top; these may extend or change the budget, evaluation, checkpoints, monitoring,
 torch.distributed, the workers' stall window and progress, and nothing else. Its clock,
 counters and snapshots continue the checkpoint's: what the run measured after the checkpoint is
-left out, so the resumed run's curves continue the old ones as one run's.
+left out, so the resumed run's curves continue the old ones as one run's. A custom model's
+factory, which the checkpoint names, is called only when this command names it too
+(``model=custom model._target_=...``, :mod:`hetsgd.runs.trust`); a run folder holding a
+symbolic link is not resumed (its writes would follow it).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from hetsgd.outputs.index import (
     read_summary,
 )
 from hetsgd.outputs.journal import remove_snapshots
-from hetsgd.outputs.run_directory import write_csv, write_text
+from hetsgd.outputs.run_directory import check_no_links, write_csv, write_text
+from hetsgd.runs.trust import check_targets, override_targets
 
 # What a resumed run must keep: anything else would train another model than the checkpoint's.
 KEPT = ("algo", "dataset", "model", "devices", "optim", "data", "seed")
@@ -76,6 +80,7 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
         process = summary.get("coordinator") or {}
         raise UserError(f"resume={source}: the run is still going (process {process.get('pid')} "
                         f"on {process.get('host')}): resume it once it has ended")
+    check_no_links(source, f"resume={source}")
     version = latest_checkpoint(source)
     if version is None:
         raise UserError(f"resume={source}: the run left no checkpoint (checkpoints are taken "
@@ -89,7 +94,9 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
         raise UserError(f"resume={source}: a resumed run trains what its checkpoint did, so "
                         f"{changed[0]} cannot change (only budget, eval, checkpoint, monitor, "
                         "dist, workers and progress can)")
-    cfg, _ = rebuild_config(config, recorded, f"resume={source}: {failure}", now)
+    cfg, recorded_cfg = rebuild_config(config, recorded, f"resume={source}: {failure}", now)
+    check_targets(recorded_cfg, source, override_targets(now),
+                  "add model=custom model._target_={}")
     cfg.resume = str(source)
     try:
         to_run_config(cfg)

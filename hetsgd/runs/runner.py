@@ -14,6 +14,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,8 @@ from hetsgd.engines.processes import warm_up
 from hetsgd.engines.shared_memory.memory import SharedMaster
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.engines.training import Training
-from hetsgd.errors import UserError
+from hetsgd.errors import UserError, out_of_memory
+from hetsgd.liveness import this_process
 from hetsgd.model.step import step_kind
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
@@ -46,7 +48,6 @@ from hetsgd.outputs.run_directory import (
     RunDirectory,
     WriteError,
     environment,
-    this_process,
 )
 from hetsgd.outputs.summary import (
     GroupMix,
@@ -162,7 +163,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
     if torchrun() is not None and (cfg.resume is not None or cfg.checkpoint.every_s is not None):
         error = ("checkpoints are not supported under torchrun (the other nodes' ranks can neither "
                  "send their parts nor read them): set checkpoint.every_s=null, without resume")
-        hand_off(Handoff(error=error))  # the other ranks wait for a plan: they fail with this
+        # the other ranks wait for a plan: they fail with this
+        hand_off(Handoff(error=error).to_plain())
         return refuse(run_dir, cfg, resolved_config, error)
     resumption = None
     if cfg.resume is not None:
@@ -194,7 +196,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         algorithm = algorithms.get(cfg.algo.name)
         plan = algorithm.plan(cfg, specs)
         if torchrun() is not None:  # global rank 0: the other ranks take this plan
-            hand_off(Handoff(plan=plan))
+            hand_off(Handoff(plan=plan).to_plain())
             handed_off = True
         cfg, specs = plan.cfg, plan.workers
         summary = replace(summary, plan=plan.settled, mix=_mix(specs))
@@ -251,8 +253,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
                 "left" if (run_dir / SNAPSHOTS).is_dir() else "")
         summary = replace(summary, status=CRASHED, error=f"{exc}{left}")
     except Exception as exc:  # a failed run must still say why, in its directory
-        summary = replace(summary, status="failed", error=f"{type(exc).__name__}: {exc}")
-        (run_dir / "error.log").write_text(traceback.format_exc())
+        summary = replace(summary, status="failed",
+                          error=out_of_memory(exc) or f"{type(exc).__name__}: {exc}")
+        with suppress(OSError, MemoryError):  # the summary says why; the traceback is extra
+            (run_dir / "error.log").write_text(traceback.format_exc())
     finally:
         if trained is not None and trained[0] is not None:
             summary = replace(summary, timing=Timing(trained[0] - started_at,
@@ -266,5 +270,5 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         if evaluated and not cfg.eval.keep_snapshots:
             remove_snapshots(run_dir)
         if torchrun() is not None and not handed_off:  # the other ranks would wait for a plan
-            hand_off(Handoff(error=summary.error))
+            hand_off(Handoff(error=summary.error).to_plain())
     return summary.to_dict()

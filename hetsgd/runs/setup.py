@@ -3,15 +3,18 @@ it poses to the model."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig
+from hetsgd.config.plain import config_from_plain, config_to_plain, plain
 from hetsgd.data import load_dataset
 from hetsgd.data.augment import check_augment
 from hetsgd.engines.shared_memory.memory import SharedArena, SharedData
@@ -41,9 +44,40 @@ class RunData:
 
 
 #: A sweep's jobs that load the same data (the dataset config and the seed, which draws the
-#: split) share one prepared copy in shared memory; the copies kept total at most this many bytes.
+#: split) share one prepared copy in shared memory. Each copy holds a file descriptor per array
+#: for as long as it is kept, so the copies kept are bounded by count as well as by bytes: a
+#: sweep over methods and a few seeds finds each seed's copy again, and a sweep of any length
+#: holds at most REUSE_COPIES of them.
 REUSE_BYTES = 1 << 30
-_prepared: OrderedDict[str, RunData] = OrderedDict()  # by key, the latest last
+REUSE_COPIES = 4
+
+
+class Prepared:
+    """The copies one sweep's jobs prepared, the latest used last. A copy dropped is released
+    with its last reference (the engine's ended with the job that used it): torch closes the
+    descriptor of each shared array, whose file was unlinked when it was made."""
+
+    def __init__(self) -> None:
+        self.sweep: str | None = None  # the sweep folder whose jobs prepared the copies
+        self.copies: OrderedDict[str, RunData] = OrderedDict()
+
+    def get(self, sweep: str, key: str) -> RunData | None:
+        if sweep != self.sweep:  # a later sweep in this process (tests, notebooks)
+            self.sweep, self.copies = sweep, OrderedDict()
+        data = self.copies.get(key)
+        if data is not None:
+            self.copies.move_to_end(key)
+        return data
+
+    def keep(self, key: str, data: RunData) -> None:
+        """Keep ``data``, dropping the least recently used copies past either bound."""
+        self.copies[key] = data
+        while len(self.copies) > REUSE_COPIES or sum(
+                d.train.nbytes + d.test.nbytes for d in self.copies.values()) > REUSE_BYTES:
+            self.copies.popitem(last=False)
+
+
+_prepared = Prepared()
 
 
 def load_run_data(cfg: RunConfig, progress: bool,
@@ -52,13 +86,14 @@ def load_run_data(cfg: RunConfig, progress: bool,
     and checked before any worker starts: the training set must fill the smallest batch of
     ``workers`` (a calibration, which sizes its batches to the data, passes none). A job of a
     sweep takes the copy an earlier job of it prepared of the same data: workers only read it."""
-    reuse = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    sweep = (str(HydraConfig.get().sweep.dir) if HydraConfig.initialized()
+             and HydraConfig.get().mode == RunMode.MULTIRUN else None)
     key = repr((cfg.dataset, cfg.seed))
-    data = _prepared.get(key) if reuse else None
+    data = _prepared.get(sweep, key) if sweep is not None else None
     if data is None:
         data = _prepare(cfg, progress)
-        if reuse:
-            _keep(key, data)
+        if sweep is not None:
+            _prepared.keep(key, data)
     check_augment(cfg.data.augment, data.problem.image_shape)
     check_fills_a_batch(data.train.num_examples, workers)
     return data
@@ -70,13 +105,6 @@ def _prepare(cfg: RunConfig, progress: bool) -> RunData:
     return RunData(Problem.of(dataset), arena.data(dataset.x_train, dataset.y_train),
                    arena.data(dataset.x_test, dataset.y_test), dataset.name,
                    dataset.source, dataset.synthetic, dataset.scaling, dataset.class_names)
-
-
-def _keep(key: str, data: RunData) -> None:
-    """Keep ``data`` for the sweep's later jobs, dropping the oldest copies past REUSE_BYTES."""
-    _prepared[key] = data
-    while sum(d.train.nbytes + d.test.nbytes for d in _prepared.values()) > REUSE_BYTES:
-        _prepared.popitem(last=False)
 
 
 def check_fills_a_batch(num_train: int, workers: Sequence[WorkerSpec]) -> None:
@@ -94,7 +122,42 @@ def check_fills_a_batch(num_train: int, workers: Sequence[WorkerSpec]) -> None:
 
 @dataclass(frozen=True)
 class Handoff:
-    """What global rank 0 hands the other torchrun ranks: its plan, or why it has none."""
+    """What global rank 0 hands the other torchrun ranks: its plan, or why it has none. It
+    travels as plain data (:mod:`hetsgd.engines.distributed.handoff`), rebuilt by the schemas."""
 
     plan: Plan | None = None
     error: str | None = None
+
+    def to_plain(self) -> dict[str, Any]:
+        plan = self.plan
+        return {"error": self.error, "plan": None if plan is None else {
+            "cfg": config_to_plain(plan.cfg), "workers": plain(plan.workers),
+            "settled": plain(plan.settled)}}
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> Handoff:
+        """The hand-off :meth:`to_plain` gave; anything else is a one-line UserError."""
+        try:
+            error, plan = data["error"], data["plan"]
+            if plan is None:
+                return cls(error=str(error))
+            if not isinstance(plan["settled"], dict):
+                raise TypeError("its settled values are not a mapping")
+            return cls(plan=Plan(config_from_plain(plan["cfg"]),
+                                 [_worker(spec) for spec in plan["workers"]], plan["settled"]))
+        except (KeyError, TypeError, ValueError) as err:  # ConfigError included
+            raise UserError(f"rank 0's hand-off is not a plan: {err}".splitlines()[0]) from err
+
+
+#: The types a WorkerSpec's fields take in JSON, by their annotation.
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "str": str, "bool": bool,
+                                                    "float": (int, float)}
+
+
+def _worker(spec: Any) -> WorkerSpec:
+    """A worker of a hand-off: its fields only, each of its own type."""
+    types = {f.name: _JSON_TYPES.get(str(f.type), object) for f in dataclasses.fields(WorkerSpec)}
+    if not isinstance(spec, dict) or not set(spec) <= set(types) or not all(
+            isinstance(value, types[name]) for name, value in spec.items()):
+        raise TypeError(f"not a worker: {str(spec)[:80]}")
+    return WorkerSpec(**spec)

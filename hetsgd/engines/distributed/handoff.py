@@ -3,14 +3,17 @@
 Composing the config again on every node could resolve differently (``${hetsgd.cores:}``, ``auto``
 mixes, a different ``conf/``), so only global rank 0 composes and plans; the other ranks take
 its result. The store is the TCPStore torchrun's agent hosts (``TORCHELASTIC_USE_AGENT_STORE``,
-torchrun's default); every rank reaches it as a client at ``MASTER_ADDR:MASTER_PORT``.
+torchrun's default); every rank reaches it as a client at ``MASTER_ADDR:MASTER_PORT``. Anyone
+who reaches that port can write to it, so the hand-off is JSON, read as data only: never a
+pickle, which would run whatever code its writer chose.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
@@ -34,17 +37,32 @@ def _key() -> str:
     return f"hetsgd/handoff/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
-def hand_off(value: object) -> None:
-    """Rank 0: publish ``value`` (picklable) for every other rank."""
-    # torch's stubs type the value as str; the store takes bytes (and get returns bytes)
-    _store(HANDOFF_TIMEOUT_S).set(_key(), pickle.dumps(value))  # type: ignore[arg-type]
+def hand_off(value: dict[str, Any]) -> None:
+    """Rank 0: publish ``value`` (plain data: :func:`hetsgd.config.plain.plain`) for every other
+    rank."""
+    _store(HANDOFF_TIMEOUT_S).set(_key(), json.dumps(value))
 
 
-def receive() -> object:
+def read_handoff(raw: bytes) -> dict[str, Any]:
+    """What a follower read from the store, as the mapping rank 0 handed off; anything that is
+    not a JSON mapping is a one-line :class:`UserError`."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"the hand-off in torchrun's store is not rank 0's (not JSON: {exc}); "
+                        "is another program writing to MASTER_PORT?") from exc
+    if not isinstance(value, dict):
+        raise UserError(f"the hand-off in torchrun's store is not rank 0's (a JSON "
+                        f"{type(value).__name__}, not a mapping)")
+    return value
+
+
+def receive() -> dict[str, Any]:
     """A follower: rank 0's hand-off, waiting for it up to ``HANDOFF_TIMEOUT_S``."""
     store = _store(HANDOFF_TIMEOUT_S)
     try:
-        return pickle.loads(store.get(_key()))
+        raw = store.get(_key())
     except RuntimeError as exc:  # the store's timeout
         raise UserError(f"rank 0 handed over no config within {HANDOFF_TIMEOUT_S:.0f} s: "
                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    return read_handoff(raw)

@@ -34,7 +34,7 @@ from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.counters import COUNTERS
-from hetsgd.engines.processes import context, settle
+from hetsgd.engines.processes import context, forkserver_exit, settle, start_deadline
 from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
 from hetsgd.engines.shared_memory.worker import worker_process
 from hetsgd.engines.snapshots import Snapshots
@@ -230,19 +230,29 @@ class Coordinator(EngineBase):
                 self.journal.snapshot(snapshot, counters)
         snapshots.every_s, snapshots.every_epochs = self.resume.snapshot_spacing
 
-    def _start(self, procs: list) -> None:
+    def _start(self, procs: list) -> dict[int, str]:
         """Start the workers with SIGINT and SIGHUP blocked, which they inherit through fork and
         exec: a Ctrl-C or hangup while they import stays pending until :func:`guarded` ignores
         it, instead of ending each in a traceback. The coordinator gets its own once it
-        unblocks."""
+        unblocks. A forkserver that does not start them in time is killed
+        (:func:`~hetsgd.engines.processes.start_deadline`); returns the worker it did not
+        start, with why."""
         # Started inside the block, the resource tracker would unblock SIGINT after its own start.
         resource_tracker.ensure_running()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, LEFT_TO_COORDINATOR)
         try:
-            for p in procs:
-                p.start()
+            with start_deadline(self.cfg.workers.start,
+                                self.cfg.workers.start_timeout_s) as killed:
+                for spec, p in zip(self.specs, procs):
+                    try:
+                        p.start()
+                    except (OSError, EOFError):  # the forkserver's socket, closed by its end
+                        if not killed:
+                            raise
+                        return {spec.rank: killed[0]}
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        return {}
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -266,8 +276,7 @@ class Coordinator(EngineBase):
         signals = self.state.signals
         stopped: float | None = None  # when the coordinator first saw training end
         try:
-            self._start(procs)
-            hung.update(self._await_ready(procs, finished))
+            hung.update(self._start(procs) or self._await_ready(procs, finished))
             if hung:  # nobody trains: those still setting up are ended at once, below
                 stopped = time.perf_counter() - self.exit_s
             monitor.start()
@@ -395,6 +404,16 @@ class Coordinator(EngineBase):
             self.state.signals.stop.set()
         return {}
 
+    def _died(self, rank: int, exitcode: int) -> str:
+        """Why a worker ended without its report: its own end, or its forkserver's, whose end
+        takes its forks along (their parent-death signal) and hides their exit codes (255)."""
+        server = forkserver_exit() if self.cfg.workers.start == "forkserver" else None
+        if server is not None:
+            pid, code = server
+            return (f"the forkserver (pid {pid}) that started the workers {ended(code)}, "
+                    f"ending {self._name(rank)}")
+        return f"{self._name(rank)} {ended(exitcode)}"
+
     def _collect(self, procs: list, finished: dict[int, tuple[str, str]],
                  timeout: float) -> set[int]:
         """Read worker reports; a worker that died without one counts as failed."""
@@ -415,7 +434,6 @@ class Coordinator(EngineBase):
             pass
         for spec, p in zip(self.specs, procs):
             if spec.rank not in finished and p.exitcode is not None and p.exitcode != 0:
-                finished[spec.rank] = ("failed", f"{self._name(spec.rank)} "
-                                                 f"{ended(p.exitcode)}")
+                finished[spec.rank] = ("failed", self._died(spec.rank, p.exitcode))
                 self.state.signals.stop.set()
         return ready

@@ -5,8 +5,10 @@ artifacts; it ends FINISHED, KILLED (interrupted) or FAILED as the run did."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -43,6 +45,28 @@ def request_limits(cfg: MlflowConfig) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+#: The loggers of MLflow and of the database layer under it, which report a failure of a store
+#: with its whole traceback (65 lines for a read-only SQLite file) before MLflow raises it.
+STORE_LOGGERS = ("mlflow", "sqlalchemy", "alembic")
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """MLflow's own log lines and warnings held back while a run is logged: a failure is the
+    exception MLflow raises, which the tracker reports on one line."""
+    loggers = [logging.getLogger(name) for name in STORE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _is_server(uri: str) -> bool:
@@ -96,7 +120,7 @@ def log_run(record: RunRecord, cfg: MlflowConfig) -> str:
     from mlflow.entities import Metric, Param
 
     experiment = cfg.experiment or record.sweep or SINGLE_RUNS
-    with request_limits(cfg):
+    with request_limits(cfg), quiet():
         _open_store(cfg.tracking_uri)
         client = MlflowClient(tracking_uri=cfg.tracking_uri)
         run_id = client.create_run(_experiment_id(client, experiment, cfg),

@@ -1,0 +1,65 @@
+"""The code a run folder names, called only when the user names it too.
+
+A custom model's config names the factory that builds it (``model._target_``) and may name more
+in its arguments (nested ``_target_`` keys, which Hydra builds as well). A run folder is data
+that may come from someone else, and Hydra calls any importable function it is given
+(``shutil.copyfile`` copies a file): so reading a folder back (``hetsgd recover``, a resume)
+calls a target only when the user's own command names it as well (``--model-target TARGET``,
+or a resume's ``model=custom model._target_=TARGET``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from hetsgd.config import RunConfig
+from hetsgd.config.schema import CustomModelConfig
+from hetsgd.errors import UserError
+from hetsgd.outputs.safe_text import shown
+
+TARGET = "_target_"
+
+
+def named_targets(cfg: RunConfig) -> list[str]:
+    """Every target the run's config would have called: its custom model's and those nested in
+    the model's arguments; none for a built-in model."""
+    if not isinstance(cfg.model, CustomModelConfig):
+        return []
+    return [cfg.model._target_, *_nested(cfg.model.kwargs)]
+
+
+def _nested(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == TARGET:
+                yield str(item)
+            else:
+                yield from _nested(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _nested(item)
+
+
+def check_targets(cfg: RunConfig, source: Path, given: Iterable[str], how: str) -> None:
+    """Refuse (a one-line :class:`UserError`) a config read from ``source`` that names a target
+    the user did not give; ``how`` says how to give one, with ``{}`` for the target."""
+    trusted = set(given)
+    for target in named_targets(cfg):
+        if target not in trusted:
+            raise UserError(f"{source} names model.{TARGET} '{shown(target)}', which hetsgd "
+                            f"would import and call; a run folder is data and may come from "
+                            f"anyone, so it calls only what you name: "
+                            f"{how.format(shown(target))} to call it")
+
+
+def override_targets(overrides: Sequence[str]) -> list[str]:
+    """The targets a command's own Hydra overrides name (``model._target_=PKG.FACTORY``, and
+    ``+model.ARG._target_=...``)."""
+    found = []
+    for override in overrides:
+        key, sep, value = str(override).partition("=")
+        if sep and key.lstrip("+~").split(".")[-1] == TARGET:
+            found.append(value.strip().strip("'\""))
+    return found

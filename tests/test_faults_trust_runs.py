@@ -1,0 +1,231 @@
+"""Run folders and stores are data: `hetsgd recover` and a resume call no code a folder names
+unless the user names it too, torchrun's store is never unpickled, a folder's symbolic links
+take no writes, what a folder says is printed with its control characters escaped, and a
+tracker's password is written nowhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+import pytest
+import torch.distributed as dist
+import yaml
+from typer.testing import CliRunner, Result
+
+import hetsgd
+from hetsgd import algorithms
+from hetsgd.cli import app
+from hetsgd.engines.distributed.handoff import receive
+from hetsgd.errors import UserError
+from hetsgd.outputs.checkpoint import latest_checkpoint
+from hetsgd.outputs.index import CRASHED, OVERRIDES, RUNNING, read_summary
+from hetsgd.outputs.run_directory import SUMMARY, RunDirectory
+from hetsgd.runs.setup import Handoff
+from hetsgd.workers import expand
+from tests.conftest import run_config
+
+RUN = ("algo=sync", "devices=single_cpu", "dataset=digits", "model=mlp", "budget.epochs=null",
+       "budget.seconds=1", "eval.every_s=0.2", "eval.every_epochs=null",
+       "eval.keep_snapshots=true", "checkpoint.every_s=600", "progress=false")
+ESCAPES = "\x1b]0;owned\x07\x1b]52;c;Zm9v\x07\x1b[2J\x9b31m"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One short real run with its snapshots and a checkpoint, made once for the module."""
+    results = tmp_path_factory.mktemp("results")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HETSGD_RESULTS", str(results))
+        patch.setenv("HETSGD_DATA", str(tmp_path_factory.mktemp("data")))
+        done = hetsgd.run(*RUN)
+    assert done.exit_code == 0, done.summary.error
+    run_dir, = (results / "runs").iterdir()
+    assert latest_checkpoint(run_dir) is not None
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the module's run, for one test to change."""
+    monkeypatch.setenv("HETSGD_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "data"))
+    return Path(shutil.copytree(trained, tmp_path / "run", symlinks=True))
+
+
+def _hetsgd(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+def _as_crashed(run_dir: Path) -> None:
+    summary = json.loads((run_dir / SUMMARY).read_text())
+    me = psutil.Process()
+    gone = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time() - 60.0}
+    RunDirectory(run_dir).write_summary({**summary, "status": RUNNING, "coordinator": gone})
+    assert read_summary(run_dir)["status"] == CRASHED
+
+
+def _craft(config: Path, overrides: Path, src: Path, dst: Path) -> None:
+    """Make the recorded config name ``shutil.copyfile`` as its model's factory, as someone
+    who hands over the folder could."""
+    recorded = yaml.safe_load(config.read_text())
+    recorded["model"] = {"name": "custom", "_target_": "shutil.copyfile",
+                         "kwargs": {"src": str(src), "dst": str(dst)}}
+    config.write_text(yaml.safe_dump(recorded))
+    kept = [o for o in yaml.safe_load(overrides.read_text()) if not o.startswith("model=")]
+    overrides.write_text(yaml.safe_dump([*kept, "model=custom"]))
+
+
+@pytest.mark.integration
+def test_recover_calls_no_target_the_folder_names_unless_the_user_names_it(
+        run_dir: Path, tmp_path: Path) -> None:
+    src, dst = tmp_path / "evil.pth", tmp_path / "site-packages" / "zz.pth"
+    src.write_text("import os\n")
+    dst.parent.mkdir()
+    _as_crashed(run_dir)
+    _craft(run_dir / "config.yaml", run_dir / OVERRIDES, src, dst)
+    refused = _hetsgd("recover", str(run_dir))
+    assert refused.exit_code == 1 and not dst.exists()
+    line, = refused.stderr.splitlines()
+    assert line == (f"hetsgd: error: {run_dir} names model._target_ 'shutil.copyfile', which "
+                    "hetsgd would import and call; a run folder is data and may come from "
+                    "anyone, so it calls only what you name: pass --model-target "
+                    "shutil.copyfile to call it")
+    # named by the user, it is called (and refused as no model only then)
+    named = _hetsgd("recover", str(run_dir), "--model-target", "shutil.copyfile")
+    assert named.exit_code == 1 and dst.read_text() == "import os\n"
+    assert "not an nn.Module" in named.stderr
+
+
+@pytest.mark.integration
+def test_a_resume_calls_no_target_the_checkpoint_names(run_dir: Path, tmp_path: Path) -> None:
+    src, dst = tmp_path / "evil.pth", tmp_path / "zz.pth"
+    src.write_text("import os\n")
+    version = latest_checkpoint(run_dir)
+    assert version is not None
+    _craft(version / "run_config.yaml", version / "run_overrides.yaml", src, dst)
+    refused = _hetsgd("run", f"resume={run_dir}", "budget.seconds=2", "progress=false")
+    assert refused.exit_code == 1 and not dst.exists()
+    line, = refused.stderr.splitlines()
+    assert "names model._target_ 'shutil.copyfile'" in line
+    assert line.endswith("add model=custom model._target_=shutil.copyfile to call it")
+
+
+def test_a_plan_travels_as_data_and_comes_back_equal() -> None:
+    cfg = run_config("algo=local_sgd", "devices=emulated", "algo.tau={accel: 3, cpu: 1}")
+    plan = algorithms.get(cfg.algo.name).plan(cfg, expand(cfg.devices))
+    sent = json.loads(json.dumps(Handoff(plan=plan).to_plain()))
+    assert Handoff.from_plain(sent) == Handoff(plan=plan)
+    assert Handoff.from_plain(json.loads(json.dumps(Handoff(error="no").to_plain()))).error == "no"
+
+
+def test_a_plan_of_another_shape_is_refused() -> None:
+    cfg = run_config("devices=single_cpu")
+    sent = Handoff(plan=algorithms.get("sync").plan(cfg, expand(cfg.devices))).to_plain()
+    sent["plan"]["cfg"]["schemas"]["algo"] = "os.system"
+    with pytest.raises(UserError, match="no algo schema is called 'os.system'"):
+        Handoff.from_plain(sent)
+    sent = Handoff(plan=algorithms.get("sync").plan(cfg, expand(cfg.devices))).to_plain()
+    sent["plan"]["workers"][0]["threads"] = "1; rm -rf /"
+    with pytest.raises(UserError, match="not a worker"):
+        Handoff.from_plain(sent)
+
+
+class _Payload:
+    """What a pickle in the store would run on a follower, if it were unpickled."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.mkdir, (os.environ["HETSGD_PICKLED"],)
+
+
+def test_a_follower_never_unpickles_the_store(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10),
+                          wait_for_workers=False)
+    marker = tmp_path / "pickled"
+    monkeypatch.setenv("HETSGD_PICKLED", str(marker))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    store.set("hetsgd/handoff/0", pickle.dumps(_Payload()))  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="not rank 0's .not JSON"):
+        receive()
+    assert not marker.exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("linked", ["checkpoint", "figures"])
+def test_a_resume_never_writes_through_a_symbolic_link(run_dir: Path, tmp_path: Path,
+                                                       linked: str) -> None:
+    outside = tmp_path / "outside"
+    shutil.move(run_dir / linked, outside)
+    (run_dir / linked).symlink_to(outside, target_is_directory=True)
+    before = sorted(str(p.relative_to(outside)) for p in outside.rglob("*"))
+    result = _hetsgd("run", f"resume={run_dir}", "budget.seconds=2", "progress=false")
+    assert result.exit_code == 1
+    line, = result.stderr.splitlines()
+    assert line.startswith(f"hetsgd: error: resume={run_dir}: {run_dir / linked} is a symbolic "
+                           "link;")
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == before
+
+
+@pytest.mark.integration
+def test_hetsgd_plot_never_writes_through_a_symbolic_link(run_dir: Path, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(run_dir / "figures")
+    (run_dir / "figures").symlink_to(outside, target_is_directory=True)
+    result = _hetsgd("plot", str(run_dir))
+    assert result.exit_code == 0 and "0 figure file(s) written" in result.stdout
+    assert f"{run_dir / 'figures'} is a symbolic link" in caplog.text
+    assert not list(outside.iterdir())
+
+
+@pytest.mark.integration
+def test_report_escapes_what_a_run_folder_says(run_dir: Path, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    shutil.copytree(run_dir, sweep / "completed", symlinks=True)
+    failed = Path(shutil.copytree(run_dir, sweep / f"run{ESCAPES}", symlinks=True))
+    summary = json.loads((failed / SUMMARY).read_text())
+    RunDirectory(failed).write_summary({**summary, "status": "failed",
+                                        "algo": f"sync{ESCAPES}", "error": f"boom{ESCAPES}"})
+    result = _hetsgd("report", str(sweep))
+    assert result.exit_code == 0, result.output
+    files = [(sweep / name).read_text() for name in ("report.md", "report.csv")]
+    for text in (result.stdout + result.stderr, *files):
+        assert not [c for c in text if ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) < 0xA0]
+    escaped = "\\x1b]0;owned\\x07\\x1b]52;c;Zm9v\\x07\\x1b[2J\\x9b31m"
+    for text in (" ".join(result.stdout.split()), files[0]):  # the terminal's lines wrap
+        assert f"- `run{escaped}` (algo sync{escaped}, " in text
+        assert f"**failed**: boom{escaped}" in text
+
+
+@pytest.mark.integration
+def test_a_trackers_password_is_written_and_printed_nowhere(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    env = {**os.environ, "HETSGD_RESULTS": str(results), "HETSGD_DATA": str(tmp_path / "data")}
+    done = subprocess.run(
+        [sys.executable, "-m", "hetsgd", "run", "-m", "seed=0", "devices=single_cpu",
+         "budget.seconds=0.5", "budget.epochs=null", "progress=false", "logger=mlflow",
+         "logger.mlflow.timeout_s=2", "logger.mlflow.retries=0",
+         "logger.mlflow.tracking_uri='http://user:s3cretPW@127.0.0.1:9/?token=t0kenVAL'"],
+        capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout + done.stderr
+    assert "mlflow: could not log the run" in printed  # the warning, redacted
+    assert "http://user:***@127.0.0.1:9/?token=***" in printed
+    files = [p for p in results.rglob("*") if p.is_file()]
+    assert any(p.name == "multirun.yaml" for p in files) and any(p.name == "cli.log" for p in files)
+    for secret in ("s3cretPW", "t0kenVAL"):
+        assert secret not in printed
+        assert not [p for p in files if secret.encode() in p.read_bytes()]
