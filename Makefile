@@ -29,7 +29,8 @@ $(STAMP): pyproject.toml
 
 ## the main job, offline: does the CPU help the accelerator? The accelerator alone, CPU Hogwild,
 ## Hogbatch and Adaptive with the Hogbatch authors' net on the embedded digits set, 3 seeds of
-## 6 s each (about 1.5-2 minutes on 2 cores); the sweep's report (mean and spread) and figures.
+## 6 s each (on 2 cores about 1.5-2 minutes of training, 4 with the first setup); the sweep's
+## report (mean and spread) and figures.
 ## The sweep is hetsgd/conf/experiment/make_run.yaml
 run: setup
 	$(BIN)/hetsgd run -m +experiment=make_run

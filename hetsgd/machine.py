@@ -3,8 +3,12 @@ model, GPUs, and when this process started.
 
 GPUs are found through NVML (the ``nvidia-ml-py`` package, module ``pynvml``), never through
 CUDA, so the coordinator stays free of a CUDA context; torch is imported only to ask whether the
-installed build has CUDA at all. This module sits below every other one: it imports nothing of
-the project.
+installed build has CUDA at all. This module sits below every other one: of the project it
+imports only ``errors``.
+
+``HETSGD_CORES=n`` makes this machine report n usable cores, for tests only: the suite runs
+with ``HETSGD_CORES=16`` on a 2-core machine to show that no test depends on the core count of
+the machine it runs on (every test pins its worker counts).
 """
 
 from __future__ import annotations
@@ -19,14 +23,26 @@ from typing import Any
 
 import psutil
 
+from hetsgd.errors import UserError
+
 try:
     import pynvml
 except ImportError:  # nvidia-ml-py is a dependency, but without it there are simply no GPUs
     pynvml = None
 
 
+#: Test-only: the core count to report instead of this machine's (see the module's docstring).
+CORES_OVERRIDE = "HETSGD_CORES"
+
+
 def usable_cores() -> int:
-    """Cores this process may run on (respects affinity masks and container limits)."""
+    """Cores this process may run on (respects affinity masks and container limits), or
+    ``$HETSGD_CORES`` where a test sets it."""
+    override = os.environ.get(CORES_OVERRIDE)
+    if override is not None:
+        if not override.strip().isdigit() or int(override) < 1:
+            raise UserError(f"{CORES_OVERRIDE}={override!r} is not a positive whole number")
+        return int(override)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

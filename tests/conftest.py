@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig
 
 from hetsgd.config import RunConfig, compose_run, to_run_config
-from hetsgd.machine import cuda_devices
+from hetsgd.machine import CORES_OVERRIDE, cuda_devices
 
 # One intra-op thread: on small machines, tests of small models run several times faster.
 torch.set_num_threads(1)
@@ -50,6 +50,14 @@ def results_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "results"
     monkeypatch.setenv("HETSGD_RESULTS", str(path))
     return path
+
+
+@pytest.fixture
+def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine says it has 2 cores (HETSGD_CORES, for tests only), so that a mix of one
+    worker per core starts 2 workers on any machine: for tests whose method or algorithm brings
+    such a mix where an override of its count cannot follow (a sweep over methods)."""
+    monkeypatch.setenv(CORES_OVERRIDE, "2")
 
 
 @pytest.fixture

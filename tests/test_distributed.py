@@ -213,6 +213,7 @@ def test_balanced_local_sgd_equals_periodic_model_averaging() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.serial  # bounds the wall time from the kill to the failure
 def test_a_killed_rank_fails_the_run_within_the_collective_timeout() -> None:
     timeout_s = 10.0
     cfg = run_config(*TWO_RANKS, "algo=local_sgd", "algo.tau=2", "budget.epochs=null",

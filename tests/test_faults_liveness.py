@@ -23,8 +23,9 @@ from hetsgd.engines.distributed.group import check_port
 from hetsgd.engines.shared_memory.coordinator import STARVED_S, Watch, ended
 from hetsgd.errors import UserError
 
-RUN = ("run", "algo=hogwild", "devices=cpu", "dataset=digits", "budget.epochs=null",
-       "eval.every_s=0.2", "eval.every_epochs=null", "progress=false")
+# two workers on any machine (devices=cpu has one per core): the tests wait for both
+RUN = ("run", "algo=hogwild", "devices=cpu", "devices.groups.cpu.count=2", "dataset=digits",
+       "budget.epochs=null", "eval.every_s=0.2", "eval.every_epochs=null", "progress=false")
 
 
 def _summary(results: Path) -> dict:
@@ -122,8 +123,8 @@ def test_a_worker_stopped_while_it_sets_up_fails_the_run_before_training(
 def test_a_stopped_rank_fails_the_run_and_the_command_exits(results_dir: Path) -> None:
     """Rank 0 gives up on the stopped rank 1 within dist.timeout_s; rank 1 is named and killed
     (the multiprocessing exit handler would otherwise join it forever)."""
-    proc = start(results_dir, *RUN, "algo=local_sgd", "devices=emulated", "budget.seconds=120",
-                 "dist.timeout_s=2")
+    proc = start(results_dir, *RUN, "algo=local_sgd", "devices=emulated", "devices.groups.cpu.count=1",
+                 "budget.seconds=120", "dist.timeout_s=2")
     pids = workers(proc, count=2)
     await_snapshots(results_dir, count=3)
     os.kill(pids[1], signal.SIGSTOP)
@@ -144,6 +145,7 @@ def test_how_a_process_ended_is_said_in_words() -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.serial  # workers.stall_s=3: on a loaded machine a starved healthy worker reads as hung
 @pytest.mark.parametrize(("signum", "says"), [
     # hung: a stopped process never handles SIGTERM again
     (signal.SIGSTOP, "worker 1 (cpu) made no progress for 3 s"),
@@ -177,6 +179,7 @@ def test_a_stopped_or_killed_worker_fails_its_job_naming_it_leaves_nothing_and_t
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.serial  # workers.stall_s=2: on a loaded machine a starved healthy worker reads as hung
 def test_a_stopped_coordinator_says_so_and_its_workers_are_not_blamed(results_dir: Path) -> None:
     """Stopped 5 s, longer than workers.stall_s: it saw no progress then, and must not call the
     workers hung for it. It stopped after 0.2 s of training at least, so it overran its 3 s

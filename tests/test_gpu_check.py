@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.integration
 def test_gpu_check_without_a_gpu_says_so_and_exits_2_at_once(tmp_path: Path) -> None:
     fake = tmp_path / "bin"
     fake.mkdir()

@@ -20,6 +20,7 @@ from hetsgd.algorithms import local_sgd
 from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
 from hetsgd.algorithms.local_sgd import RoundPlan, fast_group, group_taus, needs_step_times
 from hetsgd.config import GroupConfig, to_run_config
+from hetsgd.engines.distributed.rank import Rank
 from hetsgd.errors import UserError
 from hetsgd.runs import runner
 from hetsgd.workers import expand
@@ -219,16 +220,46 @@ def _fake_fashion(folder: Path, n_train: int, n_test: int) -> Path:
     return folder
 
 
-@pytest.mark.integration
-def test_resnet20_trains_with_local_sgd_and_averaged_batchnorm_statistics(tmp_path: Path) -> None:
+def _batchnorm_statistics(module: torch.nn.Module) -> torch.Tensor:
+    """Every BatchNorm layer's running mean and variance, in one vector."""
+    return torch.cat([torch.cat([m.running_mean, m.running_var]) for m in module.modules()
+                      if isinstance(m, torch.nn.BatchNorm2d)])
+
+
+def test_resnet20_trains_with_local_sgd_and_averaged_batchnorm_statistics(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each round every rank's BatchNorm running statistics are the aggregation-weighted
+    average of what the ranks' own steps made of them. On the virtual clock, whose ranks run the
+    real engine's rank loop and exchange as threads of this process, where each rank's module
+    can be read around its exchange."""
+    seen: dict[int, list[tuple[float, torch.Tensor, torch.Tensor]]] = {0: [], 1: []}
+    exchange = Rank.exchange
+
+    def recorded(self: Rank, first: torch.Tensor, second: torch.Tensor, weight: float,
+                 loss: float | None):
+        before = _batchnorm_statistics(self.module).clone()
+        verdict = exchange(self, first, second, weight, loss)
+        seen[self.spec.rank].append((weight, before, _batchnorm_statistics(self.module).clone()))
+        return verdict
+
+    monkeypatch.setattr(Rank, "exchange", recorded)
     data = _fake_fashion(tmp_path / "fashion", 256, 64)
     overrides = ("algo=local_sgd", "dataset=fashion_mnist", f"dataset.path={data}", "model=resnet20",
                  "devices=emulated", "devices.groups.accel.batch_size=32",
-                 "devices.groups.cpu.batch_size=16", "algo.tau={accel:2,cpu:1}", "optim.lr=0.1",
-                 "optim.momentum=0.9", "optim.weight_decay=1e-4", "budget.epochs=1",
-                 "progress=false")
+                 "devices.groups.cpu.batch_size=16", "algo.tau={accel:2,cpu:1}",
+                 "algo.aggregation=samples", "optim.lr=0.1", "optim.momentum=0.9",
+                 "optim.weight_decay=1e-4", "budget.epochs=1", "budget.seconds=null",
+                 "devices.simulated=true", "devices.groups.accel.profile=v100_sxm2_16gb",
+                 "devices.groups.cpu.profile=xeon_e5_2686v4_core", "progress=false")
     cfg = compose_config(*overrides)
     summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg)
     assert summary["status"] == "completed", summary["error"]
     assert summary["updates_by_group"] == {"accel": 2 * 4, "cpu": 4}  # 80 examples a round
     assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]
+    assert len(seen[0]) == len(seen[1]) == 4
+    for (w0, before0, after0), (w1, before1, after1) in zip(seen[0], seen[1]):
+        assert (w0, w1) == (pytest.approx(64 / 80), pytest.approx(16 / 80))  # examples a round
+        assert not torch.equal(before0, before1)  # the ranks' own steps moved them apart
+        average = w0 * before0 + w1 * before1
+        torch.testing.assert_close(after0, average)
+        torch.testing.assert_close(after1, average)

@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.figure import Figure
 from test_report import write_broken_runs, write_failed, write_run, write_sweep
 
 from hetsgd.errors import UserError
+from hetsgd.outputs import plots, run_figures
 from hetsgd.outputs.index import index_runs
 from hetsgd.outputs.plots import plot_all, plot_comparison
 from hetsgd.outputs.run_figures import _cores_given, _run_utilization, plot_run, run_title
@@ -28,8 +30,69 @@ def _hashes(paths: list[Path]) -> dict[Path, str]:
     return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
 
 
+@pytest.fixture
+def saved_figures(monkeypatch: pytest.MonkeyPatch) -> dict[Path, Figure]:
+    """Every figure saved, by the path of its PNG file (or the first of its formats), with its
+    line data to read back."""
+    figures: dict[Path, Figure] = {}
+
+    def keeping(save):
+        def save_and_keep(fig: Figure, out_dir: Path, name: str, formats) -> list[Path]:
+            paths = save(fig, out_dir, name, formats)
+            figures[paths[0]] = fig
+            return paths
+        return save_and_keep
+
+    monkeypatch.setattr(run_figures, "save", keeping(run_figures.save))
+    monkeypatch.setattr(plots, "save", keeping(plots.save))
+    return figures
+
+
+def _lines(fig: Figure) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    return {line.get_label(): (np.asarray(line.get_xdata(), float),
+                               np.asarray(line.get_ydata(), float))
+            for line in fig.axes[0].get_lines()}
+
+
+def _assert_run_curves(figures: dict[Path, Figure], run: Path, ext: str = "png") -> None:
+    """A run's loss and accuracy figures draw its convergence.csv's columns against the axis
+    each names."""
+    conv = pd.read_csv(run / "convergence.csv")
+    for name, axis in (("loss_vs_time", "time_s"), ("loss_vs_epoch", "epoch")):
+        lines = _lines(figures[run / "figures" / f"{name}.{ext}"])
+        for column in ("train_loss", "test_loss"):
+            x, y = lines[column.replace("_", " ")]
+            np.testing.assert_array_equal(x, conv[axis])
+            np.testing.assert_array_equal(y, conv[column])
+    (x, y), = _lines(figures[run / "figures" / f"accuracy_vs_time.{ext}"]).values()
+    np.testing.assert_array_equal(x, conv["time_s"])
+    np.testing.assert_array_equal(y, conv["test_acc"])
+
+
+def _assert_comparison_curves(fig: Figure, jobs: list[Path]) -> None:
+    """Each line of a comparison's loss-vs-time figure is the mean, over its seeds, of the
+    runs' (L0 - L) / (L0 - L_best), L_best the lowest training loss of them all, on an even
+    grid of the time axis (every run here ends at the same time)."""
+    convs = {job: pd.read_csv(job / "convergence.csv") for job in jobs}
+    l_best = min(conv["train_loss"].min() for conv in convs.values())
+    lines = {label: xy for label, xy in _lines(fig).items() if "(n=" in label}  # not the targets
+    by_row: dict[str, list[pd.DataFrame]] = {}
+    for job, conv in convs.items():
+        algo, devices = (part.split("=")[1] for part in job.name.split("_", 1)[1].split(",")[:2])
+        by_row.setdefault(f"{algo} · {devices}", []).append(conv)
+    assert len(lines) == len(by_row)
+    for row, runs in by_row.items():
+        (x, y), = (xy for label, xy in lines.items() if label.startswith(f"{row} "))
+        np.testing.assert_allclose(x, np.linspace(0.0, runs[0]["time_s"].iloc[-1], len(x)))
+        normalized = [(c["train_loss"].iloc[0] - c["train_loss"]) / (c["train_loss"].iloc[0] - l_best)
+                      for c in runs]
+        np.testing.assert_allclose(y, np.mean([np.interp(x, c["time_s"], n)
+                                               for c, n in zip(runs, normalized)], axis=0))
+
+
 @pytest.mark.slow
-def test_plot_all_draws_every_figure_and_redraws_the_same_bytes(tmp_path: Path) -> None:
+def test_plot_all_draws_every_figure_and_redraws_the_same_bytes(
+        tmp_path: Path, saved_figures: dict[Path, Figure]) -> None:
     results = tmp_path / "results"
     sweep = write_sweep(results / "sweeps" / "s1")
     paths = plot_all(results)
@@ -47,6 +110,11 @@ def test_plot_all_draws_every_figure_and_redraws_the_same_bytes(tmp_path: Path) 
             assert drawn == RUN_FIGURES
     assert by_dir[sweep / "figures"] == COMPARISON_FIGURES  # the sweep's comparison
     assert by_dir[results / "figures"] == COMPARISON_FIGURES  # everything under results/
+    # what is drawn is the files' data, each curve from its own column
+    completed = sorted(d for d in sweep.iterdir() if (d / "figures").is_dir())
+    for job in completed:
+        _assert_run_curves(saved_figures, job)
+    _assert_comparison_curves(saved_figures[sweep / "figures" / "loss_vs_time_digits.png"], completed)
 
     # a redraw gives the same bytes: a run of each kind and the sweep's comparison, drawn
     # again from nothing (every figure of a kind comes from the same code)
@@ -62,11 +130,12 @@ def test_plot_all_draws_every_figure_and_redraws_the_same_bytes(tmp_path: Path) 
     assert _hashes(redrawn) == {p: before[p] for p in redrawn}
 
 
-def test_svg_and_pdf_are_reproducible(tmp_path: Path) -> None:
+def test_svg_and_pdf_are_reproducible(tmp_path: Path, saved_figures: dict[Path, Figure]) -> None:
     run = write_run(tmp_path / "run", algo="hogbatch", devices="emulated", seed=0,
                     emulated=True)
     first = _hashes(plot_run(run, formats=("svg", "pdf")))
     assert {p.suffix for p in first} == {".svg", ".pdf"}
+    _assert_run_curves(saved_figures, run, "svg")
     shutil.rmtree(run / "figures")
     assert _hashes(plot_run(run, formats=("SVG", "pdf"))) == first
 

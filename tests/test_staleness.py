@@ -122,5 +122,7 @@ def test_real_two_worker_hogwild_reports_its_staleness(tmp_path: Path) -> None:
                    "devices.groups.cpu.count=2", "budget.seconds=1", "budget.epochs=null")
     staleness = RunSummary.from_dict(summary).staleness
     assert staleness is not None and isinstance(summary["staleness"]["max"], int)
-    assert 0 <= staleness.mean <= staleness.max
+    # two workers that ran for a second, thousands of steps each: some of the other's updates
+    # landed while a step computed (in parallel on two cores, or by preemption on one)
+    assert 0 < staleness.mean <= staleness.max and staleness.max >= 1
     assert staleness.by_group == {"cpu": pytest.approx(staleness.mean)}

@@ -22,8 +22,10 @@ from hetsgd.outputs.run_directory import SNAPSHOTS
 
 pytestmark = pytest.mark.integration  # every test here runs the `hetsgd` command
 
-LONG_RUN = ("run", "algo=hogwild", "dataset=digits", "budget.epochs=null", "budget.seconds=120",
-            "eval.every_s=0.2", "eval.every_epochs=null", "progress=false")
+# two workers on any machine (hogwild's mix has one per core): the tests wait for both
+LONG_RUN = ("run", "algo=hogwild", "devices.groups.cpu.count=2", "dataset=digits",
+            "budget.epochs=null", "budget.seconds=120", "eval.every_s=0.2", "eval.every_epochs=null",
+            "progress=false")
 
 
 def _kill_command(proc: subprocess.Popen) -> None:
@@ -55,7 +57,7 @@ def test_sigterm_and_a_hangup_keep_the_curves_write_interrupted_and_exit_128_plu
 
 def test_ctrl_c_while_the_workers_start_ends_quietly_as_interrupted(results_dir: Path) -> None:
     proc = start(results_dir, *LONG_RUN)
-    pids = workers(proc, count=2)  # spawned, still importing
+    pids = workers(proc, count=2)  # forked from the forkserver, still setting up
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output

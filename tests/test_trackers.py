@@ -174,6 +174,7 @@ def test_an_unreachable_tracking_server_costs_a_warning_not_the_run(results: Pat
 
 
 @pytest.mark.integration
+@pytest.mark.serial  # bounds the wall time, mlflow's import included
 def test_a_silent_tracking_server_costs_its_timeout(tracked: Path,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as silent:  # accepts connections (the kernel does), never answers
@@ -198,6 +199,7 @@ def test_a_run_directory_that_cannot_be_read_costs_a_warning(tmp_path: Path,
     assert warning.startswith(f"trackers: could not read the run in {tmp_path}: ")
 
 
+@pytest.mark.integration
 def test_importing_the_command_loads_no_tracker() -> None:
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, hetsgd.cli; print(sorted({m.split('.')[0] for m in "

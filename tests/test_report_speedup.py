@@ -1,0 +1,61 @@
+"""The report's speedup column from hand-made run folders: a plain ratio where the baseline and
+the row both reach normalized loss 0.9, a lower bound where only the row does, a dash where the
+row never does.
+
+Every curve here starts at 2.0 and the best loss of a comparison is 0.1, so a loss of 1.05 is
+normalized loss 0.5; one snapshot a second, so the times to 0.9 can be worked out by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_report import table_rows, write_run
+
+from hetsgd.outputs.report import write_report
+
+# reaches 0.9 at 1.8 s: 0.5 at 1 s, 1.0 at 2 s
+FAST = [2.0, 1.05, 0.1]
+# reaches 0.9 at 3.6 s: 0.75 at 3 s, 1.0 at 4 s
+SLOW = [2.0, 1.525, 1.05, 0.575, 0.1]
+# never gets past normalized loss 0.27
+STUCK = [2.0, 1.9, 1.8, 1.7, 1.6, 1.5]
+
+
+def speedups(folder: Path) -> tuple[str, dict[str, str], pd.DataFrame]:
+    """The report's markdown, each algorithm's speedup cell and report.csv by algorithm."""
+    markdown = write_report(folder)
+    cells = {row[0]: row[-1] for row in table_rows(markdown)}
+    return markdown, cells, pd.read_csv(folder / "report.csv").set_index("algo")
+
+
+def test_a_baseline_that_never_reached_the_target_gives_a_lower_bound(tmp_path: Path) -> None:
+    # the baseline ran 5 s on one seed and 3 s on the other, reaching 0.9 on neither
+    write_run(tmp_path / "sync0", algo="sync", devices="gpu", seed=0, train_loss=STUCK)
+    write_run(tmp_path / "sync1", algo="sync", devices="gpu", seed=1, train_loss=STUCK[:4])
+    for seed in (0, 1):
+        write_run(tmp_path / f"hogbatch{seed}", algo="hogbatch", devices="cpu+gpu", seed=seed,
+                  train_loss=FAST)
+        write_run(tmp_path / f"hogwild{seed}", algo="hogwild", devices="cpu", seed=seed,
+                  train_loss=STUCK[:3])
+    markdown, cells, numbers = speedups(tmp_path)
+    bound = (5 + 3) / 2 / 1.8  # the baseline's mean time run over hogbatch's t@0.9
+    assert cells["hogbatch"] == f"≥ {bound:.2f}x" == "≥ 2.22x"
+    assert numbers.at["hogbatch", "speedup"] == pytest.approx(bound)
+    assert numbers.at["hogbatch", "speedup_bound"]
+    assert cells["hogwild"] == "—"  # the row never got there either
+    assert cells["sync"] == "—"  # nor did the baseline itself
+    assert "never reached 0.9 in the 4.00 s it ran" in markdown
+    assert "a lower bound" in markdown
+
+
+def test_where_both_reach_the_target_the_ratio_is_plain(tmp_path: Path) -> None:
+    write_run(tmp_path / "sync", algo="sync", devices="gpu", seed=0, train_loss=SLOW)
+    write_run(tmp_path / "hogbatch", algo="hogbatch", devices="cpu+gpu", seed=0,
+              train_loss=FAST)
+    write_run(tmp_path / "hogwild", algo="hogwild", devices="cpu", seed=0, train_loss=STUCK)
+    markdown, cells, numbers = speedups(tmp_path)
+    assert cells == {"sync": "1.00", "hogbatch": f"{3.6 / 1.8:.2f}", "hogwild": "—"}
+    assert not numbers["speedup_bound"].any()
+    assert "lower bound" not in markdown
