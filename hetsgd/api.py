@@ -1,6 +1,6 @@
 """hetsgd from Python: run, sweep and load runs as typed values, e.g. in a notebook.
 
-``run`` and ``sweep`` go through the command line's own ``hetsgd run`` in this process (the same
+``run`` and ``sweep`` take the command's own way in (:func:`hetsgd.invocation.invoke`: the same
 composition, checks, run directory, figures, trackers and exit status), so a run started here is
 the run the shell would start; worker processes are started as there, and never run the calling
 script again, so a script needs no ``if __name__ == "__main__":`` guard. Called from the main
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from hetsgd import cli
 from hetsgd.errors import UserError
+from hetsgd.invocation import Invocation, invoke
 from hetsgd.outputs.index import load_csv
 from hetsgd.outputs.summary import RunSummary
 from hetsgd.outputs.sweep import job_dirs
@@ -62,30 +62,32 @@ def load(run_dir: str | Path) -> RunResult:
                      load_csv(path, "utilization"), load_csv(path, "workers"))
 
 
-def _invoke(arguments: list[str]) -> int:
-    """``hetsgd ARGUMENTS`` in this process; its exit status. A refusal before any run directory
-    exists (a bad override, say) is raised as the one-line error the command prints."""
-    code = cli.app(arguments, standalone_mode=False) or 0
-    if code and not cli.runs_started:
-        raise UserError(cli.errors_printed[-1] if cli.errors_printed
-                        else f"hetsgd {' '.join(arguments)} exited with status {code}")
-    return int(code)
+def _invoke(arguments: list[str]) -> Invocation:
+    """`hetsgd run ARGUMENTS` in this process. A refusal before any run directory exists (a bad
+    override, say) is raised as the one-line error the command prints."""
+    invocation = invoke(arguments)
+    if not invocation.runs and invocation.started_sweep is None:
+        raise UserError(invocation.errors[-1] if invocation.errors else
+                        f"hetsgd run {' '.join(arguments)} started no run "
+                        f"(exit status {invocation.code})")
+    return invocation
 
 
 def run(*overrides: str) -> RunResult:
     """Train once with the Hydra ``overrides`` of `hetsgd run` (``"algo=hogbatch"``,
     ``"devices=emulated"``, ...); the run's directory, read back, with its exit status."""
-    code = _invoke(["run", *overrides])
-    result = load(cli.runs_started[-1])
+    invocation = _invoke(list(overrides))
+    result = load(invocation.runs[-1])
     return RunResult(result.run_dir, result.summary, result.convergence, result.utilization,
-                     result.workers, code)
+                     result.workers, invocation.code)
 
 
 def sweep(*overrides: str) -> SweepResult:
     """`hetsgd run -m OVERRIDES`: one job per combination of the swept values
     (``"+method=hogwild,hogbatch"``, ``"seed=0,1,2"``), each read back."""
-    code = _invoke(["run", "-m", *overrides])
-    sweep_dir = cli.started_sweep()
+    invocation = _invoke(["-m", *overrides])
+    sweep_dir = invocation.started_sweep
     if sweep_dir is None:
-        raise UserError(f"hetsgd run -m {' '.join(overrides)} started no sweep (exit status {code})")
-    return SweepResult(sweep_dir, [load(job) for job in job_dirs(sweep_dir)], code)
+        raise UserError(f"hetsgd run -m {' '.join(overrides)} started no sweep "
+                        f"(exit status {invocation.code})")
+    return SweepResult(sweep_dir, [load(job) for job in job_dirs(sweep_dir)], invocation.code)

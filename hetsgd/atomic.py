@@ -1,4 +1,5 @@
-"""Writing a file or a folder atomically, with the mode the umask gives.
+"""Writing a file or a folder atomically, with the mode the umask gives: the one way hetsgd
+writes what a reader may find half-written (:func:`replace_file`, :func:`replace_folder`).
 
 A write is assembled beside its target under a name that says which process writes it
 (:func:`writing_path`) and renamed onto the target only when whole, so a reader finds the
@@ -14,6 +15,7 @@ is given the umask's mode instead (:func:`give_umask_mode`).
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -78,6 +80,30 @@ def replace_file(path: Path, write: Callable[[IO], Any], binary: bool = False) -
             os.unlink(tmp)
         raise
     sync_folder(path.parent)
+
+
+def replace_folder(path: Path, fill: Callable[[Path], Any]) -> bool:
+    """Make the folder ``path`` atomically: ``fill`` writes its files into a new folder at
+    :func:`writing_path`, which is synced and renamed onto ``path`` only when whole, so a reader
+    finds the whole folder or none. A folder that is there already (a parallel writer's, of the
+    same content) is kept, and False returned. A failure leaves no temporary; the error is
+    raised as it came."""
+    path = Path(path)
+    tmp = writing_path(path)
+    tmp.mkdir(parents=True)
+    try:
+        fill(tmp)
+        sync_folder(tmp)
+        try:
+            os.rename(tmp, path)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            return False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # after the rename there is nothing left there
+    sync_folder(path.parent)
+    return True
 
 
 def sync_folder(folder: Path) -> None:

@@ -5,32 +5,22 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import logging
 import os
-import signal
 import sys
 import threading
-from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-import hydra
 import typer
-from hydra.core.hydra_config import HydraConfig
-from hydra.errors import MissingConfigException
-from hydra.types import RunMode
-from omegaconf import DictConfig
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hetsgd.config import CONF_DIR, ConfigError, RunConfig, compose_run, register_configs, to_run_config
-from hetsgd.config.compose import with_first_group_choices
-from hetsgd.engines.distributed.torchrun import follower, torchrun
-from hetsgd.engines.processes import warm_up
-from hetsgd.errors import UserError, out_of_memory
+from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
+from hetsgd.errors import UserError
+from hetsgd.invocation import composition_error, invoke
 from hetsgd.machine import machine_facts, process_started_at
 from hetsgd.outputs.safe_text import guard_logging
+from hetsgd.outputs.terminal import console, err, print_error, summary_table
 
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
@@ -40,224 +30,11 @@ app = typer.Typer(
 data_app = typer.Typer(help="Datasets and the data cache ($HETSGD_DATA or ~/.cache/hetsgd).",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
-# Markup off: what is printed holds paths, overrides and exception text, where `[/x]` is no tag.
-console = Console(markup=False)
-err = Console(stderr=True, markup=False, highlight=False)
-# How `hetsgd run` exits: 0 when every run completed, else the code of the gravest outcome.
-EXIT_CODES = {"completed": 0, "diverged": 3, "failed": 1, "interrupted": 130}
-# SIGTERM (a scheduler, `kill`) and SIGHUP (the terminal went away) stop a run as Ctrl-C does;
-# the exit code is 128 + the signal's number, as a shell reports a command the signal ended
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-run_statuses: list[str] = []  # how each run this process trained ended
-runs_started: list[Path] = []  # the run directory of each run this command started
-errors_printed: list[str] = []  # the error lines this command printed (for hetsgd.api)
-command_started_at: float | None = None  # the console command's process start (see main)
-terminated: list[int] = []  # the stop signals that arrived
-# A launcher such as submitit runs sweep jobs in processes that unpickle `train_job` and compose
-# their own config, so the schemas and resolvers are registered wherever this module loads.
-register_configs()
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, taken like Ctrl-C: stop the workers, keep what was measured, write
-    everything."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    terminated.append(signum)
-    raise Terminated()
-
-
-def _take_stop_signals() -> dict[signal.Signals, Any]:
-    """Route the stop signals to :func:`_terminate`, except one the user chose to ignore
-    (`nohup` ignores SIGHUP); returns the handlers to put back. Multiprocessing's resource
-    tracker, which the run's workers share, starts first with SIGHUP blocked, which it keeps (it
-    unblocks only what it ignores itself): a hangup, which reaches the whole process group,
-    then stops the run through its coordinator rather than killing the tracker.
-
-    Only the main thread may set handlers: a run started from another thread (``hetsgd.run`` in
-    a thread of the caller's) leaves the signals to the program that owns that thread."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    try:
-        resource_tracker.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    for signum, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(signum, _terminate)
-    return previous
-
-
-def _exit_code(statuses: list[str]) -> int:
-    """The gravest outcome's code. A status that is none of EXIT_CODES' (a sweep job that left no
-    final summary reads `crashed`) counts as failed."""
-    if "interrupted" in statuses:
-        return 128 + terminated[0] if terminated else EXIT_CODES["interrupted"]
-    if any(status not in ("completed", "diverged") for status in statuses):
-        return EXIT_CODES["failed"]
-    return EXIT_CODES["diverged"] if "diverged" in statuses else EXIT_CODES["completed"]
-
-
-def _one_line(message: str) -> str:
-    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
-
-
-def _composition_error(exc: Exception) -> str:
-    """What a bad override did, with its cause, or that memory ran out. Hydra raises some errors
-    without a message (an assertion deep in its defaults list, e.g. for `algo=${x}`): those
-    still get a line that says what failed."""
-    if (memory := out_of_memory(exc)) is not None:  # not the overrides' fault
-        return memory
-    message = str(exc) or f"the overrides cannot be composed into a config ({type(exc).__name__})"
-    return message + (f": {exc.__cause__}" if exc.__cause__ is not None else "")
-
-
-def _print_error(message: str) -> None:
-    from hetsgd.outputs.safe_text import redacted, shown  # a message may quote a run folder
-
-    line = shown(redacted(_one_line(message)))
-    errors_printed.append(line)
-    err.print(Text.assemble(("hetsgd: error:", "red"), " ", line), soft_wrap=True)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    _print_error(message)
+def _fail(message: str, code: int = 1) -> NoReturn:
+    print_error(message)
     raise typer.Exit(code)
-
-
-# -- run ---------------------------------------------------------------------------------------
-
-
-def _summary_table(summary: dict[str, Any]) -> Table:
-    from hetsgd.outputs.report import mix_label  # loaded by the run already
-    from hetsgd.outputs.safe_text import shown  # a recovered summary is someone's data
-
-    table = Table(title=shown(f"{summary['algo']} on {summary['dataset']} ({mix_label(summary)})"),
-                  show_header=False)
-    final, initial = summary.get("final") or {}, summary.get("initial") or {}
-    rows = [("status", summary["status"]), ("error", summary.get("error")),
-            ("training time", f"{summary.get('time_s', 0):.2f} s"),
-            ("epochs", f"{summary.get('epochs', 0):.2f}"),
-            ("updates", str(summary.get("updates_by_group"))),
-            # asynchronous runs: other workers' updates landed during a step, mean / most
-            ("staleness", None if not (stale := summary.get("staleness"))
-             else f"{stale['mean']:.2f} / {stale['max']} (mean / max)"),
-            ("train loss", f"{initial.get('train_loss', float('nan')):.4f} -> "
-                           f"{final.get('train_loss', float('nan')):.4f}"),
-            ("test loss / acc", f"{final.get('test_loss', float('nan')):.4f} / "
-                                f"{final.get('test_acc', float('nan')):.4f}"),
-            (f"time to train loss {' / '.join(summary.get('time_to_loss') or {})}", " / ".join(
-                "—" if v is None else f"{v:.2f} s"
-                for v in (summary.get("time_to_loss") or {}).values())),
-            ("results", summary.get("run_dir"))]
-    for key, value in rows:
-        if value is not None:
-            table.add_row(shown(key), shown(value))
-    return table
-
-
-def train_job(cfg: DictConfig) -> None:
-    """Hydra's task function: one run, or one job of a sweep. A launcher such as submitit pickles
-    it to run it in another process, so it is a plain module function (pickled by name) and keeps
-    nothing the command needs after the sweep: that comes from the run folders."""
-    _redact_hydra_files()
-    refusal = _refusal(cfg)
-    # the forkserver's imports overlap this process's own, just below
-    if refusal is None and not cfg.devices.simulated:
-        warm_up(cfg.workers.start)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # the command's first run pays for the process's start; later jobs of a sweep start now
-    started_at = command_started_at if not runs_started else None
-    runs_started.append(run_dir)
-    # the run directory's writers (they load pandas), before the training stack: a run that
-    # cannot load torch (say beyond `ulimit -v`) still writes why
-    from hetsgd.runs.refused import refuse
-
-    if refusal is not None and cfg.resume is None and torchrun() is None:
-        # a value the checks refuse: its failed run directory, without the training stack (a
-        # resume's config is the checkpoint's; torchrun's other ranks wait for rank 0's word)
-        summary = refuse(run_dir, cfg, cfg, refusal)
-    else:
-        try:
-            from hetsgd.runs import runner  # the training stack loads only when a run starts
-        except Exception as exc:  # noqa: BLE001 - e.g. torch's libraries not mapped: said, in the run
-            summary = refuse(run_dir, cfg, cfg, out_of_memory(exc) or
-                             f"loading the training stack raised {type(exc).__name__}: {exc}")
-        else:
-            try:
-                summary = runner.run(cfg, run_dir, cfg, HydraConfig.get().overrides.task,
-                                     started_at)
-            except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written
-                run_statuses.append("failed")
-                _print_error(str(exc))
-                return
-            if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep draws them at its end
-                _draw_figures(run_dir)
-    run_statuses.append(summary["status"])
-    _log_to_trackers(run_dir, cfg)
-    if summary["status"] == "failed":
-        _print_error(f"{summary['error']} (details in {run_dir})")
-        return
-    try:
-        console.print(_summary_table(summary))
-    except Exception as exc:  # noqa: BLE001 - the run's files are written: only the table is lost
-        logging.getLogger("hetsgd").warning("could not print the summary of %s: %s", run_dir,
-                                            out_of_memory(exc) or exc)
-    if summary["status"] == "interrupted":
-        raise KeyboardInterrupt  # a sweep stops here; its summary covers the jobs that ran
-
-
-def _redact_hydra_files() -> None:
-    """Hydra wrote the job's config and overrides (and a sweep's) before this job began: the
-    secrets of URIs in them (a tracker's password) are redacted there, as in what the run
-    writes and logs itself; the run keeps the real values."""
-    from hetsgd.outputs.run_directory import redact_files
-
-    hydra_cfg = HydraConfig.get()
-    files = []
-    if hydra_cfg.output_subdir is not None:
-        files += [Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir / name
-                  for name in ("config.yaml", "hydra.yaml", "overrides.yaml")]
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        files.append(Path(hydra_cfg.sweep.dir) / "multirun.yaml")
-    redact_files(files)
-
-
-def _refusal(cfg: DictConfig) -> str | None:
-    """What the schema's checks refuse in ``cfg``, if anything: such a run needs no workers, so
-    no forkserver is started (and no torch imported there) only for the run to fail."""
-    try:
-        to_run_config(cfg)
-    except ConfigError as exc:
-        return str(exc)
-    return None
-
-
-_hydra_run = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(train_job)
-
-
-def _draw_figures(run_dir: Path) -> None:
-    """Figures are a view of the files just written; failing to draw never fails the run."""
-    try:
-        from hetsgd.outputs.run_figures import plot_run  # matplotlib loads only here
-
-        plot_run(run_dir)
-    except Exception as exc:  # noqa: BLE001 - the results are on disk; say why figures are missing
-        logging.getLogger("hetsgd").warning("could not draw the figures of %s: %s", run_dir,
-                                            out_of_memory(exc) or exc)
-
-
-def _log_to_trackers(run_dir: Path, cfg: DictConfig) -> None:
-    """The trackers `logger=...` chose (none by default) log the files just written, figures
-    included; like drawing them, failing never fails the run."""
-    if cfg.logger.tensorboard is None and cfg.logger.mlflow is None:
-        return
-    from hetsgd.outputs.trackers import track  # tensorboard and mlflow load only here
-
-    track(run_dir, cfg.logger)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -278,144 +55,9 @@ def run(ctx: typer.Context) -> None:
 
     Results go to results/runs/ (or $HETSGD_RESULTS); sweeps to results/sweeps/.
     """
-    if follower():  # a torchrun rank other than 0 trains its rank; rank 0 writes the run directory
-        from hetsgd.runs.follow import follow
-
-        try:
-            code = follow()
-        except (UserError, ConfigError) as exc:
-            _fail(str(exc))
-        raise typer.Exit(code)
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us whole; we print them as one line
-    # for hetsgd.run too (put back after): Hydra logs a sweep's overrides, secrets included
-    record_factory = guard_logging()
-    _forget_earlier_runs()
-    argv, sys.argv = sys.argv, ["hetsgd run", *with_first_group_choices(ctx.args),
-                                *_continue_in_place(ctx.args)]
-    stop_handlers = _take_stop_signals()
-    interrupted, statuses = False, []  # statuses: read once, on an interrupt
-    handlers = list(logging.root.handlers)
-    try:
-        _refuse_used_sweep_dir(ctx.args)
-        _hydra_run()
-    except KeyboardInterrupt:
-        interrupted, statuses = True, _statuses()
-        sweep_dir = started_sweep()
-        if sweep_dir is not None:
-            err.print(f"hetsgd: sweep interrupted after {len(statuses)} job(s); the others did "
-                      f"not run ({_close_sweep(sweep_dir)})", soft_wrap=True)
-    except (UserError, ConfigError) as exc:
-        _fail(str(exc))
-    except MissingConfigException as exc:  # e.g. algo=nope (an OSError too, for Hydra)
-        options = ", ".join(exc.options or [])
-        _fail(f"no config '{exc.missing_cfg_file}'" + (f": choose one of {options}" if options else ""))
-    except OSError as exc:  # a write of Hydra's own (a job's .hydra/ files) failed: a full disk
-        _fail(_stopped_by(exc))
-    except Exception as exc:  # Hydra's and OmegaConf's composition errors: bad overrides
-        if os.environ.get("HETSGD_DEBUG"):
-            raise
-        _fail(_composition_error(exc))
-    finally:
-        _detach_log_handlers(keep=handlers)
-        logging.setLogRecordFactory(record_factory)
-        sys.argv = argv
-        for signum, handler in stop_handlers.items():
-            signal.signal(signum, handler)
-    code = _exit_code([*statuses, "interrupted"] if interrupted else _statuses())
+    code = invoke(ctx.args, ctx.obj).code
     if code:
         raise typer.Exit(code)
-
-
-def _continue_in_place(args: list[str]) -> list[str]:
-    """`resume=RUN_DIR` continues in RUN_DIR itself, so that one run directory holds the whole
-    run; only an existing run directory, so that a mistyped path creates no folder outside the
-    results (the runner then reports it in a fresh run directory)."""
-    from hetsgd.outputs.index import is_run_dir, override_key
-
-    source = next((a.split("=", 1)[1] for a in args
-                   if "=" in a and override_key(a) == "resume"), None)
-    if source is None or not is_run_dir(Path(source)):
-        return []
-    quoted = str(Path(source).resolve()).replace("\\", "\\\\").replace("'", "\\'")
-    # Hydra writes nothing there (no .hydra/): a refused resume leaves RUN_DIR as it was, and
-    # an accepted one records its overrides itself (hetsgd.runs.resume)
-    return [f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
-
-
-def _refuse_used_sweep_dir(args: list[str]) -> None:
-    """A sweep told to write into the folder of an earlier one (``hydra.sweep.dir=DIR``; by
-    default each sweep gets a new folder) is refused before any job runs."""
-    from hetsgd.outputs.index import override_key
-    from hetsgd.outputs.sweep import check_unused
-
-    given = [a for a in args if "=" in a and override_key(a) in ("hydra.sweep.dir", "results_dir")]
-    if not {"-m", "--multirun"} & set(args) or not any(
-            override_key(a) == "hydra.sweep.dir" for a in given):
-        return
-    check_unused(Path(str(compose_run(given, hydra_config=True).hydra.sweep.dir)))
-
-
-def _detach_log_handlers(keep: list[logging.Handler]) -> None:
-    """Close the handlers Hydra gave the root logger for this command (its runs' `cli.log`
-    files), so that nothing logged later, in the same process, writes to a run directory or
-    fails because one was removed."""
-    for handler in list(logging.root.handlers):
-        if handler not in keep:
-            handler.close()
-            logging.root.removeHandler(handler)
-
-
-def _forget_earlier_runs() -> None:
-    """The command may run more than once in one process (tests, notebooks); each time it reports
-    the runs it started, and only those."""
-    from hetsgd.outputs.sweep import sweeps_started
-
-    for record in (run_statuses, runs_started, errors_printed, terminated, sweeps_started):
-        record.clear()
-
-
-def started_sweep() -> Path | None:
-    """The folder of the sweep this command started, once it exists."""
-    from hetsgd.outputs.sweep import sweeps_started
-
-    return sweeps_started[-1] if sweeps_started and sweeps_started[-1].is_dir() else None
-
-
-def _statuses() -> list[str]:
-    """How the runs of this command ended: a sweep's as its job folders say (its launcher may have
-    run them in other processes), a single run's as it returned."""
-    from hetsgd.outputs.sweep import job_statuses
-
-    sweep_dir = started_sweep()
-    return job_statuses(sweep_dir) if sweep_dir else run_statuses
-
-
-def _close_sweep(sweep_dir: Path) -> str:
-    """Write the summary and report of the jobs of ``sweep_dir`` that ran, once the sweep
-    stopped early; where they are, or why they could not be written (a full disk)."""
-    from hetsgd.outputs.sweep import finalize_sweep
-
-    try:
-        finalize_sweep(sweep_dir)
-    except OSError as exc:
-        return f"no summary or report of them either: {exc}"
-    return f"summary and report of those that ran in {sweep_dir}"
-
-
-def _stopped_by(exc: OSError) -> str:
-    """A write of Hydra's own failed (a full disk): a job's ``.hydra/`` files, written before
-    the job starts, in the newest job folder of a sweep, whose summary and report of the jobs
-    that ran are still written."""
-    from hetsgd.outputs.run_directory import WriteError
-    from hetsgd.outputs.sweep import newest_job_folder
-
-    sweep_dir = started_sweep()
-    if sweep_dir is None:
-        return f"{exc} (writing the run's .hydra/ files)" if exc.filename is None else str(exc)
-    job = newest_job_folder(sweep_dir)
-    if exc.filename is None and job is not None:
-        exc = WriteError.of(job, exc)
-    return f"{exc}; the sweep stopped there ({_close_sweep(sweep_dir)})"
 
 
 # -- report and plot ---------------------------------------------------------------------------
@@ -432,7 +74,7 @@ def report(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or
     if not path.exists():
         _fail(f"no such run, sweep or results folder: {path}")
     try:
-        console.print(write_report(path, baseline), highlight=False)
+        console.print(write_report(path, baseline), highlight=False, soft_wrap=True)
     except UserError as exc:
         _fail(str(exc))
 
@@ -462,13 +104,14 @@ def recover(run_dir: Path = typer.Argument(..., help="A run directory left by a 
                      "targets are never called otherwise.")) -> None:
     """Evaluate the snapshots a crashed run left into convergence.csv, summary.json and figures."""
     from hetsgd.runs.recover import recover as recover_run
+    from hetsgd.train import draw_figures
 
     try:
         summary = recover_run(run_dir, model_target)
     except (UserError, ConfigError) as exc:
         _fail(str(exc))
-    _draw_figures(run_dir)
-    console.print(_summary_table(summary))
+    draw_figures(run_dir)
+    console.print(summary_table(summary))
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -518,8 +161,7 @@ def _compose(overrides: list[str]) -> RunConfig:
     try:
         return to_run_config(compose_run(overrides))
     except Exception as exc:  # composition and validation errors: bad overrides
-        _fail(_composition_error(exc))
-        raise  # unreachable: _fail exits
+        _fail(composition_error(exc))
 
 
 def _print_calibration(overrides: list[str], seconds: float) -> None:
@@ -531,11 +173,11 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
         rows = calibrate(cfg, seconds)
     except (UserError, RuntimeError) as exc:
         _fail(str(exc))
-    table = Table("group", "device", "kind", "threads", "batch", "examples/s", "ms/step",
+    table = Table("group", "device", "label", "threads", "batch", "examples/s", "ms/step",
                   "comm ms/step",
                   title=f"{cfg.model.name} on {cfg.dataset.name}, devices={cfg.devices.name}")
     for row in rows:
-        table.add_row(row["group"], row["device"], row["kind"], str(row["threads"]),
+        table.add_row(row["group"], row["device"], row["label"], str(row["threads"]),
                       str(row["batch_size"]), f"{row['examples_per_s']:,.0f}",
                       f"{row['ms_per_step']:.3f}", f"{row['comm_ms_per_step']:.3f}")
     console.print(table)
@@ -641,12 +283,11 @@ def _lasting_output() -> None:
 def main() -> None:
     """The console command: its runs' cost begins with this process (its interpreter and
     imports), which ``hetsgd.run`` from Python does not pay per run."""
-    global command_started_at
-    command_started_at = process_started_at()
+    started_at = process_started_at()
     _lasting_output()
     guard_logging()  # warnings quote run folders' names
     try:
-        app()
+        app(obj=started_at)  # for its first run's timing (`hetsgd run`: ctx.obj)
     except SystemExit as exc:
         _end(exc.code)
     _end(0)

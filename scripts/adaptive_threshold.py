@@ -37,7 +37,7 @@ from hetsgd import algorithms
 from hetsgd.config import AdaptiveConfig, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import sweep_jobs
 from hetsgd.engines.hooks import SharedMemoryHooks
-from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.outputs.figure_style import DPI, SIZE, save, styled
@@ -121,9 +121,9 @@ def read_run(run_dir: Path) -> Point:
     utilization = pd.read_csv(run_dir / "utilization.csv")
     workers = pd.read_csv(run_dir / "workers.csv").drop_duplicates("group").set_index("group")
     return Point(summary["devices"], summary["plan"]["min_accel_batch"], _budget(cfg),
-                 list(zip(convergence["time_s"], convergence["updates_gpu"], convergence["updates_cpu"])),
+                 list(zip(convergence["time_s"], convergence["updates_accel"], convergence["updates_cpu"])),
                  list(zip(utilization["time_s"], utilization["gpu0_util"])),
-                 (int(workers.loc["gpu", "last_batch"]), int(workers.loc["cpu", "last_batch"])))
+                 (int(workers.loc["accel", "last_batch"]), int(workers.loc["cpu", "last_batch"])))
 
 
 def _job_overrides(run_dir: Path) -> list[str]:

@@ -56,7 +56,7 @@ def table_row(row: pd.Series, run: dict[str, Any]) -> list[str]:
             cell(row, "time_to_0.9", ".3f"), cell(row, "time_to_0.95", ".3f"),
             "—" if pd.isna(row["speedup"]) else f"{row['speedup']:.2f}",
             cell(row, "train_loss", ".4f"), cell(row, "test_loss", ".4f"),
-            cell(row, "test_acc", ".4f"), cell(row, "share_gpu", ".2f"),
+            cell(row, "test_acc", ".4f"), cell(row, "share_accel", ".2f"),
             cell(row, "gpu_util", ".0f"), "—" if pd.isna(sockets) else f"{sockets:.0f}",
             PAPER.get(row["method"], "not reported")]
 

@@ -4,7 +4,7 @@
 # Sync SGD over all ten workers, the GPUs alone, balanced, unbalanced (tau auto) and biased local
 # SGD, 3 seeds, 0.25 virtual seconds each; then one report of all of it and a short table beside
 # what the paper reports (scripts/biased_local_table.py). The settings and why:
-# hetsgd/conf/experiment/biased_local_paper_sim.yaml and biased_local_paper_sim_gpus.yaml.
+# hetsgd/conf/experiment/biased_local_paper_sim.yaml.
 #   scripts/reproduce_biased_local_sim.sh [OVERRIDES...]   e.g. seed=0, budget.seconds=0.5
 # About 12 minutes on 2 cores; times are virtual, so the numbers do not depend on the machine.
 set -euo pipefail
@@ -27,13 +27,10 @@ sys.exit(not source_info('w8a').cached)"; then
   ln -s "$w8a" "$HETSGD_DATA/$("$BIN/python" scripts/w8a_path.py --name)"
 fi
 
-# one folder for both sweeps, so that one report compares them
 out=${HETSGD_RESULTS:-results}/biased_local_sim/$(date +%Y-%m-%d_%H-%M-%S)
 status=0
-for experiment in biased_local_paper_sim biased_local_paper_sim_gpus; do
-  "$BIN/hetsgd" run -m "+experiment=$experiment" "results_dir=$out" progress=false "$@" ||
-    status=$?
-done
+"$BIN/hetsgd" run -m +experiment=biased_local_paper_sim "results_dir=$out" progress=false "$@" ||
+  status=$?
 
 # the fast_alone runs are sync runs too: the baseline is the one on both groups
 "$BIN/hetsgd" report "$out" --baseline "algo=sync mix.cpu.count=2" >/dev/null

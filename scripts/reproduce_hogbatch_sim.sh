@@ -43,7 +43,7 @@ sweep() {
 # Hogwild alone runs once: the two mixes' CPU groups are the same (48 one-example Broadwell
 # workers). Adaptive's controller: 10 control periods in 0.5 virtual s
 sweep main/hogwild hogbatch_paper_sim algo=hogwild devices=paper_hogbatch_v100 devices.only=[cpu] "$@"
-sweep main/gpu hogbatch_paper_sim algo=sync devices.only=[gpu] "$@"
+sweep main/gpu hogbatch_paper_sim algo=sync devices.only=[accel] "$@"
 sweep main/hogbatch hogbatch_paper_sim algo=hogbatch "$@"
 sweep main/adaptive hogbatch_paper_sim algo=adaptive algo.period_s=0.05 algo.window_s=0.1 "$@"
 # the paper's net, for its update shares and utilizations (hogbatch_paper_sim_net says why these

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import socket
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from omegaconf import DictConfig
@@ -70,3 +74,51 @@ def w8a_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (home / W8A_NAME).symlink_to(W8A.resolve())
     monkeypatch.setenv("HETSGD_DATA", str(home))
     return home
+
+
+# One short real run that keeps its snapshots and writes a checkpoint: the run folder that the
+# tests of damaged and crafted run folders change, each in a copy of its own (`run_dir`).
+CHECKPOINTED_RUN = ("algo=sync", "devices=single_cpu", "dataset=digits", "model=mlp",
+                    "budget.epochs=null", "budget.seconds=1", "eval.every_s=0.1",
+                    "eval.every_epochs=null", "eval.keep_snapshots=true",
+                    "checkpoint.every_s=600", "progress=false")
+
+
+@pytest.fixture(scope="session")
+def checkpointed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CHECKPOINTED_RUN, made once per test process (in this process, as `hetsgd run` makes it)."""
+    import hetsgd
+    from hetsgd.outputs.checkpoint import latest_checkpoint
+    from hetsgd.outputs.run_directory import SNAPSHOTS
+
+    results = tmp_path_factory.mktemp("results")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HETSGD_RESULTS", str(results))
+        patch.setenv("HETSGD_DATA", str(tmp_path_factory.mktemp("data")))
+        done = hetsgd.run(*CHECKPOINTED_RUN)
+    assert done.exit_code == 0, done.summary.error
+    run_dir, = (results / "runs").iterdir()
+    assert latest_checkpoint(run_dir) is not None and len(list((run_dir / SNAPSHOTS).glob("*.pt"))) >= 5
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(checkpointed_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the checkpointed run, for one test to change, with results and data folders
+    of the test's own."""
+    monkeypatch.setenv("HETSGD_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "data"))
+    return Path(shutil.copytree(checkpointed_run, tmp_path / "run", symlinks=True))
+
+
+def as_crashed(run_dir: Path) -> None:
+    """Make ``run_dir``'s summary that of a run whose coordinator was killed: still `running`,
+    its process gone."""
+    from hetsgd.outputs.index import CRASHED, RUNNING, read_summary
+    from hetsgd.outputs.run_directory import SUMMARY, RunDirectory
+
+    summary = json.loads((run_dir / SUMMARY).read_text())
+    me = psutil.Process()
+    gone = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time() - 60.0}
+    RunDirectory(run_dir).write_summary({**summary, "status": RUNNING, "coordinator": gone})
+    assert read_summary(run_dir)["status"] == CRASHED

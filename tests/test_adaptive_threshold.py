@@ -106,9 +106,9 @@ def test_the_schedule_replay_gives_a_full_runs_update_counts(tmp_path: Path,
            "algo.window_s=0.02", "eval.every_s=0.01", "eval.every_epochs=null",
            "monitor.interval_s=0.01"]
     cfg = compose_config(*job)
-    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg)
+    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     full = pd.read_csv(tmp_path / "run" / "convergence.csv")
     replayed = script.replay(job)
     assert len(pd.read_csv(tmp_path / "run" / "batches.csv")) > 49  # the controller resized
-    assert replayed.updates == list(zip(full["time_s"], full["updates_gpu"], full["updates_cpu"]))
+    assert replayed.updates == list(zip(full["time_s"], full["updates_accel"], full["updates_cpu"]))

@@ -15,6 +15,7 @@ import pytest
 
 import hetsgd
 from hetsgd.errors import UserError
+from hetsgd.invocation import invoke
 from hetsgd.outputs.summary import GroupMix, Losses, Mix, RunSummary, TargetLosses
 
 # seeded and bounded in epochs, so two runs of it take the same steps and end the same
@@ -47,6 +48,8 @@ def test_run_from_python_is_the_command_lines_run(from_python: hetsgd.RunResult,
     summary = from_python.summary
     assert (summary.algo, summary.dataset, summary.model, summary.seed) == ("sync", "digits",
                                                                             "logreg", 3)
+    by_python = json.loads((from_python.run_dir / "summary.json").read_text())
+    assert by_python.keys() == by_shell.keys()  # one entry: the same fields, whichever way in
     for field in ("updates", "examples", "epochs", "updates_by_group", "plan", "mix", "scaling"):
         assert summary.to_dict()[field] == by_shell[field], field
     for when in ("initial", "final"):
@@ -77,6 +80,19 @@ def test_a_failed_run_is_a_result_with_its_exit_status(results: Path) -> None:
     assert failed.exit_code == 1 and failed.status == "failed"
     assert "optim.lr" in failed.summary.error
     assert failed.convergence is None and failed.summary.final is None
+
+
+@pytest.mark.integration
+def test_each_invocation_reports_only_its_own_runs_and_errors(results: Path) -> None:
+    """Nothing one invocation learns is kept in a module: a second one in the same process (a
+    notebook, a script) starts from nothing."""
+    first = invoke(["optim.lr=-1", "progress=false"])  # refused by the checks: no training
+    second = invoke(["optim.lr=-2", "progress=false"])
+    assert (first.code, second.code) == (1, 1)
+    assert len(first.runs) == len(second.runs) == 1 and first.runs != second.runs
+    assert first.statuses == second.statuses == ["failed"]
+    assert [e.split(" is ")[0] for e in first.errors + second.errors] == ["optim.lr=-1.0",
+                                                                           "optim.lr=-2.0"]
 
 
 def test_overrides_that_compose_no_run_raise_the_one_line_error(results: Path) -> None:

@@ -27,8 +27,9 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"algorithms", "observe"}),
     frozenset({"outputs"}),
     frozenset({"runs"}),
-    frozenset({"cli", "__main__"}),
-    frozenset({"api"}),
+    frozenset({"train"}),
+    frozenset({"invocation"}),
+    frozenset({"cli", "__main__", "api"}),
 )
 
 
@@ -116,6 +117,22 @@ def test_no_import_circle_in_the_package() -> None:
 
 def test_no_layer_imports_one_above_it() -> None:
     assert upward_imports(GRAPH) == []
+
+
+#: Engine packages that one never imports: ``engines.shared`` (shared memory, the worker's loop,
+#: the process coordinator) is what every engine builds on, so it imports no engine; the
+#: distributed and virtual engines never build on the asynchronous one.
+APART = (("hetsgd.engines.shared.", "hetsgd.engines.shared_memory"),
+         ("hetsgd.engines.shared.", "hetsgd.engines.distributed"),
+         ("hetsgd.engines.shared.", "hetsgd.engines.virtual"),
+         ("hetsgd.engines.distributed", "hetsgd.engines.shared_memory"),
+         ("hetsgd.engines.virtual", "hetsgd.engines.shared_memory"))
+
+
+def test_the_engines_build_on_the_shared_package_and_not_on_one_another() -> None:
+    assert [f"{a} -> {b}" for a, targets in sorted(GRAPH.items()) for b in sorted(targets)
+            for importer, imported in APART
+            if f"{a}.".startswith(importer) and b.startswith(imported)] == []
 
 
 @pytest.mark.parametrize("lazy", [False, True])

@@ -13,9 +13,9 @@ import torch
 from conftest import compose_config, run_config
 
 from hetsgd.engines.base import TICK_S
-from hetsgd.engines.shared_memory.links import Replica, Resident
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared.links import Replica, Resident
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import UserError
 from hetsgd.machine import cuda_devices
 from hetsgd.model.flat import FlatModel
@@ -113,7 +113,7 @@ def _run(tmp_path: Path, *overrides: str) -> tuple[dict, Path]:
     run_dir = tmp_path / "_".join(o.replace("/", "-") for o in overrides)[:120]
     from hetsgd.config import to_run_config
 
-    summary = runner.run(to_run_config(cfg), run_dir, cfg)
+    summary = runner.run(to_run_config(cfg), run_dir, cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     return json.loads((run_dir / "summary.json").read_text()), run_dir
 
@@ -219,7 +219,7 @@ def test_every_algorithm_learns_w8a_beyond_its_majority_class(
 def test_hogbatch_and_adaptive_on_cpu_plus_gpu(algo: str, tmp_path: Path) -> None:
     summary, run_dir = _run(tmp_path, f"algo={algo}", "devices=cpu+gpu",
                             "devices.groups.cpu.count=2", "dataset=digits", "budget.epochs=5")
-    assert set(summary["updates_by_group"]) == {"gpu", "cpu"}
+    assert set(summary["updates_by_group"]) == {"accel", "cpu"}
     assert all(n > 0 for n in summary["updates_by_group"].values())
     assert summary["emulated"] is False
     assert "gpu0_util" in pd.read_csv(run_dir / "utilization.csv").columns

@@ -15,7 +15,8 @@ from conftest import run_config
 
 from hetsgd.algorithms.local_sgd import ShardBatches
 from hetsgd.config.checks import ConfigError
-from hetsgd.config.schema import DataConfig, DatasetConfig
+from hetsgd.config.problem import DatasetConfig
+from hetsgd.config.schema import DataConfig
 from hetsgd.data import load_dataset
 from hetsgd.data.augment import CropFlip, augment_seed, crop_flip, training_augment
 from hetsgd.data.dataset import Parsed
@@ -23,9 +24,9 @@ from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD
 from hetsgd.data.prepare import prepare
 from hetsgd.engines.batches import Batches
 from hetsgd.engines.batches import training_augment as engine_augment
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.engines.shared_memory.worker import StepRecord, Worker
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.shared.worker import StepRecord, Worker
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 from hetsgd.workers import expand

@@ -20,13 +20,13 @@ from typer.testing import CliRunner
 from hetsgd import algorithms
 from hetsgd.cli import app
 from hetsgd.config import to_run_config
-from hetsgd.config.schema import CustomModelConfig
+from hetsgd.config.problem import CustomModelConfig
 from hetsgd.data import load_dataset
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
-from hetsgd.model.step import mlp_layers, step_kind
+from hetsgd.model.step import mlp_layers, resolved_step
 from hetsgd.runs import runner
 from hetsgd.workers import expand
 
@@ -168,21 +168,21 @@ def test_what_cannot_be_built_is_one_line_naming_the_target(nets: object, factor
 def test_the_fused_step_only_where_it_computes_the_forward(nets: object) -> None:
     plain = BINARY.build_model(_custom("mlp"), seed=0)
     assert mlp_layers(plain) is not None
-    assert step_kind(plain, "auto") == "fused" and step_kind(plain, "autograd") == "autograd"
+    assert resolved_step(plain, "auto") == "fused" and resolved_step(plain, "autograd") == "autograd"
     for factory in ("subclassed", "hooked"):
         module = BINARY.build_model(_custom(factory), seed=0)
         assert mlp_layers(module) is None
-        assert step_kind(module, "auto") == "autograd"
+        assert resolved_step(module, "auto") == "autograd"
         with pytest.raises(UserError, match="optim.step=fused needs an MLP"):
-            step_kind(module, "fused")
+            resolved_step(module, "fused")
     handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
     try:
-        assert step_kind(plain, "auto") == "autograd"  # a global hook runs on every module
+        assert resolved_step(plain, "auto") == "autograd"  # a global hook runs on every module
     finally:
         handle.remove()
-    assert step_kind(plain, "auto") == "fused"
+    assert resolved_step(plain, "auto") == "fused"
     cnn = DIGIT_IMAGES.build_model(_custom("small_cnn"), seed=0)
-    assert step_kind(cnn, "auto") == "autograd"
+    assert resolved_step(cnn, "auto") == "autograd"
 
 
 def _altered(change: str) -> nn.Sequential:
@@ -209,7 +209,7 @@ def test_anything_that_changes_a_call_takes_the_autograd_step(change: str) -> No
 
 def _run(run_dir: Path, *overrides: str) -> dict:
     cfg = compose_config(*overrides)
-    summary = runner.run(to_run_config(cfg), run_dir, cfg)
+    summary = runner.run(to_run_config(cfg), run_dir, cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     return summary
 
@@ -221,7 +221,7 @@ def _run(run_dir: Path, *overrides: str) -> dict:
     ("algo=adaptive", "devices=emulated", "algo.period_s=0.2", "algo.window_s=0.4"),
     ("algo=local_sgd", "devices=emulated", "algo.tau=4"),
     ("algo=hogbatch", "devices=paper_hogbatch_v100", "devices.groups.cpu.count=2",
-     "devices.groups.gpu.batch_size=64", "budget.seconds=0.05", "eval.every_s=0.01"),
+     "devices.groups.accel.batch_size=64", "budget.seconds=0.05", "eval.every_s=0.01"),
 ], ids=["sync", "hogbatch", "adaptive", "local_sgd", "simulated"])
 def test_a_custom_model_trains_on_every_engine(nets: object, tmp_path: Path, results_dir: Path,
                                               algo: tuple[str, ...]) -> None:

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from conftest import W8A, W8A_NAME
 
 from hetsgd.config import DatasetConfig
-from hetsgd.config.schema import SCALINGS, SyntheticConfig
+from hetsgd.config.problem import SCALINGS, SyntheticConfig
 from hetsgd.data import data_home, fetch, images, libsvm, list_sources, load_dataset, source_info
 from hetsgd.data.download import RemoteFile, download
 from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD, read_idx

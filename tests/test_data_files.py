@@ -18,7 +18,7 @@ import pytest
 from conftest import compose_config
 
 from hetsgd.config import DatasetConfig, to_run_config
-from hetsgd.config.schema import FilesConfig, FolderConfig
+from hetsgd.config.problem import FilesConfig, FolderConfig
 from hetsgd.data import load_dataset
 from hetsgd.data.dataset import Dataset
 from hetsgd.errors import UserError
@@ -239,7 +239,7 @@ SEEDED = ("algo=sync", "model=logreg", "budget.epochs=1", "budget.seconds=null",
 
 def _run(run_dir: Path, *overrides: str) -> dict:
     cfg = compose_config(*SEEDED, *overrides)
-    summary = runner.run(to_run_config(cfg), run_dir, cfg)
+    summary = runner.run(to_run_config(cfg), run_dir, cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -91,7 +91,7 @@ def test_defaults_on_a_binary_libsvm_file_match_a_plain_pytorch_loop(
     run_cfg = to_run_config(cfg)
     assert (run_cfg.dataset.scale, run_cfg.optim.lr, run_cfg.model.hidden) == ("auto", LR,
                                                                                [HIDDEN, HIDDEN])
-    summary = runner.run(run_cfg, tmp_path / "run", cfg)
+    summary = runner.run(run_cfg, tmp_path / "run", cfg).to_dict()
     assert summary["status"] == "completed", summary.get("error")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
 

@@ -16,8 +16,8 @@ from hetsgd.engines import processes
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.denormals import DENORMAL, flushed, flushing
 from hetsgd.engines.hooks import DistributedHooks, SharedMemoryHooks
-from hetsgd.engines.shared_memory.memory import SharedMaster
-from hetsgd.engines.shared_memory.worker import set_up_math
+from hetsgd.engines.shared.memory import SharedMaster
+from hetsgd.engines.shared.worker import set_up_math
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.runs.setup import load_run_data

@@ -27,7 +27,7 @@ from hetsgd.data import load_dataset
 from hetsgd.engines import processes
 from hetsgd.engines.distributed.group import free_port
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.engines.training import OnTick, Training
 from hetsgd.model.architectures import build_model
 from hetsgd.model.flat import FlatModel
@@ -81,7 +81,7 @@ def _train(cfg: RunConfig, on_tick: OnTick | None = None,
 def _run(run_dir: Path, *overrides: str) -> dict:
     """One whole run through the runner, as `hetsgd run` does it."""
     cfg = compose_config(*overrides, "progress=false")
-    summary = runner.run(to_run_config(cfg), run_dir, cfg)
+    summary = runner.run(to_run_config(cfg), run_dir, cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     return summary
 
@@ -288,10 +288,10 @@ def test_checkpoints_under_torchrun_are_a_one_line_error_on_every_node(
 @pytest.mark.parametrize("algo", ["sync", "local_sgd"])
 def test_a_gpu_rank_and_a_cpu_rank_train_together_over_gloo(tmp_path: Path, algo: str) -> None:
     summary = _run(tmp_path, f"algo={algo}", "dataset=digits", "model=mlp", "devices=cpu+gpu",
-                   "devices.groups.cpu.count=1", "devices.groups.gpu.batch_size=256",
+                   "devices.groups.cpu.count=1", "devices.groups.accel.batch_size=256",
                    "budget.epochs=3")
     assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]
-    assert set(summary["updates_by_group"]) == {"gpu", "cpu"}
+    assert set(summary["updates_by_group"]) == {"accel", "cpu"}
 
 
 @pytest.mark.integration
@@ -299,5 +299,5 @@ def test_a_gpu_rank_and_a_cpu_rank_train_together_over_gloo(tmp_path: Path, algo
 @pytest.mark.parametrize("algo", ["sync", "local_sgd"])
 def test_gpu_ranks_train_over_nccl(tmp_path: Path, algo: str) -> None:
     summary = _run(tmp_path, f"algo={algo}", "dataset=digits", "model=mlp", "devices=gpus",
-                   "devices.groups.gpu.count=2", "dist.backend=nccl", "budget.epochs=3")
+                   "devices.groups.accel.count=2", "dist.backend=nccl", "budget.epochs=3")
     assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import logging
 import math
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -22,59 +20,23 @@ import torch
 import yaml
 from typer.testing import CliRunner, Result
 
-import hetsgd
 from hetsgd.cli import app
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.outputs import journal
-from hetsgd.outputs.checkpoint import STATE, latest_checkpoint, snapshot_file
+from hetsgd.outputs.checkpoint import STATE, latest_checkpoint, snapshot_file, time_name
 from hetsgd.outputs.index import CRASHED, OVERRIDES, RUNNING, read_summary
 from hetsgd.outputs.journal import INDEX, RunJournal, read_snapshots
-from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY, RunDirectory, WriteError, writing
+from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, WriteError, writing
 from hetsgd.runs import runner
 from hetsgd.runs.recover import recover
 from hetsgd.workers import WorkerSpec
-from tests.conftest import compose_config
+from tests.conftest import as_crashed, compose_config
 
 # every_s past the run's end: its one checkpoint is the one taken as it ends, with every snapshot
-RUN = ("algo=sync", "dataset=digits", "model=mlp", "budget.epochs=null", "budget.seconds=1",
-       "eval.every_s=0.1", "eval.every_epochs=null", "eval.keep_snapshots=true",
-       "checkpoint.every_s=600", "progress=false")
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One short real run, made once for the module (in this process, as `hetsgd run` makes
-    it): its snapshots kept, one checkpoint."""
-    results = tmp_path_factory.mktemp("results")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HETSGD_RESULTS", str(results))
-        patch.setenv("HETSGD_DATA", str(tmp_path_factory.mktemp("data")))
-        done = hetsgd.run(*RUN)
-    assert done.exit_code == 0, done.summary.error
-    run_dir, = (results / "runs").iterdir()
-    assert latest_checkpoint(run_dir) is not None and len(_snapshot_files(run_dir)) >= 5
-    return run_dir
-
-
-@pytest.fixture
-def run_dir(trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of the module's run, for one test to damage."""
-    monkeypatch.setenv("HETSGD_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "data"))
-    return Path(shutil.copytree(trained, tmp_path / "run", symlinks=True))
 
 
 def _snapshot_files(run_dir: Path) -> list[Path]:
     return sorted((run_dir / SNAPSHOTS).glob("*.pt"))
-
-
-def _as_crashed(run_dir: Path) -> None:
-    """The summary of a run whose coordinator was killed: still `running`, its process gone."""
-    summary = json.loads((run_dir / SUMMARY).read_text())
-    me = psutil.Process()
-    gone = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time() - 60.0}
-    RunDirectory(run_dir).write_summary({**summary, "status": RUNNING, "coordinator": gone})
-    assert read_summary(run_dir)["status"] == CRASHED
 
 
 def _contents(folder: Path) -> dict[str, str]:
@@ -131,7 +93,7 @@ def test_a_resume_from_a_corrupt_checkpoint_names_the_file(run_dir: Path) -> Non
 
 @pytest.mark.integration
 def test_recover_works_after_a_refused_resume(run_dir: Path) -> None:
-    _as_crashed(run_dir)
+    as_crashed(run_dir)
     _refused(run_dir, "model=logreg")
     summary = recover(run_dir)
     assert summary["status"] == CRASHED
@@ -142,7 +104,7 @@ def test_recover_works_after_a_refused_resume(run_dir: Path) -> None:
 def test_recover_ignores_overrides_that_a_refused_resume_wrote(run_dir: Path) -> None:
     """Hydra of an earlier version wrote a refused resume's overrides over the run's: recovery
     takes those its checkpoint kept."""
-    _as_crashed(run_dir)
+    as_crashed(run_dir)
     (run_dir / OVERRIDES).write_text(yaml.safe_dump(
         ["progress=false", f"resume={run_dir}", "model=logreg"]))
     assert recover(run_dir)["model"] == "mlp"
@@ -152,7 +114,7 @@ def test_recover_ignores_overrides_that_a_refused_resume_wrote(run_dir: Path) ->
 @pytest.mark.integration
 def test_recover_skips_a_truncated_snapshot_and_names_it(run_dir: Path,
                                                          caplog: pytest.LogCaptureFixture) -> None:
-    _as_crashed(run_dir)
+    as_crashed(run_dir)
     files = _snapshot_files(run_dir)
     bad = files[len(files) // 2]
     bad.write_bytes(bad.read_bytes()[:100])
@@ -170,7 +132,7 @@ def test_recover_skips_a_truncated_snapshot_and_names_it(run_dir: Path,
 @pytest.mark.parametrize("damage", ["deleted", "garbled"])
 def test_recover_needs_no_index(run_dir: Path, damage: str) -> None:
     """Each snapshot file carries its own row: time, examples, every worker's updates."""
-    _as_crashed(run_dir)
+    as_crashed(run_dir)
     index_file = run_dir / SNAPSHOTS / INDEX
     if damage == "deleted":
         index_file.unlink()
@@ -240,7 +202,7 @@ def full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _leftovers(folder: Path) -> list[str]:
-    return [p.name for p in folder.rglob("*") if p.name.endswith(".tmp") or p.name == ".partial"]
+    return [p.name for p in folder.rglob("*") if p.name.endswith(".tmp")]
 
 
 def test_a_full_disk_while_writing_a_snapshot_names_the_file(tmp_path: Path,
@@ -267,8 +229,8 @@ def test_a_full_disk_while_writing_a_checkpoint_names_the_file(tmp_path: Path,
     with pytest.raises(WriteError) as raised:
         journal_.close()
     assert str(raised.value) == ("no space left on device, writing "
-                                 f"{out.path / 'checkpoint' / '.partial' / STATE}")
-    assert latest_checkpoint(out.path) is None
+                                 f"{out.path / 'checkpoint' / time_name(1.0) / STATE}")
+    assert latest_checkpoint(out.path) is None and _leftovers(out.path) == []
 
 
 @pytest.mark.integration
@@ -288,7 +250,7 @@ def test_a_run_that_fills_the_disk_ends_crashed_and_recovers(tmp_path: Path,
                          "devices.groups.cpu.profile=xeon_e5_2686v4_core", "budget.epochs=null",
                          "budget.seconds=0.05", "eval.every_s=0.01")
     run_dir = tmp_path / "run"
-    summary = runner.run(cfg, run_dir, cfg)
+    summary = runner.run(cfg, run_dir, cfg).to_dict()
     expected = (f"no space left on device, writing {run_dir / 'utilization.csv'}: once there is "
                 f"room, `hetsgd recover {run_dir}` evaluates the snapshots it left")
     assert summary["status"] == CRASHED and summary["error"] == expected

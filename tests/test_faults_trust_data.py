@@ -23,7 +23,7 @@ import pytest
 import hetsgd
 from hetsgd.atomic import remove_abandoned, writing_path
 from hetsgd.config import DatasetConfig
-from hetsgd.config.schema import FilesConfig
+from hetsgd.config.problem import FilesConfig
 from hetsgd.data import load_dataset, tables
 from hetsgd.data.splits import split_rows
 from hetsgd.errors import UserError

@@ -9,68 +9,34 @@ import json
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
-import psutil
 import pytest
 import torch.distributed as dist
 import yaml
 from typer.testing import CliRunner, Result
 
-import hetsgd
 from hetsgd import algorithms
 from hetsgd.cli import app
 from hetsgd.engines.distributed.handoff import receive
 from hetsgd.errors import UserError
 from hetsgd.outputs.checkpoint import latest_checkpoint
-from hetsgd.outputs.index import CRASHED, OVERRIDES, RUNNING, read_summary
+from hetsgd.outputs.index import OVERRIDES
 from hetsgd.outputs.run_directory import SUMMARY, RunDirectory
+from hetsgd.outputs.safe_text import redacted, shown
 from hetsgd.runs.setup import Handoff
 from hetsgd.workers import expand
-from tests.conftest import run_config
+from tests.conftest import as_crashed, run_config
 
-RUN = ("algo=sync", "devices=single_cpu", "dataset=digits", "model=mlp", "budget.epochs=null",
-       "budget.seconds=1", "eval.every_s=0.2", "eval.every_epochs=null",
-       "eval.keep_snapshots=true", "checkpoint.every_s=600", "progress=false")
 ESCAPES = "\x1b]0;owned\x07\x1b]52;c;Zm9v\x07\x1b[2J\x9b31m"
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One short real run with its snapshots and a checkpoint, made once for the module."""
-    results = tmp_path_factory.mktemp("results")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HETSGD_RESULTS", str(results))
-        patch.setenv("HETSGD_DATA", str(tmp_path_factory.mktemp("data")))
-        done = hetsgd.run(*RUN)
-    assert done.exit_code == 0, done.summary.error
-    run_dir, = (results / "runs").iterdir()
-    assert latest_checkpoint(run_dir) is not None
-    return run_dir
-
-
-@pytest.fixture
-def run_dir(trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of the module's run, for one test to change."""
-    monkeypatch.setenv("HETSGD_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "data"))
-    return Path(shutil.copytree(trained, tmp_path / "run", symlinks=True))
 
 
 def _hetsgd(*args: str) -> Result:
     return CliRunner().invoke(app, list(args))
-
-
-def _as_crashed(run_dir: Path) -> None:
-    summary = json.loads((run_dir / SUMMARY).read_text())
-    me = psutil.Process()
-    gone = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time() - 60.0}
-    RunDirectory(run_dir).write_summary({**summary, "status": RUNNING, "coordinator": gone})
-    assert read_summary(run_dir)["status"] == CRASHED
 
 
 def _craft(config: Path, overrides: Path, src: Path, dst: Path) -> None:
@@ -90,14 +56,14 @@ def test_recover_calls_no_target_the_folder_names_unless_the_user_names_it(
     src, dst = tmp_path / "evil.pth", tmp_path / "site-packages" / "zz.pth"
     src.write_text("import os\n")
     dst.parent.mkdir()
-    _as_crashed(run_dir)
+    as_crashed(run_dir)
     _craft(run_dir / "config.yaml", run_dir / OVERRIDES, src, dst)
     refused = _hetsgd("recover", str(run_dir))
     assert refused.exit_code == 1 and not dst.exists()
     line, = refused.stderr.splitlines()
     assert line == (f"hetsgd: error: {run_dir} names model._target_ 'shutil.copyfile', which "
-                    "hetsgd would import and call; a run folder is data and may come from "
-                    "anyone, so it calls only what you name: pass --model-target "
+                    "hetsgd would import and call; what it reads back is data and may come "
+                    "from anyone, so it calls only what you name: pass --model-target "
                     "shutil.copyfile to call it")
     # named by the user, it is called (and refused as no model only then)
     named = _hetsgd("recover", str(run_dir), "--model-target", "shutil.copyfile")
@@ -117,6 +83,45 @@ def test_a_resume_calls_no_target_the_checkpoint_names(run_dir: Path, tmp_path: 
     line, = refused.stderr.splitlines()
     assert "names model._target_ 'shutil.copyfile'" in line
     assert line.endswith("add model=custom model._target_=shutil.copyfile to call it")
+
+
+@pytest.mark.integration
+def test_a_folders_overrides_set_no_hydra_search_path(run_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Composing ``hydra.searchpath=[pkg://M]`` imports M: a folder's recorded overrides are
+    refused before anything is composed, for recovery and for a resume alike."""
+    marker = tmp_path / "imported"
+    (tmp_path / "planted").mkdir()
+    (tmp_path / "planted" / "hetsgd_planted.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "planted"))
+    planted = "hydra.searchpath=[pkg://hetsgd_planted]"
+    version = latest_checkpoint(run_dir)
+    assert version is not None
+    for overrides in (run_dir / OVERRIDES, version / "run_overrides.yaml"):
+        overrides.write_text(yaml.safe_dump([*yaml.safe_load(overrides.read_text()), planted]))
+    as_crashed(run_dir)
+    for refused in (_hetsgd("recover", str(run_dir)),
+                    _hetsgd("run", f"resume={run_dir}", "budget.seconds=2", "progress=false")):
+        assert refused.exit_code == 1 and not marker.exists()
+        line, = refused.stderr.splitlines()
+        assert f"records the override '{planted}'" in line
+
+
+@pytest.mark.parametrize(("uri", "written"), [
+    ("http://user:s3cretPW@127.0.0.1:9/", "http://user:***@127.0.0.1:9/"),
+    ("https://ghp_t0kenVAL@example.org/x", "https://***@example.org/x"),
+    ("http://h:9/?run=1&api_key=t0kenVAL", "http://h:9/?run=1&api_key=***"),
+    ("http://127.0.0.1:9/", "http://127.0.0.1:9/")])
+def test_a_uris_secrets_are_redacted_and_nothing_else(uri: str, written: str) -> None:
+    assert redacted(f"logging to {uri}.") == f"logging to {written}."
+    assert redacted(written) == written
+
+
+def test_a_log_keeps_its_layout_and_loses_its_escapes() -> None:
+    assert shown(f"\t#0 : algo=hogwild\n{ESCAPES}", lines=True) == (
+        "\t#0 : algo=hogwild\n\\x1b]0;owned\\x07\\x1b]52;c;Zm9v\\x07\\x1b[2J\\x9b31m")
+    assert shown("a\tb\nc") == "a\\x09b\\x0ac"
 
 
 def test_a_plan_travels_as_data_and_comes_back_equal() -> None:
@@ -159,6 +164,29 @@ def test_a_follower_never_unpickles_the_store(tmp_path: Path,
     with pytest.raises(UserError, match="not rank 0's .not JSON"):
         receive()
     assert not marker.exists()
+
+
+def test_a_follower_builds_only_the_model_its_own_command_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store holds rank 0's plan, which anyone who reaches its port could have written: a
+    torchrun follower refuses a factory its own command line (the same on every rank) does
+    not name, and finds one named in its own --config-dir."""
+    from hetsgd.runs import follow
+
+    custom = ("model=custom", "model._target_=shutil.copyfile")
+    cfg = run_config("algo=sync", "devices=single_cpu", *custom)
+    planted = Handoff(plan=algorithms.get("sync").plan(cfg, expand(cfg.devices))).to_plain()
+    monkeypatch.setattr(follow, "torchrun", lambda: SimpleNamespace(rank=1))
+    monkeypatch.setattr(follow, "receive", lambda: planted)
+    with pytest.raises(UserError, match=r"^rank 0's plan in the torch.distributed store names "
+                                        r"model._target_ 'shutil.copyfile'.*give "
+                                        r"model._target_=shutil.copyfile on the command line"):
+        follow.follow(["algo=sync", "devices=single_cpu"])
+    assert follow._named_here(["-m", "algo=sync", *custom]) == ["shutil.copyfile"]
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text(
+        "defaults:\n  - custom\n  - _self_\n_target_: shutil.copyfile\n")
+    assert follow._named_here(["--config-dir", str(tmp_path), "model=mine"]) == ["shutil.copyfile"]
 
 
 @pytest.mark.integration

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hetsgd.config.schema import CustomModelConfig
+from hetsgd.config.problem import CustomModelConfig
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.model.problem import Problem
 
@@ -172,3 +172,30 @@ def test_a_run_without_the_address_space_for_torch_fails_out_of_memory(
 ])
 def test_what_reads_as_out_of_memory(raised: BaseException, reason: str | None) -> None:
     assert out_of_memory(raised) == reason
+
+
+_RAISES_SIGINT = textwrap.dedent("""
+    import resource, signal, sys
+    from hetsgd.data.native import loading_native
+    if sys.argv[1] == "limited":
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 40, resource.RLIM_INFINITY))
+    try:
+        with loading_native():  # OpenBLAS's own raise(SIGINT), as it fails to start its threads
+            signal.raise_signal(signal.SIGINT)
+    except BaseException as exc:
+        print(type(exc).__name__)
+    signal.raise_signal(signal.SIGINT)  # after loading: Ctrl-C's as ever
+""")
+
+
+@pytest.mark.parametrize(("limit", "taken_for"), [("limited", "MemoryError"),
+                                                  ("unlimited", "KeyboardInterrupt")])
+def test_a_librarys_own_sigint_under_an_address_limit_is_out_of_memory(limit: str,
+                                                                       taken_for: str) -> None:
+    """Under `ulimit -v`, scikit-learn's OpenBLAS raises SIGINT on its process when it cannot
+    start its threads: that is no Ctrl-C of the user's. Without a limit, nor after loading, a
+    SIGINT is never taken for one."""
+    done = subprocess.run([sys.executable, "-c", _RAISES_SIGINT, limit], text=True,
+                          capture_output=True, timeout=60)
+    assert done.stdout.split() == [taken_for]
+    assert done.stderr.rstrip().endswith("KeyboardInterrupt")

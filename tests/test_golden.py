@@ -66,7 +66,7 @@ def _numbers(overrides: tuple[str, ...], tmp_path: Path) -> dict[str, Any]:
     accuracy at each snapshot and at the end."""
     calibration = f"devices.calibration={_calibration(tmp_path / 'calibration.csv')}"
     cfg = compose_config(*(calibration if o == CALIBRATED else o for o in overrides), *COMMON)
-    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg)
+    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     conv = pd.read_csv(tmp_path / "run" / "convergence.csv")
     workers = pd.read_csv(tmp_path / "run" / "workers.csv")

@@ -9,8 +9,8 @@ from conftest import run_config
 from test_virtual_engine import Fixed
 
 from hetsgd.config import ConfigError
-from hetsgd.engines.shared_memory.links import default_link
-from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.engines.shared.links import default_link
+from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.group import VirtualClock
@@ -87,7 +87,7 @@ def test_simulated_workers_take_jittered_steps_the_same_way_every_run() -> None:
 
 def test_the_paper_mixes_jitter_and_a_real_mix_refuses_it() -> None:
     paper = run_config("devices=paper_hogbatch_v100").devices.groups
-    assert (paper["cpu"].jitter, paper["gpu"].jitter) == (0.05, 0.02)
+    assert (paper["cpu"].jitter, paper["accel"].jitter) == (0.05, 0.02)
     assert run_config("devices=cpu").devices.groups["cpu"].jitter == 0.0
     with pytest.raises(ConfigError, match=r"devices\.groups\.cpu\.jitter=0\.05 .*simulated=true"):
         run_config("devices=cpu", "devices.groups.cpu.jitter=0.05")

@@ -194,7 +194,7 @@ def test_biased_local_sgd_with_the_authors_accounting_runs_its_rounds(tmp_path: 
                  "algo.epoch_accounting=authors", "algo.aggregation=samples", "budget.epochs=0.5",
                  "progress=false")
     cfg = compose_config(*overrides)
-    summary = runner.run(to_run_config(cfg), tmp_path, cfg)
+    summary = runner.run(to_run_config(cfg), tmp_path, cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     assert json.loads((tmp_path / "summary.json").read_text())["local_sgd"] == {
         "tau": {"accel": 4, "cpu": 1},
@@ -252,7 +252,7 @@ def test_resnet20_trains_with_local_sgd_and_averaged_batchnorm_statistics(
                  "devices.simulated=true", "devices.groups.accel.profile=v100_sxm2_16gb",
                  "devices.groups.cpu.profile=xeon_e5_2686v4_core", "progress=false")
     cfg = compose_config(*overrides)
-    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg)
+    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     assert summary["updates_by_group"] == {"accel": 2 * 4, "cpu": 4}  # 80 examples a round
     assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]

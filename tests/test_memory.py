@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from hetsgd.config import DatasetConfig
-from hetsgd.config.schema import SyntheticConfig
+from hetsgd.config.problem import SyntheticConfig
 from hetsgd.data import dataset, load_dataset
 from hetsgd.data.cache import NpyRows
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.prepare import column_moments, fit_scaler, prepare, split_rows
 from hetsgd.data.synthetic import TeacherInputs
-from hetsgd.engines.shared_memory.memory import SharedArena
+from hetsgd.engines.shared.memory import SharedArena
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from hydra.errors import ConfigCompositionException
 from torch import nn
 
 from hetsgd.config import ConfigError, to_run_config
-from hetsgd.config.schema import MODEL_SCHEMAS
+from hetsgd.config.problem import MODEL_SCHEMAS
 from hetsgd.errors import UserError
 from hetsgd.model.architectures import BasicBlock, build_model
 

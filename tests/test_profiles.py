@@ -13,7 +13,7 @@ import torch
 import yaml
 from torch import nn
 
-from hetsgd.config.schema import (
+from hetsgd.config.problem import (
     CnnConfig,
     LogregConfig,
     MlpConfig,
@@ -163,7 +163,7 @@ def test_bad_cost_arguments_are_one_line_errors(args: tuple, message: str) -> No
         ModelCost.of(tiny_mlp(), *args)
 
 
-def test_an_unknown_step_kind_is_an_error() -> None:
+def test_an_unknown_step_choice_is_an_error() -> None:
     with pytest.raises(UserError, match="unknown step 'eager'"):
         ModelCost.of(tiny_mlp(), (3,), "multiclass", step="eager")
 
@@ -205,7 +205,7 @@ def test_an_unknown_device_names_the_known_ones() -> None:
 
 # -- measured profiles -----------------------------------------------------------------------------
 
-CALIBRATION = """group,device,kind,threads,batch_size,examples_per_s,ms_per_step,comm_ms_per_step
+CALIBRATION = """group,device,label,threads,batch_size,examples_per_s,ms_per_step,comm_ms_per_step
 accel,cpu,emulated,1,1,500,2.0,1.0
 accel,cpu,emulated,1,16,1450,11.0,3.0
 accel,cpu,emulated,1,4,1250,3.2,1.2

@@ -89,9 +89,9 @@ def write_run(run_dir: Path, *, algo: str, devices: str, seed: int, speed: float
             run_dir / "batches.csv", index=False)
     updates_by_group = {"cpu": int(cpu_updates[-1]), "accel": int(updates[-1] - cpu_updates[-1])}
     targets = [loss[0] / 2, loss[0] / 5, loss[0] / 10]
-    groups = {"accel": GroupMix(kind="cuda" if gpu else "emulated", role="accel", count=1,
+    groups = {"accel": GroupMix(label="cuda" if gpu else "emulated", role="accel", count=1,
                                 threads=1, batch_size=256, devices=["cuda:0" if gpu else "cpu"]),
-              "cpu": GroupMix(kind="cpu", role="host", count=1, threads=1, batch_size=16,
+              "cpu": GroupMix(label="cpu", role="host", count=1, threads=1, batch_size=16,
                               devices=["cpu"])}
     workers_cores = float(util["workers_cpu_percent"].mean()) / 100
     summary = RunSummary(

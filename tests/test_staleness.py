@@ -13,10 +13,10 @@ from conftest import compose_config, run_config
 from test_virtual_engine import Fixed
 
 from hetsgd.config import to_run_config
-from hetsgd.engines.shared_memory.links import default_link
-from hetsgd.engines.shared_memory.memory import SharedMaster
-from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.engines.shared_memory.worker import Worker
+from hetsgd.engines.shared.links import default_link
+from hetsgd.engines.shared.memory import SharedMaster
+from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.shared.worker import Worker
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.outputs.summary import RunSummary, Staleness
 from hetsgd.runs import runner
@@ -26,7 +26,7 @@ from hetsgd.workers import expand
 
 def _run(tmp_path: Path, *overrides: str) -> dict:
     cfg = compose_config(*overrides)
-    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg)
+    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     return json.loads((tmp_path / "run" / "summary.json").read_text())
 

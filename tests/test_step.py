@@ -12,8 +12,8 @@ import torch
 from conftest import run_config
 from torch import nn
 
-from hetsgd.engines.shared_memory.cursor import EpochCursor
-from hetsgd.engines.shared_memory.numpy_views import SharedFlag
+from hetsgd.engines.shared.cursor import EpochCursor
+from hetsgd.engines.shared.numpy_views import SharedFlag
 from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn, per_sample_loss
@@ -53,13 +53,13 @@ def _reference(module: nn.Module, task: str, momentum: float, weight_decay: floa
     return [p.detach() for p in module.parameters()]
 
 
-def _ours(module: nn.Module, kind: str, task: str, momentum: float, weight_decay: float,
+def _ours(module: nn.Module, step_choice: str, task: str, momentum: float, weight_decay: float,
           sparse: bool = False, params: torch.Tensor | None = None,
           device: str = "cpu", schedule: tuple[str, ...] = (), epoch: float = 0.0) -> FlatModel:
     cfg = run_config(f"optim.lr={LR}", f"optim.momentum={momentum}",
                      f"optim.weight_decay={weight_decay}", *schedule).optim
     flat = FlatModel(module, params, torch.zeros(0) if params is not None else None)
-    step = build_step(kind, flat, cfg, task)
+    step = build_step(step_choice, flat, cfg, task)
     for i in range(STEPS):
         x, y = _batch(task, i, sparse)
         step(x.to(device), y.to(device), epoch=epoch, batch_size=8)
@@ -74,24 +74,24 @@ def _ours(module: nn.Module, kind: str, task: str, momentum: float, weight_decay
     (nn.ReLU, True, "multiclass", 0.9, 0.0),
     (nn.Tanh, False, "binary", 0.9, 0.01),
 ])
-@pytest.mark.parametrize("kind", ["fused", "autograd"])
-def test_a_step_gives_torch_optim_sgds_parameters(kind: str, activation: type[nn.Module],
+@pytest.mark.parametrize("step_choice", ["fused", "autograd"])
+def test_a_step_gives_torch_optim_sgds_parameters(step_choice: str, activation: type[nn.Module],
                                                   bias: bool, task: str, momentum: float,
                                                   weight_decay: float) -> None:
     outputs = 1 if task == "binary" else 3
     expected = _reference(_mlp(activation, bias, outputs), task, momentum, weight_decay)
     module = _mlp(activation, bias, outputs)
-    _ours(module, kind, task, momentum, weight_decay)
+    _ours(module, step_choice, task, momentum, weight_decay)
     for ours, theirs in zip(module.parameters(), expected):
         torch.testing.assert_close(ours.detach(), theirs, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["fused", "autograd"])
-def test_a_step_takes_the_learning_rate_of_the_schedule(kind: str) -> None:
+@pytest.mark.parametrize("step_choice", ["fused", "autograd"])
+def test_a_step_takes_the_learning_rate_of_the_schedule(step_choice: str) -> None:
     """Past a milestone (x0.1) with linear scaling from batch 4 to 8 (x2): lr = LR / 5."""
     expected = _reference(_mlp(nn.ReLU, True, 3), "multiclass", 0.9, 0.01, lr=LR * 2 * 0.1)
     module = _mlp(nn.ReLU, True, 3)
-    _ours(module, kind, "multiclass", 0.9, 0.01, epoch=1.5,
+    _ours(module, step_choice, "multiclass", 0.9, 0.01, epoch=1.5,
           schedule=("optim.lr_scaling=linear", "optim.base_batch=4", "optim.milestones=[1.0]"))
     for ours, theirs in zip(module.parameters(), expected):
         torch.testing.assert_close(ours.detach(), theirs, rtol=0, atol=1e-6)
@@ -127,12 +127,12 @@ def test_the_fused_step_updates_the_storage_the_model_is_bound_to() -> None:
 def test_both_steps_return_the_loss_before_the_update_and_per_example_losses() -> None:
     x, y = _batch("multilabel", 0)
     cfg = run_config(f"optim.lr={LR}").optim
-    for kind in ("fused", "autograd"):
+    for step_choice in ("fused", "autograd"):
         module = _mlp(nn.Tanh, True, 3)
         with torch.no_grad():
             out = module(x)
             expected = per_sample_loss("multilabel", out, y)
-        loss, losses = build_step(kind, FlatModel(module), cfg, "multilabel")(
+        loss, losses = build_step(step_choice, FlatModel(module), cfg, "multilabel")(
             x, y, 0.0, 8, per_sample=True)
         assert losses is not None and not loss.requires_grad
         torch.testing.assert_close(losses, expected)

@@ -20,9 +20,9 @@ from hetsgd.config import RunConfig, to_run_config
 from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.hooks import DistributedHooks
-from hetsgd.engines.shared_memory.links import default_link
-from hetsgd.engines.shared_memory.memory import SharedMaster
-from hetsgd.engines.shared_memory.worker import LOSS_READ_S
+from hetsgd.engines.shared.links import default_link
+from hetsgd.engines.shared.memory import SharedMaster
+from hetsgd.engines.shared.worker import LOSS_READ_S
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.profiles import ExchangeCost, load_calibration
@@ -156,7 +156,7 @@ def _whole_run(tmp_path: Path, name: str, *overrides: str) -> tuple[dict, Path]:
     """A run in ``tmp_path/run``, then moved to ``tmp_path/name`` (summary.json says where the
     run was written)."""
     cfg = compose_config(*overrides)
-    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg)
+    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     run_dir = (tmp_path / "run").rename(tmp_path / name)
     return json.loads((run_dir / "summary.json").read_text()), run_dir
@@ -195,7 +195,7 @@ def test_a_simulated_run_is_deterministic_and_says_it_is_simulated(tmp_path: Pat
         assert (first_dir / "batches.csv").read_bytes() == (second_dir / "batches.csv").read_bytes()
     assert len(pd.read_csv(first_dir / "convergence.csv")) >= 6
     assert first["simulated"] is True and first["emulated"] is False
-    assert {g["kind"] for g in first["mix"].values()} == {"simulated"}
+    assert {g["label"] for g in first["mix"].values()} == {"simulated"}
     assert first["time_s"] == pytest.approx(1.5, abs=0.02)
     assert first["utilization"]["gpu_util_mean"] > 0
     assert mix_label(first) == "emulated (simulated)"
@@ -328,7 +328,7 @@ def test_a_local_sgd_rank_reads_its_loss_on_the_workers_cadence(
 
 def test_busy_time_counts_a_busy_workers_threads_and_an_accelerators_share() -> None:
     socket = WorkerSpec(0, "cpu", "cpu", "cpu", 18, 64, 1.0, False, simulated=True)
-    gpu = WorkerSpec(1, "gpu", "cuda", "cpu", 1, 64, 1.0, True, simulated=True)
+    gpu = WorkerSpec(1, "accel", "cuda", "cpu", 1, 64, 1.0, True, simulated=True)
     busy = BusyTime([socket, gpu])
     busy.compute(0, 0.0, 1.0)
     busy.compute(1, 0.25, 0.75)
@@ -343,7 +343,7 @@ def test_a_simulated_world_of_gpus_needs_no_collective_backend() -> None:
     """NCCL is what a real all-GPU world would take; a CPU build of torch has none, and a
     simulated world needs none."""
     cfg = run_config("algo=local_sgd", "algo.tau=auto", "devices=paper_biased_local",
-                     "devices.only=[gpu]", "dist.backend=nccl")
+                     "devices.only=[accel]", "dist.backend=nccl")
     plan = algorithms.get("local_sgd").plan(cfg, expand(cfg.devices))
     assert plan.settled["tau"] == "from the device profiles"
     # nccl with CPU ranks is an error on any real machine, with or without NCCL

@@ -12,8 +12,8 @@ import torch
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import HogbatchConfig, RunConfig
 from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
-from hetsgd.engines.shared_memory.links import InPlace, Link, Replica
-from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared.links import InPlace, Link, Replica
+from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import UserError
 from hetsgd.workers import WorkerSpec
 

@@ -9,7 +9,7 @@ import logging
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig
 from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
-from hetsgd.engines.shared_memory.links import default_link
+from hetsgd.engines.shared.links import default_link
 from hetsgd.errors import UserError
 from hetsgd.workers import WorkerSpec, renumber
 

@@ -57,7 +57,7 @@ from hetsgd.engines.distributed.coordinator import per_group
 from hetsgd.engines.distributed.group import Group, check_world, choose_backend
 from hetsgd.engines.distributed.rank import Rank
 from hetsgd.engines.hooks import DistributedHooks, Hooks
-from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
@@ -261,7 +261,7 @@ class RankLoop:
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
                  problem: Problem, state: SharedState, group: Group) -> None:
         self.rank = Rank(spec, world, cfg, problem, state, group, linked=False,
-                         step_kind=cfg.optim.step)
+                         step_choice=cfg.optim.step)
         self.batches = self.rank.batches(ShardBatches)
         algo = cfg.algo
         assert isinstance(algo, LocalSGDConfig)

@@ -32,9 +32,9 @@ from hetsgd.engines.distributed.coordinator import per_group
 from hetsgd.engines.distributed.group import Group, check_world, choose_backend
 from hetsgd.engines.distributed.rank import Rank
 from hetsgd.engines.hooks import DistributedHooks, Hooks, SharedMemoryHooks
-from hetsgd.engines.shared_memory.cursor import EpochCursor
-from hetsgd.engines.shared_memory.links import default_link
-from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared.cursor import EpochCursor
+from hetsgd.engines.shared.links import default_link
+from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import AutogradStep
@@ -97,7 +97,7 @@ class RankLoop:
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
                  problem: Problem, state: SharedState, group: Group) -> None:
         self.rank = Rank(spec, world, cfg, problem, state, group, linked=True,
-                         step_kind="autograd")
+                         step_choice="autograd")
         assert isinstance(self.rank.train_step, AutogradStep)  # the gradient is all-reduced
         self.step = self.rank.train_step
         self.batches = self.rank.batches()

@@ -1,6 +1,7 @@
 """Typed configuration: the schemas that hold every default, and composition through Hydra.
 
-The schemas are in :mod:`~hetsgd.config.schema` (one run) and :mod:`~hetsgd.config.algorithms`
+The schemas are in :mod:`~hetsgd.config.schema` (one run), :mod:`~hetsgd.config.problem` (its
+dataset and model) and :mod:`~hetsgd.config.algorithms`
 (one per algorithm); :mod:`~hetsgd.config.compose` turns command-line overrides into them.
 """
 
@@ -14,16 +15,8 @@ from hetsgd.config.algorithms import (
 )
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.compose import CONF_DIR, compose_run, register_configs, to_run_config
-from hetsgd.config.schema import (
-    TASKS,
-    DatasetConfig,
-    DevicesConfig,
-    DistConfig,
-    GroupConfig,
-    ModelConfig,
-    OptimConfig,
-    RunConfig,
-)
+from hetsgd.config.problem import TASKS, DatasetConfig, ModelConfig
+from hetsgd.config.schema import DevicesConfig, DistConfig, GroupConfig, OptimConfig, RunConfig
 
 __all__ = ["CONF_DIR", "TASKS", "AdaptiveConfig", "AlgoConfig", "ConfigError", "DatasetConfig",
            "DevicesConfig", "DistConfig", "GroupConfig", "HogbatchConfig", "LocalSGDConfig",

@@ -3,11 +3,12 @@ shipped inside the package, and the step from a composed config to checked typed
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from hydra.core.config_store import ConfigStore
@@ -20,17 +21,17 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hetsgd.config.algorithms import ALGO_SCHEMAS
 from hetsgd.config.checks import ConfigError
+from hetsgd.config.group_names import recorded_config, recorded_groups, recorded_override
 from hetsgd.config.paths import safe_component
-from hetsgd.config.schema import (
+from hetsgd.config.problem import (
     MODEL_SCHEMAS,
     CustomModelConfig,
     DatasetConfig,
-    DevicesConfig,
     FilesConfig,
     FolderConfig,
-    RunConfig,
     SyntheticConfig,
 )
+from hetsgd.config.schema import DevicesConfig, RunConfig
 from hetsgd.config.swept import sweep_overrides, swept_keys, swept_name
 from hetsgd.errors import UserError
 from hetsgd.machine import cuda_devices, usable_cores
@@ -119,6 +120,22 @@ def sweep_jobs(arguments: Sequence[str]) -> list[list[str]]:
     given = [f"{key}={value}" for key, value in (params or {}).items()] + arguments
     jobs, = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)
     return jobs
+
+
+def hydra_arguments(args: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """`hetsgd run ARGS` read by Hydra's own parser (``-m``, ``--cfg``, ``--config-dir``, the
+    overrides; ``-m`` anywhere, as a shell user types it), its own errors one
+    :class:`UserError` line instead of argparse's usage and exit."""
+    from hydra._internal.utils import get_args_parser  # what @hydra.main parses sys.argv with
+
+    parser = get_args_parser()
+    parser.prog = "hetsgd run"
+
+    def refuse(message: str) -> NoReturn:
+        raise UserError(f"hetsgd run: {message}")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    return parser, parser.parse_intermixed_args(with_first_group_choices(args))
 
 
 def with_first_group_choices(args: Sequence[str]) -> list[str]:
@@ -221,7 +238,9 @@ def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failur
         loaded = OmegaConf.load(recorded) if isinstance(recorded, Path) else recorded
         if not isinstance(loaded, DictConfig):
             raise ConfigError("the recorded config is not a mapping")
-        overrides = [*_recorded_choices(loaded), *overrides]
+        names = recorded_groups(loaded)
+        loaded = recorded_config(loaded)
+        overrides = [*_recorded_choices(loaded), *(recorded_override(o, names) for o in overrides)]
         config = OmegaConf.merge(compose_run(overrides), loaded)
         assert isinstance(config, DictConfig)  # a merge onto a mapping is a mapping
         run = to_run_config(config)

@@ -18,14 +18,14 @@ from omegaconf.errors import OmegaConfBaseException
 from hetsgd.config.algorithms import ALGO_SCHEMAS, Tau
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.compose import to_run_config
-from hetsgd.config.schema import (
+from hetsgd.config.problem import (
     MODEL_SCHEMAS,
     DatasetConfig,
     FilesConfig,
     FolderConfig,
-    RunConfig,
     SyntheticConfig,
 )
+from hetsgd.config.schema import RunConfig
 
 #: The parts of a run config whose schema depends on the choice (``algo=local_sgd``).
 CHOSEN = ("algo", "dataset", "model")

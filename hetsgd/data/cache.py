@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hetsgd.atomic import remove_abandoned, writing_path
+from hetsgd.atomic import remove_abandoned, replace_folder
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download_progress import console
 from hetsgd.data.files import COMPRESSIONS, content_hash, open_data, reason
@@ -162,15 +162,16 @@ def load_or_parse(name: str, files: list[Path], params: dict[str, Any],
 
 
 def _write(path: Path, parsed: Parsed) -> None:
-    tmp = writing_path(path)  # parallel runs may parse at once
-    tmp.mkdir(parents=True)
-    listed: dict[str, tuple[int, str]] = {}
+    """The entry at ``path``, made atomically (parallel runs may parse at once: the first
+    entry made is kept)."""
 
-    def save(name: str, array: np.ndarray) -> None:
-        np.save(tmp / name, array)
-        listed[name] = ((tmp / name).stat().st_size, content_hash(tmp / name, "crc32"))
+    def fill(folder: Path) -> None:
+        listed: dict[str, tuple[int, str]] = {}
 
-    try:
+        def save(name: str, array: np.ndarray) -> None:
+            np.save(folder / name, array)
+            listed[name] = ((folder / name).stat().st_size, content_hash(folder / name, "crc32"))
+
         for key in _ARRAYS:
             value = getattr(parsed, key)
             if sp.issparse(value):
@@ -182,14 +183,9 @@ def _write(path: Path, parsed: Parsed) -> None:
                 save(f"{key}.npy", np.asarray(value))
         values = {f.name: getattr(parsed, f.name) for f in fields(Parsed) if f.name not in _ARRAYS}
         # written last: marks a whole entry
-        (tmp / "meta.json").write_text(json.dumps({"fields": values, "files": listed}))
-        try:
-            tmp.rename(path)  # atomic: a crash mid-write never leaves a half entry under the name
-        except OSError:
-            if not (path / "meta.json").exists():  # else a parallel run cached it first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        (folder / "meta.json").write_text(json.dumps({"fields": values, "files": listed}))
+
+    replace_folder(path, fill)
 
 
 def _read(path: Path) -> Parsed:

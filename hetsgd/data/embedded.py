@@ -18,11 +18,13 @@ import numpy as np
 from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import load_or_parse
 from hetsgd.data.dataset import Parsed
+from hetsgd.data.native import loading_native
 from hetsgd.data.source import Source
 
 
 def _read_digits() -> Parsed:
-    from sklearn.datasets import load_digits  # scikit-learn loads only to read the set
+    with loading_native():
+        from sklearn.datasets import load_digits  # scikit-learn loads only to read the set
 
     x, y = load_digits(return_X_y=True)
     return Parsed("multiclass", 10, x.astype(np.float32), y.astype(np.int64), None, None,

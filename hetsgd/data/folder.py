@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from hetsgd.config import DatasetConfig
-from hetsgd.config.schema import FolderConfig
+from hetsgd.config.problem import FolderConfig
 from hetsgd.data.cache import existing_file, load_or_parse
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.download_progress import status

@@ -32,6 +32,7 @@ from hetsgd.data.download import RemoteFile, local, verify
 from hetsgd.data.download_progress import status
 from hetsgd.data.files import open_data
 from hetsgd.data.labels import encode, multi_hot
+from hetsgd.data.native import loading_native
 from hetsgd.data.source import Source
 from hetsgd.errors import UserError
 
@@ -82,7 +83,8 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
 
 def _parse(path: Path, multilabel: bool) -> tuple[sp.csr_matrix, list | np.ndarray]:
     """One file's features (indices as written) and raw labels; the first bad line is named."""
-    from sklearn.datasets import load_svmlight_file  # scikit-learn loads only to parse a file
+    with loading_native():
+        from sklearn.datasets import load_svmlight_file  # scikit-learn loads to parse a file
 
     with open_data(path, text=True) as f:
         try:

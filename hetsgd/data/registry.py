@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from hetsgd.config import DatasetConfig
-from hetsgd.config.schema import FilesConfig
+from hetsgd.config.problem import FilesConfig
 from hetsgd.data import covtype, embedded, folder, images, libsvm, synthetic, tables, xc
 from hetsgd.data.dataset import Allocate, Dataset
 from hetsgd.data.prepare import prepare

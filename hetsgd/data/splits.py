@@ -23,6 +23,7 @@ from hetsgd.atomic import replace_file
 from hetsgd.data.cache import data_home
 from hetsgd.data.download_progress import console
 from hetsgd.data.files import open_data, reason
+from hetsgd.data.native import loading_native
 from hetsgd.errors import UserError
 
 SPLIT_FORMAT = 1  # bump when what an entry holds, or how its key is made, changes
@@ -87,7 +88,8 @@ def _read(entry: Path, rows: int) -> tuple[np.ndarray, str] | None:
 def _draw(y: np.ndarray, task: str, seed: int, test_size: float | None,
           train_size: int | None) -> tuple[np.ndarray, str]:
     """:func:`split_rows`'s draw, as one flag per row (True: kept) and how it was drawn."""
-    from sklearn.model_selection import train_test_split  # scikit-learn loads only for a split
+    with loading_native():
+        from sklearn.model_selection import train_test_split  # scikit-learn loads for a split
 
     rows = np.arange(len(y))
     kwargs = {"test_size": test_size, "train_size": train_size, "random_state": seed}

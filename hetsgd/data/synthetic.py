@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hetsgd.config import DatasetConfig
-from hetsgd.config.schema import SyntheticConfig
+from hetsgd.config.problem import SyntheticConfig
 from hetsgd.data.dataset import Parsed, block_rows, row_blocks
 from hetsgd.data.source import Source
 

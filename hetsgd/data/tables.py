@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from hetsgd.config import DatasetConfig
-from hetsgd.config.schema import FilesConfig
+from hetsgd.config.problem import FilesConfig
 from hetsgd.data.cache import existing_file, load_or_parse, strip_compression
 from hetsgd.data.dataset import Parsed, Rows, row_blocks
 from hetsgd.data.download_progress import status

@@ -22,6 +22,7 @@ from hetsgd.data.download_progress import status
 from hetsgd.data.files import open_data
 from hetsgd.data.labels import multi_hot
 from hetsgd.data.libsvm import DENSE_MAX_FEATURES, MAX_FEATURES, check_parsed, corrupt_error
+from hetsgd.data.native import loading_native
 from hetsgd.data.source import Source, SourceInfo
 from hetsgd.errors import UserError
 
@@ -33,7 +34,8 @@ MAX_LABELS = 1 << 16
 
 def read_xc(path: Path, splits: tuple[Path, Path] | None, source: str) -> Parsed:
     """Parse an extreme classification data file (and its split files) into multi-hot labels."""
-    from sklearn.datasets import load_svmlight_file  # scikit-learn loads only to parse a file
+    with loading_native():
+        from sklearn.datasets import load_svmlight_file  # scikit-learn loads to parse a file
 
     with open_data(path, text=True) as f:
         header = f.readline().split()

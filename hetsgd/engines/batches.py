@@ -8,7 +8,7 @@ import torch
 
 from hetsgd.config.schema import DataConfig
 from hetsgd.engines import device_ops
-from hetsgd.engines.shared_memory.memory import SharedData
+from hetsgd.engines.shared.memory import SharedData
 from hetsgd.model.problem import Problem
 
 Augment = Callable[[torch.Tensor], torch.Tensor]

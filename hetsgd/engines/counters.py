@@ -19,7 +19,7 @@ COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "
 class CounterRow:
     """One worker's counters (a row of ``COUNTERS``): the row of the shared table that a worker
     owns, or a rank's private row that rank 0 later copies into the table. Written every step,
-    through a numpy view of the row (see :mod:`~hetsgd.engines.shared_memory.numpy_views`)."""
+    through a numpy view of the row (see :mod:`~hetsgd.engines.shared.numpy_views`)."""
 
     COLUMN = {name: i for i, name in enumerate(COUNTERS)}
 

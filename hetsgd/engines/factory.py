@@ -11,9 +11,9 @@ from hetsgd.config import RunConfig
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.distributed.coordinator import DistributedCoordinator
 from hetsgd.engines.hooks import DistributedHooks, Hooks
-from hetsgd.engines.shared_memory.coordinator import Coordinator
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.worker import worker_process
+from hetsgd.engines.shared.coordinator import Coordinator
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.shared_memory.process import worker_process
 from hetsgd.engines.training import Engine, Journal, OnTick
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for

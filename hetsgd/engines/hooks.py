@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hetsgd.engines.distributed.rank import RankLoop
-from hetsgd.engines.shared_memory.links import LinkFactory
+from hetsgd.engines.shared.links import LinkFactory
 from hetsgd.engines.training import Controller
 from hetsgd.workers import WorkerSpec
 

@@ -42,7 +42,8 @@ from typing import Any
 #: What the forkserver imports once: torch and every module a worker or rank unpickles its
 #: target and arguments from; the first also leaves Ctrl-C and SIGHUP to the coordinator.
 PRELOAD = ("hetsgd.engines.forkserver_preload", "torch", "hetsgd.algorithms",
-           "hetsgd.engines.shared_memory.coordinator", "hetsgd.engines.distributed.coordinator")
+           "hetsgd.engines.shared.coordinator", "hetsgd.engines.shared_memory.process",
+           "hetsgd.engines.distributed.coordinator")
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """How a worker or rank process keeps its coordinator informed, the one protocol both process
 engines share: reports on the coordinator's queue and, while it sets up, a heartbeat.
 
-A report is ``(kind, rank, message)``: ``ready`` (set up, waiting for the clock), ``checkpoint``
+A report is ``(topic, rank, message)``: ``ready`` (set up, waiting for the clock), ``checkpoint``
 (its part of a checkpoint, as bytes), then exactly one end: ``done``, ``diverged`` or ``failed``
 (with why). The coordinator reads them (``Coordinator._collect``); a process that dies without
 its end counts as failed there.
@@ -16,11 +16,11 @@ from contextlib import contextmanager
 from typing import Protocol
 
 from hetsgd.engines.checkpoint import WorkerState
-from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import Diverged, UserError, out_of_memory
 
 SETUP_BEAT_S = 0.2  # how often a worker that sets up beats its heartbeat (see `beating`)
-Report = tuple[str, int, str | bytes]  # (kind, rank, message)
+Report = tuple[str, int, str | bytes]  # (topic, rank, message)
 
 
 class Reports(Protocol):

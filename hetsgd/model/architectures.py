@@ -16,7 +16,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
-from hetsgd.config.schema import (
+from hetsgd.config.problem import (
     CnnConfig,
     CustomModelConfig,
     LogregConfig,

@@ -35,7 +35,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from torch import nn
 
-from hetsgd.config.schema import CustomModelConfig
+from hetsgd.config.problem import CustomModelConfig
 from hetsgd.errors import UserError
 
 PROBE_BATCH = 2

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from hetsgd.config.schema import TASKS
+from hetsgd.config.problem import TASKS
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

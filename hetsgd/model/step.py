@@ -229,28 +229,29 @@ class FusedMlpStep(Step):
             self.sgd.apply_product(param, momentum, left, right, pending.lr)
 
 
-def _fused_layers(module: nn.Module, kind: str) -> list[tuple[nn.Linear, Activation | None]] | None:
-    """The layers of the fused step when ``optim.step=kind`` gets it for ``module``, None for the
+def _fused_layers(module: nn.Module, step_choice: str
+                  ) -> list[tuple[nn.Linear, Activation | None]] | None:
+    """The layers of the fused step when ``optim.step=step_choice`` gets it for ``module``, None for the
     autograd step; ``fused`` on a model it cannot run is an error."""
-    layers = mlp_layers(module) if kind != "autograd" else None
-    if layers is None and kind == "fused":
+    layers = mlp_layers(module) if step_choice != "autograd" else None
+    if layers is None and step_choice == "fused":
         raise UserError(f"optim.step=fused needs an MLP (linear layers with sigmoid, relu or tanh "
                         f"between them); this model is a {type(module).__name__}: use "
                         "optim.step=auto")
     return layers
 
 
-def step_kind(module: nn.Module, kind: str) -> str:
+def resolved_step(module: nn.Module, step_choice: str) -> str:
     """Which step (``fused`` or ``autograd``) :func:`build_step` gives ``module`` under
-    ``optim.step=kind``: what a run's summary reports."""
-    return "fused" if _fused_layers(module, kind) is not None else "autograd"
+    ``optim.step=step_choice``: what a run's summary reports."""
+    return "fused" if _fused_layers(module, step_choice) is not None else "autograd"
 
 
-def build_step(kind: str, flat: FlatModel, optim: OptimConfig, task: str) -> Step:
-    """The step ``optim.step`` (one of ``config.schema.STEP_KINDS``) asks for: ``fused`` where
-    the model allows it under ``auto``."""
+def build_step(step_choice: str, flat: FlatModel, optim: OptimConfig, task: str) -> Step:
+    """The step ``optim.step`` (``step_choice``, one of ``config.schema.STEP_CHOICES``) asks
+    for: ``fused`` where the model allows it under ``auto``."""
     sgd = SGD(optim, flat)
-    layers = _fused_layers(flat.module, kind)
+    layers = _fused_layers(flat.module, step_choice)
     if layers is not None:
         return FusedMlpStep(flat, sgd, task, layers)
     return AutogradStep(flat, sgd, task)

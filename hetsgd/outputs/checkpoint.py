@@ -3,9 +3,10 @@
 A version folder holds ``state.pt`` (the model, every worker's part, the snapshots' index and
 spacing), hard links to the snapshot files kept up to then (a later thinning of ``snapshots/``
 leaves them), and copies of the run's ``config.yaml`` and Hydra overrides, so that it can be
-resumed whatever has since been written over the run directory. It is written as
-``checkpoint/.partial``, synced, then renamed into place, and only then are older versions
-removed: a crash at any point leaves the previous checkpoint, or the new one, whole.
+resumed whatever has since been written over the run directory. It is made atomically
+(:func:`hetsgd.atomic.replace_folder`: written aside, synced, renamed into place), and only then
+are older versions removed: a crash at any point leaves the previous checkpoint, or the new one,
+whole.
 """
 
 from __future__ import annotations
@@ -21,16 +22,15 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hetsgd.atomic import sync_folder
+from hetsgd.atomic import remove_abandoned, replace_folder
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import CONFIG, OVERRIDES
-from hetsgd.outputs.run_directory import SNAPSHOTS, replace_file, writing
+from hetsgd.outputs.run_directory import SNAPSHOTS, writing
 
 CHECKPOINT = "checkpoint"
 STATE = "state.pt"
-PARTIAL = ".partial"
 # The run's files a version keeps, by their name there: not the run directory's own names, so a
 # version is never taken for a run directory (hetsgd.outputs.index.is_run_dir).
 RUN_FILES: dict[str, str | Path] = {"run_config.yaml": CONFIG, "run_overrides.yaml": OVERRIDES}
@@ -114,28 +114,33 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
     """Make ``checkpoint`` the run's latest; its snapshots' files are those in ``snapshots/``.
     Any I/O error is a :class:`WriteError` naming the file or the folder being written."""
     folder = Path(run_dir) / CHECKPOINT
-    partial = folder / PARTIAL
-    with writing(partial):
-        shutil.rmtree(partial, ignore_errors=True)  # left by a crash mid-write
-        partial.mkdir(parents=True)
-        files = [snapshot_file(s) for s in checkpoint.snapshots]
-        for name in files:
-            os.link(Path(run_dir) / SNAPSHOTS / name, partial / name)
-        for name, source in RUN_FILES.items():
-            if (Path(run_dir) / source).is_file():
-                shutil.copyfile(Path(run_dir) / source, partial / name)
+    version = folder / time_name(checkpoint.time_s)
+    files = [snapshot_file(s) for s in checkpoint.snapshots]
     state = {"time_s": checkpoint.time_s, "params": checkpoint.params,
              "buffers": checkpoint.buffers,
              "workers": [vars(worker) for worker in checkpoint.workers],
              "snapshots": [{"file": name, **snapshot_row(s)}
                            for s, name in zip(checkpoint.snapshots, files)],
              "snapshot_spacing": checkpoint.snapshot_spacing}
-    replace_file(partial / STATE, lambda handle: torch.save(state, handle), binary=True)
-    version = folder / time_name(checkpoint.time_s)
+
+    def fill(staging: Path) -> None:
+        with writing(version):
+            for name in files:
+                os.link(Path(run_dir) / SNAPSHOTS / name, staging / name)
+            for name, source in RUN_FILES.items():
+                if (Path(run_dir) / source).is_file():
+                    shutil.copyfile(Path(run_dir) / source, staging / name)
+        with writing(version / STATE):
+            with open(staging / STATE, "wb") as handle:
+                torch.save(state, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+
     with writing(version):
-        shutil.rmtree(version, ignore_errors=True)
-        os.rename(partial, version)
-    sync_folder(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        remove_abandoned(folder)  # what a crash mid-write left
+        shutil.rmtree(version, ignore_errors=True)  # a version of the same time: this one wins
+        replace_folder(version, fill)
     for old in _versions(folder):
         if old != version:
             shutil.rmtree(old, ignore_errors=True)
@@ -181,5 +186,5 @@ def run_config(version: Path) -> tuple[DictConfig, list[str]]:
 def _versions(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir()
-                  if not p.name.startswith(".") and (p / STATE).is_file())
+    return sorted(p for p in folder.iterdir()  # not a version being written (replace_folder)
+                  if p.name.isdigit() and (p / STATE).is_file())

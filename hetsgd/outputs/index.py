@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from hetsgd.config.group_names import by_group_name, group_name
 from hetsgd.errors import UserError
 from hetsgd.liveness import is_alive
 from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY
@@ -67,6 +68,11 @@ SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
 #: Summary fields that map names (metrics, groups, target losses) to numbers.
 NUMBER_MAPS = ("initial", "final", "updates_by_group", "update_share", "time_to_loss",
                "epochs_to_loss", "utilization")
+#: Summary fields keyed by group, as paths: an earlier run's ``gpu`` group reads as ``accel``
+#: (:mod:`hetsgd.config.group_names`).
+GROUP_MAPS = (("mix",), ("updates_by_group",), ("update_share",), ("staleness", "by_group"),
+              ("sync", "batch_share"), ("sync", "step_s"), ("local_sgd", "tau"),
+              ("local_sgd", "aggregation_weight"), ("local_sgd", "step_s"))
 _JSON_TYPES = {dict: "an object", list: "a list", str: "text", bool: "a boolean",
                type(None): "null"}
 
@@ -165,11 +171,39 @@ def _read_summary(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     if why is not None:
         return {**_identity_from_config(run_dir), "status": "failed",
                 "error": f"unreadable {SUMMARY}: {why}"}, why
+    _named_as_today(summary)
     if summary.get("status") == RUNNING and not is_alive(summary.get("coordinator")):
         summary.update(status=CRASHED, error=_crashed(
             run_dir, f"{SUMMARY} still says '{RUNNING}' but its process is gone: the run was "
                      "killed or crashed before it ended"))
     return summary, None
+
+
+def _named_as_today(summary: dict[str, Any]) -> None:
+    """``summary`` with what earlier versions named otherwise named as today: each of its maps
+    keyed by group as today's mixes name the groups, and each group's ``label`` in ``mix``,
+    which they called ``kind``."""
+    for *path, key in GROUP_MAPS:
+        holder: Any = summary
+        for part in path:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and isinstance(holder.get(key), dict):
+            holder[key] = by_group_name(holder[key])
+    mix = summary.get("mix")
+    for group in mix.values() if isinstance(mix, dict) else ():
+        if isinstance(group, dict) and "kind" in group and "label" not in group:
+            group["label"] = group.pop("kind")
+
+
+def _name_group_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (a run's CSV) with its groups as today's mixes name them: the values of a
+    ``group`` column and the ``updates_<group>`` columns."""
+    if "group" in frame.columns:
+        names = set(frame["group"].astype(str))
+        frame["group"] = [group_name(str(g), names) for g in frame["group"]]
+    groups = [c.removeprefix("updates_") for c in frame.columns if c.startswith("updates_")]
+    return frame.rename(columns={f"updates_{g}": f"updates_{group_name(g, groups)}"
+                                 for g in groups})
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
@@ -271,5 +305,5 @@ def load_csv(run_dir: Path, name: str) -> pd.DataFrame | None:
             and not pd.api.types.is_numeric_dtype(frame[c])]
     if text:
         raise UserError(f"{file} has values that are not numbers in {', '.join(text)}")
-    return frame
+    return _name_group_columns(frame)
 

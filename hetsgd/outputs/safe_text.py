@@ -18,7 +18,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 #: C0, DEL and C1: ESC (0x1b) starts every terminal escape sequence, 0x9b is the C1 form of CSI.
 _CONTROL = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
-_CONTROL_BUT_LINES = {code: text for code, text in _CONTROL.items() if code != ord("\n")}
+#: A text's own layout, which moves no cursor back: line breaks and tabs (Hydra's sweep log).
+_CONTROL_BUT_LINES = {code: text for code, text in _CONTROL.items() if chr(code) not in "\n\t"}
 
 #: Query parameters whose value is a credential (lower case; ``*_token`` and the like too).
 SECRET_PARAMS = frozenset({"token", "access_token", "refresh_token", "id_token", "auth",
@@ -35,7 +36,8 @@ _LOOSE_PARAM = re.compile(
 
 def shown(text: object, *, lines: bool = False) -> str:
     """``text`` as it may be shown: every C0 and C1 control character and DEL (ESC included)
-    written as ``\\xNN``; with ``lines``, line breaks are kept (a report's own lines)."""
+    written as ``\\xNN``; with ``lines``, line breaks and tabs are kept (a report's own
+    lines, a log's)."""
     return str(text).translate(_CONTROL_BUT_LINES if lines else _CONTROL)
 
 
@@ -46,16 +48,19 @@ def is_secret(param: str) -> bool:
 
 
 def redacted_uri(uri: str) -> str:
-    """``uri`` with the password of its user info and its secret query values as ``***``;
-    the rest as it was, character for character."""
+    """``uri`` with the password of its user info (or the user info itself, where it has no
+    password) and its secret query values as ``***``; the rest as it was, character for
+    character."""
     try:
         parts = urlsplit(uri)
         password = parts.password
     except ValueError:  # e.g. a port that is not a number: not a URI to take apart
         return uri
+    user_info, at, host = parts.netloc.rpartition("@")
     if password is not None:
-        user_info, _, host = parts.netloc.rpartition("@")
         uri = uri.replace(parts.netloc, f"{user_info.partition(':')[0]}:{REDACTED}@{host}", 1)
+    elif at:  # a user alone is often a token (https://TOKEN@host/...)
+        uri = uri.replace(parts.netloc, f"{REDACTED}@{host}", 1)
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     if any(is_secret(name) for name, _ in pairs):
         query = urlencode([(name, REDACTED if is_secret(name) else value)

@@ -69,7 +69,7 @@ class TargetLosses(_Record):
 class GroupMix(_Record):
     """One group of workers a run trained on."""
 
-    kind: str  # the workers' label: cpu, cuda, emulated or simulated
+    label: str  # what the run reports its workers as: cpu, cuda, emulated or simulated
     role: str  # accel (trains a replica and merges it) or host (updates the master in place)
     count: int
     threads: int  # each worker's
@@ -108,7 +108,7 @@ class Staleness(_Record):
     number of other workers' updates that reached the master between its step's read of the
     parameters and its own landing. The virtual clock counts exactly that; shared-memory worker
     processes count the other workers' steps begun meanwhile (the same on average; see
-    :mod:`hetsgd.engines.shared_memory.worker`).
+    :mod:`hetsgd.engines.shared.worker`).
 
     Where every worker steps again as soon as it has landed, each landing falls in exactly one
     step of each other worker, so the mean over the run is pinned by the counts alone:

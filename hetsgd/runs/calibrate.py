@@ -34,10 +34,10 @@ from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.group import Group, with_free_port
 from hetsgd.engines.distributed.rank import Rank
 from hetsgd.engines.processes import context
-from hetsgd.engines.shared_memory.coordinator import FIRST_STEP_FACTOR, KILL_TIMEOUT_S, guarded
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.engines.shared_memory.worker import Worker
+from hetsgd.engines.shared.coordinator import FIRST_STEP_FACTOR, KILL_TIMEOUT_S, guarded
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.shared.worker import Worker
 from hetsgd.engines.step_timing import StepTimer
 from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, measured_profiles
 from hetsgd.model.problem import Problem
@@ -107,7 +107,7 @@ def _rounds(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, problem: 
     try:
         group = Group(cfg.dist, spec.rank, specs)
         rank = Rank(spec, specs, cfg, problem, state, group, linked=False,
-                    step_kind=cfg.optim.step)
+                    step_choice=cfg.optim.step)
         batches, n = rank.batches(), rank.num_examples
         size = min(spec.batch_size, n)
         step = 0
@@ -240,7 +240,7 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
                 if isinstance(item, str):
                     raise RuntimeError(f"calibrating group '{spec.group}' failed: {item}")
                 batch_size, per_s, ms, comm_ms = item
-                rows.append({"group": spec.group, "device": spec.device, "kind": spec.label,
+                rows.append({"group": spec.group, "device": spec.device, "label": spec.label,
                              "threads": spec.threads, "batch_size": batch_size,
                              "examples_per_s": per_s, "ms_per_step": ms,
                              "comm_ms_per_step": comm_ms, "slowdown": spec.slowdown})

@@ -10,29 +10,38 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from hetsgd import algorithms
+from hetsgd.config import compose_run, to_run_config
+from hetsgd.config.compose import hydra_arguments
 from hetsgd.engines.distributed.handoff import receive
 from hetsgd.engines.distributed.rank import rank_process
 from hetsgd.engines.distributed.torchrun import torchrun
 from hetsgd.engines.hooks import DistributedHooks
-from hetsgd.engines.shared_memory.memory import SharedMaster
-from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared.memory import SharedMaster
+from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import UserError
 from hetsgd.runs.setup import Handoff, load_run_data
+from hetsgd.runs.trust import check_targets, named_targets, override_targets
 
 
-def follow() -> int:
+def follow(overrides: Sequence[str]) -> int:
     """Train this rank with rank 0's plan; returns the process exit code (1 when the rank
-    failed, the error on stderr)."""
+    failed, the error on stderr). The plan comes from the torch.distributed store, which anyone
+    who reaches its port can write: it may name only the model factories this rank's own
+    command line (``overrides``, the same for every rank) names."""
     launch = torchrun()
     assert launch is not None, "follow() runs under torchrun only"
     handoff = Handoff.from_plain(receive())
     if handoff.plan is None:
         raise UserError(f"rank 0 failed before training: {handoff.error}")
     plan = handoff.plan
+    check_targets(plan.cfg, "rank 0's plan in the torch.distributed store",
+                  _named_here(overrides), "give model._target_={} on the command line")
     hooks = algorithms.get(plan.cfg.algo.name).hooks(plan)
     assert isinstance(hooks, DistributedHooks), "torchrun runs distributed algorithms"
     data = load_run_data(plan.cfg, progress=False, workers=plan.workers)
@@ -45,8 +54,21 @@ def follow() -> int:
     rank_process(plan.workers[launch.rank], plan.cfg, data.problem, state, reports,
                  world=plan.workers, loop_type=hooks.loop, setup=setup)  # setup: rank 0's to keep
     while not reports.empty():
-        kind, rank, message = reports.get()
-        if kind in ("failed", "diverged"):
-            print(f"hetsgd: rank {rank} {kind}: {message}", file=sys.stderr)
+        topic, rank, message = reports.get()
+        if topic in ("failed", "diverged"):
+            print(f"hetsgd: rank {rank} {topic}: {message}", file=sys.stderr)
             return 1
     return 0
+
+
+def _named_here(args: Sequence[str]) -> list[str]:
+    """The model factories this rank's own command names: composed as rank 0 composed it, its
+    ``--config-dir`` included; where that fails, those its overrides name."""
+    _, parsed = hydra_arguments(args)
+    overrides = list(parsed.overrides)
+    if parsed.config_dir is not None:
+        overrides.append(f"hydra.searchpath=[file://{Path(parsed.config_dir).resolve()}]")
+    try:
+        return named_targets(to_run_config(compose_run(overrides)))
+    except Exception:  # noqa: BLE001 - rank 0 composed it: a follower that cannot trusts less
+        return override_targets(parsed.overrides)

@@ -40,7 +40,7 @@ from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, check_no_links
 from hetsgd.outputs.summary import RunSummary
 from hetsgd.runs.runner import evaluate
 from hetsgd.runs.setup import load_run_data
-from hetsgd.runs.trust import check_targets
+from hetsgd.runs.trust import check_recorded_overrides, check_targets
 
 log = logging.getLogger("hetsgd")
 
@@ -61,6 +61,7 @@ def _config(run_dir: Path) -> RunConfig:
     version = latest_checkpoint(run_dir)
     if version is not None and any(override_key(o) == "resume" for o in overrides):
         _, overrides = run_config(version)
+    check_recorded_overrides(overrides, run_dir)
     _, cfg = rebuild_config(run_dir / CONFIG, overrides, f"cannot rebuild the config of {run_dir}")
     return cfg
 

@@ -16,10 +16,10 @@ from hetsgd.outputs.summary import RunSummary
 
 
 def refuse(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, error: str
-           ) -> dict[str, Any]:
+           ) -> RunSummary:
     """Write the directory of a run that failed before it could start; its summary."""
     out = RunDirectory(run_dir)
     out.write_config(resolved_config)
-    summary = replace(RunSummary.starting(cfg), status="failed", error=error).to_dict()
-    out.write_summary(summary)
+    summary = replace(RunSummary.starting(cfg), status="failed", error=error)
+    out.write_summary(summary.to_dict())
     return summary

@@ -36,7 +36,7 @@ from hetsgd.outputs.index import (
 )
 from hetsgd.outputs.journal import remove_snapshots
 from hetsgd.outputs.run_directory import check_no_links, write_csv, write_text
-from hetsgd.runs.trust import check_targets, override_targets
+from hetsgd.runs.trust import check_recorded_overrides, check_targets, override_targets
 
 # What a resumed run must keep: anything else would train another model than the checkpoint's.
 KEPT = ("algo", "dataset", "model", "devices", "optim", "data", "seed")
@@ -86,6 +86,7 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
         raise UserError(f"resume={source}: the run left no checkpoint (checkpoints are taken "
                         "with checkpoint.every_s=SECONDS)")
     config, recorded = run_config(version)
+    check_recorded_overrides(recorded, version)
     # the checkpointed run's overrides never name resume: start_in wrote them without it
     now = [str(o) for o in overrides if override_key(str(o)) != "resume"]
     failure = "cannot rebuild the config to resume"

@@ -15,7 +15,7 @@ import traceback
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,12 @@ from hetsgd.engines.distributed.torchrun import torchrun
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.hooks import SharedMemoryHooks
 from hetsgd.engines.processes import warm_up
-from hetsgd.engines.shared_memory.memory import SharedMaster
+from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.engines.training import Training
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.liveness import this_process
-from hetsgd.model.step import step_kind
+from hetsgd.model.step import resolved_step
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
 from hetsgd.observe.progress import TrainingProgress
@@ -61,7 +61,7 @@ from hetsgd.outputs.summary import (
     shares,
 )
 from hetsgd.runs.refused import refuse
-from hetsgd.runs.resume import resume
+from hetsgd.runs.resume import Resumption, resume
 from hetsgd.runs.setup import Handoff, RunData, load_run_data
 from hetsgd.workers import WorkerSpec, expand
 
@@ -92,7 +92,7 @@ def _mix(specs: list[WorkerSpec]) -> Mix:
     groups: dict[str, list[WorkerSpec]] = {}
     for spec in specs:
         groups.setdefault(spec.group, []).append(spec)
-    return Mix({name: GroupMix(kind=first.label, role="accel" if first.accel else "host",
+    return Mix({name: GroupMix(label=first.label, role="accel" if first.accel else "host",
                                count=len(group), threads=first.threads,
                                batch_size=first.batch_size, devices=[s.device for s in group])
                 for name, group in groups.items() for first in group[:1]})
@@ -147,10 +147,93 @@ def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Trainin
                     cfg.eval.target_losses)
 
 
+@dataclass
+class _Attempt:
+    """How far a run got: what :func:`run` writes as its summary wherever the pipeline stops."""
+
+    out: RunDirectory
+    summary: RunSummary
+    trained: tuple[float | None, float] | None = None  # training's start and end, wall clock
+    handed_off: bool = False  # torchrun's other ranks have their plan (or the error)
+    evaluated: bool = False  # convergence.csv holds the snapshots: they may go
+
+    def note(self, **fields: Any) -> None:
+        """What the run has learnt about itself, into the summary it will end with."""
+        self.summary = replace(self.summary, **fields)
+
+
+def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
+           resumption: Resumption | None) -> None:
+    """The run's pipeline, top to bottom: config -> mix -> plan -> data -> engine + monitor ->
+    evaluation. Each step's outcome goes into ``attempt`` as soon as it is known, so that the
+    summary of a run stopped anywhere (an error, Ctrl-C, a full disk) says what it got to."""
+    out, running = attempt.out, this_process()  # the process tells a live run from a crashed one
+    out.write_config(resolved_config)
+    out.write_summary(replace(attempt.summary, coordinator=running).to_dict())  # until run() ends
+    if resumption is not None:  # once it is claimed: a second resume of it is refused
+        resumption.start_in(out.path)
+    if isinstance(cfg, DictConfig):
+        cfg = to_run_config(cfg)
+    specs = expand(cfg.devices)
+    attempt.note(environment=environment(), emulated=any(spec.emulated for spec in specs),
+                 simulated=cfg.devices.simulated)  # times are virtual (engines/virtual)
+    algorithm = algorithms.get(cfg.algo.name)
+    plan = algorithm.plan(cfg, specs)
+    if torchrun() is not None:  # global rank 0: the other ranks take this plan
+        hand_off(Handoff(plan=plan).to_plain())
+        attempt.handed_off = True
+    cfg, specs = plan.cfg, plan.workers
+    attempt.note(plan=plan.settled, mix=_mix(specs))
+    if not cfg.devices.simulated:  # its imports overlap the data's loading
+        warm_up(cfg.workers.start)
+    data = load_run_data(cfg, progress=cfg.progress, workers=specs)
+    log.info("%s on %s, %d worker(s): %s", cfg.algo.name, data.summary_line(), len(specs),
+             ", ".join(f"{group}: {count} x {kind}"
+                       for (group, kind), count in _worker_groups(specs).items()))
+    master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
+    attempt.note(
+        dataset_source=data.source, synthetic=data.synthetic, scaling=data.scaling,
+        classes=None if data.class_names is None else list(data.class_names),  # sorted, numbered
+        # which step the workers take: fused only where it computes the model's own forward
+        plan={**plan.settled, "step": resolved_step(data.problem.build_model(cfg.model, cfg.seed),
+                                                cfg.optim.step)})
+    out.write_summary(replace(attempt.summary, coordinator=running).to_dict())  # for recovery
+    hooks = algorithm.hooks(plan)
+    with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
+          RunJournal(out, specs) as journal):
+        engine = build_engine(plan, hooks, data.problem, data.train, master, progress.update,
+                              journal, resumption.checkpoint if resumption is not None else None)
+        training = engine.run(lambda pids: UtilizationMonitor(
+            cfg.monitor.interval_s, pids, devices=[s.device for s in specs],
+            on_sample=journal.utilization))
+    attempt.trained = (journal.training_started_at, time.time())
+    # warnings: e.g. a coordinator that was not scheduled for a while; staleness where several
+    # workers update the master asynchronously (the shared-memory hooks)
+    asynchronous = isinstance(hooks, SharedMemoryHooks) and len(specs) > 1
+    attempt.note(status=training.status, error=training.error,
+                 warnings=training.warnings or None,
+                 staleness=(Staleness.of([s.group for s in specs], training.counters)
+                            if asynchronous else None))
+    for warning in training.warnings:
+        log.warning("%s", warning)
+    workers = workers_table(specs, training.counters)
+    out.write_table("workers", workers)
+    if training.batches:
+        out.write_table("batches", training.batches)
+    if not training.snapshots and training.status != "interrupted":
+        raise RuntimeError(training.error or "training ended before the first snapshot")
+    if training.snapshots:  # else it stopped before the clock started: nothing measured
+        attempt.summary = replace(evaluate(out, cfg, data, training, workers, attempt.summary),
+                                  extra=training.extra)  # the algorithm's own entries
+        attempt.evaluated = True
+
+
 def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
-        overrides: Sequence[str] = (), started_at: float | None = None) -> dict[str, Any]:
-    """Run one experiment into `run_dir` and return its summary (also on failure). A composed
-    config (`hetsgd run`'s) is checked here, so an out-of-range value ends like any failure.
+        overrides: Sequence[str] = (), started_at: float | None = None) -> RunSummary:
+    """Run one experiment into `run_dir` and return its summary (also on failure): the
+    pipeline (:func:`_train`) inside what turns each way it can end into a status. A composed
+    config (`hetsgd run`'s) is checked in the pipeline, so an out-of-range value ends like any
+    failure.
 
     With ``resume=RUN_DIR`` the run continues that run's checkpoint (:mod:`.resume`) in
     `run_dir`, which may be RUN_DIR itself, with ``overrides`` (the command's) on top of the
@@ -175,100 +258,40 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
                 raise
             return refuse(run_dir, cfg, resolved_config, str(exc))
         cfg = resolved_config = resumption.cfg
-    out = RunDirectory(run_dir)
-    summary = replace(RunSummary.starting(cfg),
-                      resumed_from=resumption.summary() if resumption is not None else None)
-    running = this_process()  # tells a run still going from a crashed one
-    handed_off = evaluated = False
-    trained: tuple[float | None, float] | None = None  # training's start and end, wall clock
+    attempt = _Attempt(RunDirectory(run_dir), replace(
+        RunSummary.starting(cfg),
+        resumed_from=resumption.summary() if resumption is not None else None))
     try:
-        out.write_config(resolved_config)
-        # until the finally block rewrites it
-        out.write_summary(replace(summary, coordinator=running).to_dict())
-        if resumption is not None:  # once it is claimed: a second resume of it is refused
-            resumption.start_in(run_dir)
-        if isinstance(cfg, DictConfig):
-            cfg = to_run_config(cfg)
-        summary = replace(summary, environment=environment())
-        specs = expand(cfg.devices)
-        summary = replace(summary, emulated=any(spec.emulated for spec in specs),
-                          simulated=cfg.devices.simulated)  # times are virtual (engines/virtual)
-        algorithm = algorithms.get(cfg.algo.name)
-        plan = algorithm.plan(cfg, specs)
-        if torchrun() is not None:  # global rank 0: the other ranks take this plan
-            hand_off(Handoff(plan=plan).to_plain())
-            handed_off = True
-        cfg, specs = plan.cfg, plan.workers
-        summary = replace(summary, plan=plan.settled, mix=_mix(specs))
-        if not cfg.devices.simulated:  # its imports overlap the data's loading
-            warm_up(cfg.workers.start)
-        data = load_run_data(cfg, progress=cfg.progress, workers=specs)
-        summary = replace(summary, dataset_source=data.source, synthetic=data.synthetic,
-                          scaling=data.scaling,  # classes: text labels, numbered in sorted order
-                          classes=None if data.class_names is None else list(data.class_names))
-        log.info("%s on %s, %d worker(s): %s", cfg.algo.name, data.summary_line(), len(specs),
-                 ", ".join(f"{group}: {count} x {kind}"
-                           for (group, kind), count in _worker_groups(specs).items()))
-        master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
-        # which step the workers take: fused only where it computes the model's own forward
-        summary = replace(summary, plan={**plan.settled, "step": step_kind(
-            data.problem.build_model(cfg.model, cfg.seed), cfg.optim.step)})
-        # what recovery after a crash starts from
-        out.write_summary(replace(summary, coordinator=running).to_dict())
-        hooks = algorithm.hooks(plan)
-        with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
-              RunJournal(out, specs) as journal):
-            engine = build_engine(plan, hooks, data.problem, data.train, master,
-                                  progress.update, journal,
-                                  resumption.checkpoint if resumption is not None else None)
-            training = engine.run(lambda pids: UtilizationMonitor(
-                cfg.monitor.interval_s, pids, devices=[s.device for s in specs],
-                on_sample=journal.utilization))
-        trained = (journal.training_started_at, time.time())
-        # warnings: e.g. a coordinator that was not scheduled for a while; staleness where
-        # several workers update the master asynchronously (the shared-memory hooks)
-        asynchronous = isinstance(hooks, SharedMemoryHooks) and len(specs) > 1
-        summary = replace(summary, status=training.status, error=training.error,
-                          warnings=training.warnings or None,
-                          staleness=(Staleness.of([s.group for s in specs], training.counters)
-                                     if asynchronous else None))
-        for warning in training.warnings:
-            log.warning("%s", warning)
-        workers = workers_table(specs, training.counters)
-        out.write_table("workers", workers)
-        if training.batches:
-            out.write_table("batches", training.batches)
-        if not training.snapshots and training.status != "interrupted":
-            raise RuntimeError(training.error or "training ended before the first snapshot")
-        if training.snapshots:  # else it stopped before the clock started: nothing measured
-            summary = replace(evaluate(out, cfg, data, training, workers, summary),
-                              extra=training.extra)  # the algorithm's own entries
-            evaluated = True
+        _train(attempt, cfg, resolved_config, resumption)
     except KeyboardInterrupt:  # during setup or evaluation: the files written so far stay
-        summary = replace(summary, status="interrupted", error="interrupted by the user")
+        attempt.note(status="interrupted", error="interrupted by the user")
     except (UserError, ConfigError) as exc:
-        summary = replace(summary, status="failed", error=str(exc))
+        attempt.note(status="failed", error=str(exc))
     except WriteError as exc:  # what is on disk stays: snapshots, counters, utilization
         left = (f": once there is room, `hetsgd recover {run_dir}` evaluates the snapshots it "
                 "left" if (run_dir / SNAPSHOTS).is_dir() else "")
-        summary = replace(summary, status=CRASHED, error=f"{exc}{left}")
+        attempt.note(status=CRASHED, error=f"{exc}{left}")
     except Exception as exc:  # a failed run must still say why, in its directory
-        summary = replace(summary, status="failed",
-                          error=out_of_memory(exc) or f"{type(exc).__name__}: {exc}")
+        attempt.note(status="failed", error=out_of_memory(exc) or f"{type(exc).__name__}: {exc}")
         with suppress(OSError, MemoryError):  # the summary says why; the traceback is extra
             (run_dir / "error.log").write_text(traceback.format_exc())
     finally:
-        if trained is not None and trained[0] is not None:
-            summary = replace(summary, timing=Timing(trained[0] - started_at,
-                                                     time.time() - trained[1]))
-        try:
-            out.write_summary(summary.to_dict())
-        except WriteError as exc:  # summary.json still names this process: it reads as crashed
-            log.error("%s", exc)
-            summary = replace(summary, status=CRASHED, error=str(exc))
-            evaluated = False  # its snapshots stay, for recovery
-        if evaluated and not cfg.eval.keep_snapshots:
-            remove_snapshots(run_dir)
-        if torchrun() is not None and not handed_off:  # the other ranks would wait for a plan
-            hand_off(Handoff(error=summary.error).to_plain())
-    return summary.to_dict()
+        _end(attempt, cfg, started_at)
+    return attempt.summary
+
+
+def _end(attempt: _Attempt, cfg: RunConfig | DictConfig, started_at: float) -> None:
+    """The summary written last, however the run ended; the snapshots removed once evaluated
+    and written down; torchrun's other ranks told, if the plan never reached them."""
+    if attempt.trained is not None and attempt.trained[0] is not None:
+        attempt.note(timing=Timing(attempt.trained[0] - started_at, time.time() - attempt.trained[1]))
+    try:
+        attempt.out.write_summary(attempt.summary.to_dict())
+    except WriteError as exc:  # summary.json still names this process: it reads as crashed
+        log.error("%s", exc)
+        attempt.note(status=CRASHED, error=str(exc))
+        attempt.evaluated = False  # its snapshots stay, for recovery
+    if attempt.evaluated and not cfg.eval.keep_snapshots:
+        remove_snapshots(attempt.out.path)
+    if torchrun() is not None and not attempt.handed_off:  # the other ranks would wait for a plan
+        hand_off(Handoff(error=attempt.summary.error).to_plain())

@@ -17,7 +17,7 @@ from hetsgd.config import RunConfig
 from hetsgd.config.plain import config_from_plain, config_to_plain, plain
 from hetsgd.data import load_dataset
 from hetsgd.data.augment import check_augment
-from hetsgd.engines.shared_memory.memory import SharedArena, SharedData
+from hetsgd.engines.shared.memory import SharedArena, SharedData
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec

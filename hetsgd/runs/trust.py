@@ -5,7 +5,9 @@ in its arguments (nested ``_target_`` keys, which Hydra builds as well). A run f
 that may come from someone else, and Hydra calls any importable function it is given
 (``shutil.copyfile`` copies a file): so reading a folder back (``hetsgd recover``, a resume)
 calls a target only when the user's own command names it as well (``--model-target TARGET``,
-or a resume's ``model=custom model._target_=TARGET``).
+or a resume's ``model=custom model._target_=TARGET``). The overrides a folder recorded are
+composed again, so they may not set Hydra's own config either: ``hydra.searchpath=[pkg://M]``
+imports the module M while the config is composed.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from hetsgd.config import RunConfig
-from hetsgd.config.schema import CustomModelConfig
+from hetsgd.config.problem import CustomModelConfig
 from hetsgd.errors import UserError
+from hetsgd.outputs.index import override_key
 from hetsgd.outputs.safe_text import shown
 
 TARGET = "_target_"
@@ -42,16 +45,29 @@ def _nested(value: Any) -> Iterator[str]:
             yield from _nested(item)
 
 
-def check_targets(cfg: RunConfig, source: Path, given: Iterable[str], how: str) -> None:
-    """Refuse (a one-line :class:`UserError`) a config read from ``source`` that names a target
-    the user did not give; ``how`` says how to give one, with ``{}`` for the target."""
+def check_targets(cfg: RunConfig, source: Path | str, given: Iterable[str], how: str) -> None:
+    """Refuse (a one-line :class:`UserError`) a config read from ``source`` (a run folder, the
+    torch.distributed store) that names a target the user did not give; ``how`` says how to
+    give one, with ``{}`` for the target."""
     trusted = set(given)
     for target in named_targets(cfg):
         if target not in trusted:
             raise UserError(f"{source} names model.{TARGET} '{shown(target)}', which hetsgd "
-                            f"would import and call; a run folder is data and may come from "
-                            f"anyone, so it calls only what you name: "
+                            f"would import and call; what it reads back is data and may come "
+                            f"from anyone, so it calls only what you name: "
                             f"{how.format(shown(target))} to call it")
+
+
+def check_recorded_overrides(overrides: Sequence[str], source: Path) -> None:
+    """Refuse (a one-line :class:`UserError`) overrides read from ``source`` that set Hydra's
+    own config. Hydra records a run's own overrides apart from its (``.hydra/overrides.yaml``
+    against ``hydra.yaml``), so a folder's that name ``hydra`` were put there by hand."""
+    for override in overrides:
+        key = override_key(str(override))
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            raise UserError(f"{source} records the override '{shown(override)}', which sets "
+                            "Hydra's own config (a search path imports modules): a run's "
+                            "recorded overrides never do; remove it")
 
 
 def override_targets(overrides: Sequence[str]) -> list[str]:

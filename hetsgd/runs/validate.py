@@ -114,7 +114,7 @@ def drift_between(before: Sequence[dict], after: Sequence[dict]) -> float:
 
 def _run(overrides: Sequence[str], run_dir: Path) -> RunSummary:
     cfg = compose_run(list(overrides))
-    summary = RunSummary.from_dict(runner.run(to_run_config(cfg), run_dir, cfg))
+    summary = runner.run(to_run_config(cfg), run_dir, cfg)
     if summary.status != "completed":
         raise RuntimeError(f"{' '.join(overrides)}: {summary.status}: {summary.error}")
     return summary

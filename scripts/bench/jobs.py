@@ -44,7 +44,7 @@ class Jobs:
         self.count += 1
         run_dir = self.folder / f"run{self.count:02d}"
         with OtherLoad() as load:
-            summary = runner.run(to_run_config(cfg), run_dir, cfg)
+            summary = runner.run(to_run_config(cfg), run_dir, cfg).to_dict()
         if summary["status"] != "completed":
             raise RuntimeError(f"{' '.join(overrides)}: {summary['status']}: {summary['error']}")
         return Job(summary, pd.read_csv(run_dir / "workers.csv"),

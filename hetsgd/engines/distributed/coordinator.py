@@ -21,8 +21,8 @@ from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.distributed.group import check_port, torchrun, with_free_port
 from hetsgd.engines.distributed.rank import RankLoop, rank_process
 from hetsgd.engines.hooks import SetupSummary
-from hetsgd.engines.shared_memory.coordinator import FAILURE_GRACE_S, Coordinator
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.coordinator import FAILURE_GRACE_S, Coordinator
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec

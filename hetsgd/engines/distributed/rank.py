@@ -42,9 +42,9 @@ from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.distributed.exchange import Exchange, Ledger, Verdict
 from hetsgd.engines.distributed.group import Group
 from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
-from hetsgd.engines.shared_memory.links import Link, default_link
-from hetsgd.engines.shared_memory.state import SharedState
-from hetsgd.engines.shared_memory.worker import LOSS_READ_S, set_up_math
+from hetsgd.engines.shared.links import Link, default_link
+from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.shared.worker import LOSS_READ_S, set_up_math
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step
@@ -65,7 +65,7 @@ class Rank:
 
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
                  problem: Problem, state: SharedState, group: Group, linked: bool,
-                 step_kind: str) -> None:
+                 step_choice: str) -> None:
         self.spec, self.world, self.cfg, self.problem = spec, world, cfg, problem
         self.state, self.group = state, group
         self.clock = group.clock
@@ -80,7 +80,7 @@ class Rank:
         group.broadcast_from_0(self.flat.buffers)
         # the step the loop asks for (``optim.step`` for local SGD; ``autograd`` for sync, which
         # all-reduces the gradient between the step's two halves)
-        self.train_step = build_step(step_kind, self.flat, cfg.optim, problem.task)
+        self.train_step = build_step(step_choice, self.flat, cfg.optim, problem.task)
         self.sgd = self.train_step.sgd
         self.next_loss_read = 0.0
         self.ledger = Ledger(spec.rank, spec.batch_size, state.counters,
@@ -102,14 +102,14 @@ class Rank:
     def batches(self) -> Batches: ...
 
     @overload
-    def batches(self, kind: type[B]) -> B: ...
+    def batches(self, batches_type: type[B]) -> B: ...
 
-    def batches(self, kind: type[Batches] = Batches) -> Batches:
-        """This rank's batches, of ``kind`` (a subclass of :class:`Batches`, which is the default)."""
+    def batches(self, batches_type: type[Batches] = Batches) -> Batches:
+        """This rank's batches, of ``batches_type`` (a subclass of :class:`Batches`, which is the default)."""
         data = self.cfg.data
         augment = training_augment(data, self.problem, self.cfg.seed, self.spec.rank)
         self.augment = augment_generator(augment)
-        return kind(self.state.data, self.device, data.shuffle, self.cfg.seed, data.on_device,
+        return batches_type(self.state.data, self.device, data.shuffle, self.cfg.seed, data.on_device,
                     augment=augment)
 
     def loss_due(self) -> bool:
@@ -139,12 +139,12 @@ class Rank:
         self.ledger.add("comm_s", verdict.seconds)
         return verdict
 
-    def step_times(self, batches: Batches, kind: str) -> list[float]:
+    def step_times(self, batches: Batches, step_choice: str) -> list[float]:
         """Every rank's seconds per training step at its own batch size, the emulated slowdown
-        included: a few steps of ``kind`` (``optim.step``; ``autograd`` for sync, whose ranks
+        included: a few steps of ``step_choice`` (``optim.step``; ``autograd`` for sync, whose ranks
         exchange gradients) on a throwaway copy of the model, not counted as training (on a
         virtual clock: its profile's time)."""
-        train_step = build_step(kind, FlatModel(self._model()), self.cfg.optim, self.problem.task)
+        train_step = build_step(step_choice, FlatModel(self._model()), self.cfg.optim, self.problem.task)
         size = min(self.spec.batch_size, self.num_examples)
 
         def step(i: int) -> None:

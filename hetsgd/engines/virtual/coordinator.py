@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.counters import CounterRow
-from hetsgd.engines.shared_memory.links import LinkFactory
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.worker import Worker
+from hetsgd.engines.shared.links import LinkFactory
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.worker import Worker
 from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.engines.virtual.busy import BusyTime

@@ -13,7 +13,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from hetsgd.config.schema import STEP_KINDS, TASKS, OptimConfig
+from hetsgd.config.problem import TASKS
+from hetsgd.config.schema import STEP_CHOICES, OptimConfig
 from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel, state_sizes
 from hetsgd.model.losses import loss_fn
@@ -61,8 +62,8 @@ class ModelCost:
             raise UserError(f"unknown task {task!r}: one of {', '.join(TASKS)}")
         if not input_shape or any(d < 1 for d in input_shape):
             raise UserError(f"input shape {tuple(input_shape)} must be one or more positive sizes")
-        if step not in STEP_KINDS:
-            raise UserError(f"unknown step {step!r}: one of {', '.join(STEP_KINDS)}")
+        if step not in STEP_CHOICES:
+            raise UserError(f"unknown step {step!r}: one of {', '.join(STEP_CHOICES)}")
         n_params, n_buffers = state_sizes(module)
         if n_params == 0:
             raise UserError(f"a {type(module).__name__} has no parameters to train")

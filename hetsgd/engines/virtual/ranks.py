@@ -17,7 +17,7 @@ from hetsgd.engines.base import EngineBase
 from hetsgd.engines.distributed.group import RankLost
 from hetsgd.engines.distributed.rank import RankLoop
 from hetsgd.engines.hooks import SetupSummary
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.group import Meeting, VirtualClock, VirtualGroup

@@ -12,9 +12,9 @@ import torch
 
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.counters import WorkerCounters
-from hetsgd.engines.shared_memory.cursor import EpochCursor
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.numpy_views import SharedFlag, SharedViews
+from hetsgd.engines.shared.cursor import EpochCursor
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.numpy_views import SharedFlag, SharedViews
 
 # A worker that has left its loop answers every publish request from then on.
 RETIRED = torch.iinfo(torch.int64).max

@@ -1,4 +1,5 @@
-"""Worker processes of the shared-memory engine: claim a chunk, take an SGD step, count it.
+"""A worker's loop: claim a chunk, take an SGD step, count it; in a process of the asynchronous
+engine (:mod:`hetsgd.engines.shared_memory`), as the virtual clock's events, or calibrating.
 
 The loop reads top to bottom: claim -> gather -> copy in -> step -> merge -> count -> (emulated)
 sleep. The batch size is re-read every step, so a controller (Adaptive Hogbatch) can change it.
@@ -39,9 +40,8 @@ from hetsgd.engines.checkpoint import (
 )
 from hetsgd.engines.counters import CounterRow
 from hetsgd.engines.denormals import flush_denormals
-from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
-from hetsgd.engines.shared_memory.links import LinkFactory, default_link
-from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared.links import LinkFactory, default_link
+from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending, build_step
@@ -178,15 +178,3 @@ def set_up_math(spec: WorkerSpec, cfg: RunConfig) -> None:
     flush_denormals(cfg.devices.flush_denormal)
     torch.set_num_threads(spec.threads)
 
-
-def worker_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
-                   reports: Reports, link_factory: LinkFactory | None = None) -> None:
-    """Entry point of a spawned worker: its math set up first, then train, then report how it
-    ended."""
-    set_up_math(spec, cfg)
-    with reporting(spec.rank, state, reports):
-        with beating(state, spec.rank):
-            worker = Worker(spec, cfg, problem, state, link_factory)
-            send_ready(reports, spec.rank)
-        state.signals.go.wait()
-        worker.run(on_checkpoint=partial(send_checkpoint, reports, spec.rank))

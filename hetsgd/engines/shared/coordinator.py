@@ -35,8 +35,7 @@ from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.processes import context, forkserver_exit, settle, start_deadline
-from hetsgd.engines.shared_memory.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.worker import worker_process
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
@@ -168,8 +167,7 @@ class Coordinator(EngineBase):
 
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster,
-                 on_tick: OnTick | None = None,
-                 target: Callable = worker_process, controller: Controller | None = None,
+                 on_tick: OnTick | None, target: Callable, controller: Controller | None = None,
                  resume: Checkpoint | None = None, journal: Journal | None = None) -> None:
         self.ctx = context(cfg.workers.start)
         super().__init__(cfg, specs, problem, data, master, on_tick, controller, journal,
@@ -420,15 +418,15 @@ class Coordinator(EngineBase):
         ready: set[int] = set()
         try:
             while True:
-                kind, rank, message = self.reports.get(timeout=timeout)
+                topic, rank, message = self.reports.get(timeout=timeout)
                 timeout = 0.0
-                if kind == "ready":
+                if topic == "ready":
                     ready.add(rank)
-                elif kind == "checkpoint":
+                elif topic == "checkpoint":
                     self._receive_part(rank, message)
                 else:
-                    finished[rank] = (kind, message)
-                    if kind != "done":
+                    finished[rank] = (topic, message)
+                    if topic != "done":
                         self.state.signals.stop.set()
         except queue.Empty:
             pass

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from hetsgd.engines import device_ops
-from hetsgd.engines.shared_memory.state import SharedState
+from hetsgd.engines.shared.state import SharedState
 from hetsgd.model.flat import FlatModel
 from hetsgd.workers import WorkerSpec
 

@@ -1,0 +1,58 @@
+"""What the command prints on the terminal: one-line errors and a run's summary table, with every
+string that came from data, a folder or an exception escaped (:mod:`.safe_text`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from hetsgd.outputs.safe_text import redacted, shown
+
+# Markup off: what is printed holds paths, overrides and exception text, where `[/x]` is no tag.
+console = Console(markup=False)
+err = Console(stderr=True, markup=False, highlight=False)
+
+
+def one_line(message: object) -> str:
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def print_error(message: object) -> str:
+    """``hetsgd: error: MESSAGE`` on stderr, on one line, escaped, secrets redacted; the line."""
+    line = shown(redacted(one_line(message)))
+    err.print(Text.assemble(("hetsgd: error:", "red"), " ", line), soft_wrap=True)
+    return line
+
+
+def summary_table(summary: Mapping[str, Any]) -> Table:
+    """A run's summary (as summary.json holds it) as the table printed at its end."""
+    from hetsgd.outputs.report import mix_label  # loaded by the run already
+
+    table = Table(title=shown(f"{summary['algo']} on {summary['dataset']} ({mix_label(summary)})"),
+                  show_header=False)
+    table.add_column()
+    table.add_column(overflow="fold")  # a path in full, over several lines if need be
+    final, initial = summary.get("final") or {}, summary.get("initial") or {}
+    rows = [("status", summary["status"]), ("error", summary.get("error")),
+            ("training time", f"{summary.get('time_s') or 0:.2f} s"),
+            ("epochs", f"{summary.get('epochs') or 0:.2f}"),
+            ("updates", str(summary.get("updates_by_group"))),
+            # asynchronous runs: other workers' updates landed during a step, mean / most
+            ("staleness", None if not (stale := summary.get("staleness"))
+             else f"{stale['mean']:.2f} / {stale['max']} (mean / max)"),
+            ("train loss", f"{initial.get('train_loss', float('nan')):.4f} -> "
+                           f"{final.get('train_loss', float('nan')):.4f}"),
+            ("test loss / acc", f"{final.get('test_loss', float('nan')):.4f} / "
+                                f"{final.get('test_acc', float('nan')):.4f}"),
+            (f"time to train loss {' / '.join(summary.get('time_to_loss') or {})}", " / ".join(
+                "—" if v is None else f"{v:.2f} s"
+                for v in (summary.get("time_to_loss") or {}).values())),
+            ("results", summary.get("run_dir"))]
+    for key, value in rows:
+        if value is not None:
+            table.add_row(shown(key), shown(value))
+    return table
