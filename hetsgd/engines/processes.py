@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator
 from multiprocessing import forkserver
@@ -151,20 +152,32 @@ def start_deadline(start: str, timeout_s: float) -> Iterator[list[str]]:
         timer.cancel()
 
 
-def forkserver_exit() -> tuple[int, int] | None:
+# What multiprocessing reports as a fork's exit code when it cannot read it from the forkserver
+# (popen_forkserver: the forkserver ended, or is ending, before the fork's code reached it).
+LOST_TO_FORKSERVER = 255
+FORKSERVER_POLL_S = 0.01
+
+
+def forkserver_exit(wait_s: float = 0.0) -> tuple[int, int] | None:
     """The forkserver's pid and exit code (a signal's number, negated) if it has ended, else
-    None. It stays unreaped (``WNOWAIT``), for ``forkserver.ensure_running`` to find gone."""
+    None, waiting up to ``wait_s`` for its end: its forks' codes are lost as it closes its
+    files, a moment before its end can be read. It stays unreaped (``WNOWAIT``), for
+    ``forkserver.ensure_running`` to find gone."""
     pid = forkserver_pid()
     if pid is None:
         return None
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return None
-    if info is None or info.si_pid == 0:
-        return None
-    signalled = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
-    return pid, -info.si_status if signalled else info.si_status
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return None
+        if info is not None and info.si_pid != 0:
+            signalled = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            return pid, -info.si_status if signalled else info.si_status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(FORKSERVER_POLL_S)
 
 
 def settle(environment: dict[str, str]) -> None:

@@ -34,7 +34,13 @@ from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.counters import COUNTERS
-from hetsgd.engines.processes import context, forkserver_exit, settle, start_deadline
+from hetsgd.engines.processes import (
+    LOST_TO_FORKSERVER,
+    context,
+    forkserver_exit,
+    settle,
+    start_deadline,
+)
 from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
@@ -405,7 +411,9 @@ class Coordinator(EngineBase):
     def _died(self, rank: int, exitcode: int) -> str:
         """Why a worker ended without its report: its own end, or its forkserver's, whose end
         takes its forks along (their parent-death signal) and hides their exit codes (255)."""
-        server = forkserver_exit() if self.cfg.workers.start == "forkserver" else None
+        server = None
+        if self.cfg.workers.start == "forkserver":
+            server = forkserver_exit(KILL_TIMEOUT_S if exitcode == LOST_TO_FORKSERVER else 0.0)
         if server is not None:
             pid, code = server
             return (f"the forkserver (pid {pid}) that started the workers {ended(code)}, "
