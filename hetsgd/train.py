@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -31,7 +32,7 @@ def train(cfg: DictConfig, started_at: float | None = None) -> RunSummary:
     in place raises :class:`~hetsgd.errors.UserError`, with nothing written over it."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    _redact_hydra_files()
+    _redact_hydra_files(hydra_cfg)
     refusal = _refusal(cfg)
     if refusal is None and not cfg.devices.simulated:  # its imports overlap this process's own
         warm_up(cfg.workers.start)
@@ -57,13 +58,12 @@ def train(cfg: DictConfig, started_at: float | None = None) -> RunSummary:
     return replace(summary, run_dir=str(run_dir))
 
 
-def _redact_hydra_files() -> None:
+def _redact_hydra_files(hydra_cfg: HydraConf) -> None:
     """Hydra wrote the job's config and overrides (and a sweep's) before this job began: the
     secrets of URIs in them (a tracker's password) are redacted there, as in what the run
     writes and logs itself; the run keeps the real values."""
     from hetsgd.outputs.run_directory import redact_files
 
-    hydra_cfg = HydraConfig.get()
     files = []
     if hydra_cfg.output_subdir is not None:
         files += [Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir / name

@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 
 from hetsgd import api
 from hetsgd.cli import app
+from hetsgd.config.compose import hydra_arguments
 from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, load_calibration
+from hetsgd.errors import UserError
 from hetsgd.machine import cuda_devices
 from hetsgd.runs.calibrate import calibrate
 
@@ -200,3 +202,15 @@ def test_a_sweep_finishes_its_other_jobs_when_one_fails(results_dir: Path) -> No
     assert not (job / "figures").exists()
     assert hetsgd("plot", str(sweep)).returncode == 0
     assert (job / "figures" / "loss_vs_time.png").is_file()
+
+
+def test_run_reads_its_arguments_as_a_shell_user_types_them() -> None:
+    """`-m` anywhere among the overrides starts a sweep; what Hydra's parser refuses is one
+    line, not argparse's usage and exit."""
+    _, parsed = hydra_arguments(["seed=0", "-m", "algo=sync,hogwild"])
+    # the swept group's first choice goes just before its sweep (with_first_group_choices)
+    assert parsed.multirun and parsed.overrides == ["seed=0", "algo=sync", "algo=sync,hogwild"]
+    _, parsed = hydra_arguments(["seed=0"])
+    assert not parsed.multirun
+    with pytest.raises(UserError, match=r"^hetsgd run: unrecognized arguments: --bogus$"):
+        hydra_arguments(["seed=0", "--bogus"])

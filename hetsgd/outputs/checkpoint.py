@@ -124,13 +124,12 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
              "snapshot_spacing": checkpoint.snapshot_spacing}
 
     def fill(staging: Path) -> None:
-        with writing(version):
-            for name in files:
-                os.link(Path(run_dir) / SNAPSHOTS / name, staging / name)
-            for name, source in RUN_FILES.items():
-                if (Path(run_dir) / source).is_file():
-                    shutil.copyfile(Path(run_dir) / source, staging / name)
-        with writing(version / STATE):
+        for name in files:
+            os.link(Path(run_dir) / SNAPSHOTS / name, staging / name)
+        for name, source in RUN_FILES.items():
+            if (Path(run_dir) / source).is_file():
+                shutil.copyfile(Path(run_dir) / source, staging / name)
+        with writing(version / STATE):  # named as it will be, not as the staging folder is
             with open(staging / STATE, "wb") as handle:
                 torch.save(state, handle)
                 handle.flush()
