@@ -50,9 +50,9 @@ lint: setup
 	$(BIN)/ruff check hetsgd tests scripts
 	$(BIN)/mypy
 
-## redraw every figure under results/ from the CSVs
+## redraw every figure under results/ (or $HETSGD_RESULTS, where runs go) from the CSVs
 plots: setup
-	$(BIN)/hetsgd plot results
+	$(BIN)/hetsgd plot "$(or $(HETSGD_RESULTS),results)"
 
 ## speed as ratios measured side by side (about 5 minutes); bench-quick: the sections with goals
 ## (step, loop overhead, Hogwild scaling, memory, the virtual engine's overhead) with 2 s runs,

@@ -10,6 +10,7 @@ to Hydra as they are (its own parser), not through ``sys.argv``.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -18,11 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from hetsgd.config import CONF_DIR, ConfigError, compose_run, register_configs
@@ -33,12 +35,18 @@ from hetsgd.outputs.safe_text import guard_logging
 from hetsgd.outputs.terminal import console, err, print_error, summary_table
 from hetsgd.train import train
 
+if TYPE_CHECKING:
+    from hetsgd.tuning import Tuning
+
 log = logging.getLogger("hetsgd")
 # How `hetsgd run` exits: 0 when every run completed, else the code of the gravest outcome.
 EXIT_CODES = {"completed": 0, "diverged": 3, "failed": 1, "interrupted": 130}
 # SIGTERM (a scheduler, `kill`) and SIGHUP (the terminal went away) stop a run as Ctrl-C does;
 # the exit code is 128 + the signal's number, as a shell reports a command the signal ended
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# The launcher that runs a sweep's jobs all at once on this machine (hydra/launcher=submitit_local:
+# submitit's local executor has no limit on how many run together)
+CONCURRENT_LAUNCHER = "hydra_submitit_launcher.submitit_launcher.LocalLauncher"
 # A launcher such as submitit runs sweep jobs in processes that unpickle the task function
 # (:class:`_Job`) and compose their own config, so the schemas and resolvers are registered
 # wherever this module loads.
@@ -186,30 +194,57 @@ def _run_hydra(invocation: Invocation, args: list[str]) -> None:
     from hydra.version import setbase
 
     parser, parsed = hydra_arguments(args)
-    if parsed.multirun:
-        invocation.sweep_dir = _settle_sweep_dir(parsed.overrides)
-        if invocation.sweep_dir is not None:
-            parsed.overrides.append(f"hydra.sweep.dir={_quoted(invocation.sweep_dir)}")
+    invocation.sweep_dir, tuning = _settle_sweep_dir(parsed.overrides, parsed.multirun)
+    if invocation.sweep_dir is not None:
+        parsed.overrides.append(f"hydra.sweep.dir={_quoted(invocation.sweep_dir)}")
     setbase("1.3")
-    run_hydra(args=parsed, args_parser=parser, task_function=_Job(invocation),
-              config_path=str(CONF_DIR), config_name="config")
+    job = _Job(invocation)
+
+    def sweep(overrides: list[str]) -> None:
+        run_hydra(args=argparse.Namespace(**{**vars(parsed), "overrides": overrides}),
+                  args_parser=parser, task_function=job, config_path=str(CONF_DIR),
+                  config_name="config")
+
+    if tuning is None or invocation.sweep_dir is None:
+        sweep(parsed.overrides)
+    else:  # a search, then the comparison of each method's best setting (hetsgd/tuning/)
+        from hetsgd.tuning.phases import tune_then_compare
+
+        tune_then_compare(tuning, parsed.overrides, invocation.sweep_dir, sweep)
 
 
-def _settle_sweep_dir(overrides: list[str]) -> Path | None:
+def _settle_sweep_dir(overrides: list[str], multirun: bool
+                      ) -> tuple[Path | None, Tuning | None]:
     """The folder the sweep of ``overrides`` writes into, as Hydra resolves it (from everything
-    but the swept values), refused if an earlier sweep is there (:func:`check_unused`); None
-    where the overrides do not compose, which Hydra then reports itself."""
+    but the swept values), refused if an earlier sweep is there (:func:`check_unused`), and the
+    tuning it asks for, checked; None for a single run (neither ``-m`` nor an experiment's
+    ``hydra.mode: MULTIRUN``) and where the overrides do not compose, which Hydra then reports
+    itself. A launcher that runs the jobs at once is warned of here, once: their measured times
+    compete for the cores."""
     from hetsgd.outputs.sweep import check_unused
+    from hetsgd.tuning import Tuning
+    from hetsgd.tuning.phases import check_knobs
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    fixed = [override.input_line for override in parsed
-             if not override.is_sweep_override() and override.input_line is not None]
     try:
-        sweep_dir = Path(str(compose_run(fixed, hydra_config=True).hydra.sweep.dir))
+        fixed = [override.input_line for override in
+                 OverridesParser.create().parse_overrides(overrides)
+                 if not override.is_sweep_override() and override.input_line is not None]
+        config = compose_run(fixed, hydra_config=True)
     except Exception:  # noqa: BLE001 - Hydra's own composition says what is wrong, just after
-        return None
+        return None, None
+    hydra = config.hydra
+    if not multirun and hydra.mode != RunMode.MULTIRUN:
+        return None, None
+    sweep_dir = Path(str(hydra.sweep.dir))
     check_unused(sweep_dir)
-    return sweep_dir
+    if str(hydra.launcher.get("_target_", "")).endswith(CONCURRENT_LAUNCHER):
+        err.print("hetsgd: warning: hydra/launcher=submitit_local runs the sweep's jobs at once on "
+                  "this machine, so their workers share its cores and their times compete; "
+                  "Hydra's default launcher runs them one by one", soft_wrap=True)
+    tuning = Tuning.of(config)
+    if tuning is not None:
+        check_knobs(tuning, fixed)
+    return sweep_dir, tuning
 
 
 def _quoted(path: Path) -> str:

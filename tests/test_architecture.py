@@ -26,7 +26,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"engines"}),
     frozenset({"algorithms", "observe"}),
     frozenset({"outputs"}),
-    frozenset({"runs"}),
+    frozenset({"runs", "tuning"}),
     frozenset({"train"}),
     frozenset({"invocation"}),
     frozenset({"cli", "__main__", "api"}),

@@ -123,13 +123,12 @@ def test_the_factory_gets_what_the_data_says_and_a_users_kwarg_wins(nets: object
     calls: list[dict] = nets.calls  # type: ignore[attr-defined]
     calls.clear()
     BINARY.build_model(_custom("mlp", hidden=5, input_shape=[1, 8, 8]), seed=0)
-    assert calls == [{"in_features": 64, "num_outputs": 1, "task": "binary", "num_classes": 2,
+    assert calls == [{"in_features": 64, "num_outputs": 1, "task": "binary",
                       "input_shape": [1, 8, 8], "hidden": 5}]
     calls.clear()
     Problem("multilabel", 20, 4, None).build_model(_custom("mlp"), seed=0)
-    assert calls == [{"in_features": 20, "num_outputs": 4, "task": "multilabel",
-                      "num_classes": 4, "input_shape": (20,)}]
-    # a factory without **kwargs gets only the names it takes
+    # the data's sizes go to the parameters the factory names, never into its **kwargs
+    assert calls == [{"in_features": 20, "num_outputs": 4, "task": "multilabel"}]
     assert DIGIT_IMAGES.build_model(_custom("only_classes"), seed=0).out_features == 10
 
 

@@ -183,8 +183,10 @@ def test_a_nan_feature_is_named_with_its_row(tmp_path: Path, fmt: str) -> None:
     x = np.ones((10, 3))
     x[4, 2] = np.nan
     cfg = write_digits(tmp_path, fmt, x, np.arange(10) % 2)
-    where = {"csv": "row 5, column 'p2'", "npz": "X[4, 2]"}[fmt]
-    assert load_error(cfg) == f"{cfg.path}: {where} is nan, not a finite number"
+    expected = {"csv": ("row 5, column 'p2' has no value; 1 row(s) miss a value: "
+                        "dataset.missing=drop leaves them out, dataset.drop=[p2] the column"),
+                "npz": "X[4, 2] is nan, not a finite number"}[fmt]
+    assert load_error(cfg) == f"{cfg.path}: {expected}"
 
 
 def test_an_infinite_npy_feature_is_named(tmp_path: Path) -> None:

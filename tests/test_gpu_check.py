@@ -1,13 +1,21 @@
-"""scripts/gpu_check.sh on a machine without a GPU: one line, exit 2, nothing run or written."""
+"""scripts/gpu_check.sh without a usable GPU: one line and exit 2 before anything runs; its offline
+setup of the venv, with python3 a venv of its own."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
+import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# where a venv keeps its installed modules, below its root (lib/pythonX.Y/site-packages)
+PURELIB = Path(sysconfig.get_path("purelib")).relative_to(sys.prefix)
 
 
 @pytest.mark.integration
@@ -25,3 +33,53 @@ def test_gpu_check_without_a_gpu_says_so_and_exits_2_at_once(tmp_path: Path) -> 
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and "no CUDA GPU here" in done.stderr
     assert not out.exists()
+
+
+def _wheel(folder: Path, name: str) -> None:
+    """A wheel of one empty module ``name``: what the offline setup installs from WHEELHOUSE."""
+    dist = f"{name}-0.dist-info"
+    files = {f"{name}.py": "",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}/RECORD"])
+    with zipfile.ZipFile(folder / f"{name}-0-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs this python to be a venv")
+def test_the_offline_venv_sees_python3s_own_packages_when_python3_is_a_venv(tmp_path: Path) -> None:
+    """The CUDA image's python3 is a venv holding torch; a --system-site-packages venv made from
+    it reaches only the interpreter beneath, so the check found no torch there. Here python3 is
+    this test's venv (torch, pip, setuptools) and a GPU is faked: the setup must give the new
+    venv torch from python3 and the wheelhouse's module from its own site-packages."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n")
+    (fake / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    repo = tmp_path / "repo"  # the script's root: a project whose only entry point is `hetsgd`
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "gpu_check.sh", repo / "scripts")
+    (repo / "probe.py").write_text("def main() -> None:\n    pass\n")
+    (repo / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "probe"\nversion = "0"\n[project.scripts]\nhetsgd = "probe:main"\n'
+        '[tool.setuptools]\npy-modules = ["probe"]\n')
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "wheelhouse_marker")
+    done = subprocess.run(["bash", str(repo / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
+                          env={"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path),
+                               "WHEELHOUSE": str(wheels)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "cannot use it" in done.stderr  # this torch has no GPU
+    setup, = (tmp_path / "out" / "steps.txt").read_text().splitlines()
+    assert setup.split()[::3] == ["setup", "ok"]
+    where = subprocess.run([repo / ".venv" / "bin" / "python", "-c",
+                            "import torch, wheelhouse_marker as m; print(torch.__file__, m.__file__)"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert where == [torch.__file__, str(repo / ".venv" / PURELIB / "wheelhouse_marker.py")]

@@ -263,7 +263,23 @@ def test_gpu_columns_on_a_real_gpu():
     assert rows and all({k for k in r if k.startswith("gpu")} == {"gpu0_util", "gpu0_mem_mb"}
                         for r in rows)
     assert summarize(rows, cores_given=1)["gpu_util_mean"] is not None
-    assert not torch.cuda.is_initialized()  # the sampler reads NVML, never CUDA
+
+
+NVML_ONLY = ("import time, torch\n"
+             "from hetsgd.machine import cuda_devices\n"
+             "from hetsgd.observe.monitor import UtilizationMonitor\n"
+             "cuda_devices()\n"
+             "with UtilizationMonitor(0.05, list, devices=['cpu', 'cuda:0']) as mon:\n"
+             "    time.sleep(0.3)\n"
+             "assert mon.stop() and not torch.cuda.is_initialized()\n")
+
+
+@pytest.mark.integration
+@pytest.mark.gpu
+def test_the_gpus_are_listed_and_sampled_through_nvml_never_cuda():
+    """In a child: a GPU test before this one may have started CUDA in this process (found on
+    the first GPU machine), and a worker's CUDA context must stay the worker's own."""
+    subprocess.run([sys.executable, "-c", NVML_ONLY], check=True)
 
 
 TORCH_UUIDS = ("import json, torch\n"
@@ -288,7 +304,6 @@ def test_cuda_devices_are_torchs_devices_in_torchs_order(monkeypatch):
                       json.loads(child.stdout.strip().splitlines()[-1])]
         ours = [g["uuid"].lower().removeprefix("gpu-") for g in cuda_devices()]
         assert ours == from_torch, visible
-    assert not torch.cuda.is_initialized()
 
 
 @pytest.mark.integration

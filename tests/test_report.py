@@ -303,6 +303,9 @@ def test_bad_paths_and_files_are_user_errors(tmp_path: Path) -> None:
     (run / "convergence.csv").write_text("time_s,epoch\n0,0\n")
     with pytest.raises(UserError, match="lacks the column"):
         load_csv(run, "convergence")
+    # a header alone (a run too short for a utilization sample) is no table, not a bad one
+    (run / "utilization.csv").write_text("time_s,host_cpu_percent,workers_cpu_percent")
+    assert load_csv(run, "utilization") is None
     (run / "summary.json").write_text("{not json")
     index = index_runs(tmp_path)
     assert index.loc[0, "status"] == "failed" and "unreadable" in index.loc[0, "error"]

@@ -86,7 +86,7 @@ def test_tensorboard_events_hold_every_snapshot_of_convergence_csv(results: Path
     events.Reload()
     conv = _convergence(tracked)
     loss = events.Scalars("train/loss")
-    assert [e.step for e in loss] == list(range(len(conv)))
+    assert [e.step for e in loss] == [round(1000 * t) for t in conv["time_s"]]  # milliseconds
     np.testing.assert_allclose([e.value for e in loss], conv["train_loss"], rtol=1e-6)
     times = np.array([e.wall_time for e in loss])
     np.testing.assert_allclose(times - times[0], conv["time_s"] - conv["time_s"][0], atol=1e-3)
@@ -111,7 +111,7 @@ def test_mlflow_run_holds_the_config_the_metrics_and_the_figures(results: Path,
     conv = _convergence(tracked)
     history = sorted(client.get_metric_history(run.info.run_id, "train/loss"),
                      key=lambda m: m.step)
-    assert [m.step for m in history] == list(range(len(conv)))
+    assert [m.step for m in history] == [round(1000 * t) for t in conv["time_s"]]
     np.testing.assert_allclose([m.value for m in history], conv["train_loss"], rtol=1e-12)
     stamps = np.array([m.timestamp for m in history])
     np.testing.assert_allclose(stamps - stamps[0], 1000 * (conv["time_s"] - conv["time_s"][0]),
@@ -132,6 +132,10 @@ def test_a_sweep_is_one_experiment_with_a_run_per_job_tagged_with_its_seed(resul
     jobs = sorted(d.name for d in swept.iterdir() if (d / SUMMARY).is_file())
     assert sorted(r.info.run_name for r in runs) == jobs and len(jobs) == 2
     assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"]
+    for run in runs:  # a job draws no figures of its own: the tracker draws them
+        figures = {f.path for f in client.list_artifacts(run.info.run_id, "figures")}
+        assert figures == {f"figures/{png.name}"
+                           for png in (swept / run.info.run_name / "figures").glob("*.png")} != set()
     assert all("budget.seconds" not in r.data.tags for r in runs)  # set, not swept
     assert not (results / "tensorboard").joinpath(swept.name).exists()  # mlflow only
 

@@ -187,9 +187,11 @@ def test_a_simulated_run_is_deterministic_and_says_it_is_simulated(tmp_path: Pat
     _, second_dir = _whole_run(tmp_path, "second", *overrides)
     for name in ("convergence.csv", "workers.csv", "utilization.csv"):
         assert (first_dir / name).read_bytes() == (second_dir / name).read_bytes(), name
-    # the same summary but for what the run cost around its training, in real seconds
+    # the same summary but for what the run cost, in real seconds: around its training, and
+    # its training (the estimate from its first steps)
     second = json.loads((second_dir / "summary.json").read_text())
     assert first.pop("timing")["before_training_s"] > 0 and second.pop("timing")
+    assert first.pop("simulation")["real_s"] > 0 and second.pop("simulation")
     assert first == second
     if algo[0] == "algo=adaptive":
         assert (first_dir / "batches.csv").read_bytes() == (second_dir / "batches.csv").read_bytes()

@@ -1,13 +1,21 @@
-"""The algorithms, by config name. Each module provides the :class:`~.base.Algorithm`
-interface: ``plan`` (workers and derived values) and ``hooks`` (what an engine runs them with).
+"""The algorithms, by config name or by ``_target_``. Each module provides the
+:class:`~.base.Algorithm` interface: ``plan`` (workers and derived values) and ``hooks`` (what an
+engine runs them with); a user's own comes in by ``algo=custom algo._target_=...``
+(:mod:`.plugin`), and is written against :mod:`.api`.
 
-This is the one place an algorithm is found by name: from the run's config, by the runner.
+This is the one place an algorithm is found: from the run's config, by the runner (and a
+torchrun follower, from rank 0's plan).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from hetsgd.algorithms import adaptive, hogbatch, hogwild, local_sgd, sync
-from hetsgd.algorithms.base import Algorithm
+from hetsgd.algorithms.base import Algorithm, Plan
+from hetsgd.algorithms.plugin import Plugin, settings_of
+from hetsgd.config import RunConfig
+from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.errors import UserError
 
 ALGORITHMS: dict[str, Algorithm] = {m.NAME: m for m in (sync, hogwild, hogbatch, adaptive,
@@ -15,6 +23,30 @@ ALGORITHMS: dict[str, Algorithm] = {m.NAME: m for m in (sync, hogwild, hogbatch,
 
 
 def get(name: str) -> Algorithm:
+    """A built-in algorithm by its config name."""
     if name not in ALGORITHMS:
-        raise UserError(f"unknown algorithm '{name}': choose one of {', '.join(ALGORITHMS)}")
+        raise UserError(f"unknown algorithm '{name}': choose one of {', '.join(ALGORITHMS)}, "
+                        "or custom (+ algo._target_)")
     return ALGORITHMS[name]
+
+
+def choose(cfg: RunConfig) -> tuple[Algorithm, RunConfig]:
+    """The run's algorithm, and ``cfg`` with the algorithm's own typed settings (a custom one's
+    ``CONFIG``; a built-in's config is typed already)."""
+    if not isinstance(cfg.algo, CustomAlgoConfig):
+        return get(cfg.algo.name), cfg
+    plugin = Plugin.load(cfg.algo._target_)
+    return plugin, dataclasses.replace(cfg, algo=plugin.typed(cfg.algo))
+
+
+def handed_off(plan: Plan, chosen: RunConfig) -> Plan:
+    """``plan`` as rank 0 hands it to torchrun's other ranks (plain data, read back with the
+    schemas they know): a custom algorithm's typed settings back in the ``settings`` of the
+    config ``chosen`` named it in."""
+    return settings_of(plan, chosen.algo) if isinstance(chosen.algo, CustomAlgoConfig) else plan
+
+
+def followed(plan: Plan) -> tuple[Algorithm, Plan]:
+    """A plan handed off by rank 0: its algorithm, and the plan with its settings typed again."""
+    algorithm, cfg = choose(plan.cfg)
+    return algorithm, dataclasses.replace(plan, cfg=cfg)

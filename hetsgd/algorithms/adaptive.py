@@ -34,6 +34,7 @@ from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
 from hetsgd.workers import WorkerSpec
 
 NAME = "adaptive"
+CONFIG = AdaptiveConfig
 DEAD_BAND = 1.1  # no resize while the wanted/measured update ratio is within this factor of 1
 MAX_FACTOR = 4.0  # one resize changes a batch size by at most this factor
 MIN_WINDOW_FILL = 0.5  # rates need a window at least this full (share of window_s) to count

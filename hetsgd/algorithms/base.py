@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hetsgd.config import RunConfig
+from hetsgd.config import AlgoConfig, RunConfig
 from hetsgd.engines.hooks import Hooks
 from hetsgd.workers import WorkerSpec
 
@@ -29,9 +29,11 @@ class Plan:
 
 
 class Algorithm(Protocol):
-    """What each module of :mod:`hetsgd.algorithms` provides."""
+    """What each module of :mod:`hetsgd.algorithms` provides, and a user's algorithm too
+    (:mod:`hetsgd.algorithms.plugin`, where ``NAME`` and ``CONFIG`` are optional)."""
 
-    NAME: str
+    NAME: str  # what summaries and reports call it
+    CONFIG: type[AlgoConfig] | None  # the dataclass its ``algo`` settings are typed as
 
     def plan(self, cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
         """Pick the workers and settle derived values; a layout the algorithm cannot run is a

@@ -18,6 +18,7 @@ from hetsgd.errors import UserError
 from hetsgd.workers import WorkerSpec
 
 NAME = "hogbatch"
+CONFIG = HogbatchConfig
 
 
 def hogbatch_link(spec: WorkerSpec, module: torch.nn.Module, state: SharedState, merge: str) -> Link:

@@ -8,12 +8,14 @@ import logging
 
 from hetsgd.algorithms.base import Plan
 from hetsgd.config import RunConfig
+from hetsgd.config.algorithms import HogwildConfig
 from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
 from hetsgd.engines.shared.links import default_link
 from hetsgd.errors import UserError
 from hetsgd.workers import WorkerSpec, renumber
 
 NAME = "hogwild"
+CONFIG = HogwildConfig
 log = logging.getLogger("hetsgd")
 
 

@@ -54,6 +54,7 @@ from hetsgd.config import LocalSGDConfig, RunConfig
 from hetsgd.engines.batches import Batches
 from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.distributed.coordinator import per_group
+from hetsgd.engines.distributed.exchange import Verdict
 from hetsgd.engines.distributed.group import Group, check_world, choose_backend
 from hetsgd.engines.distributed.rank import Rank
 from hetsgd.engines.hooks import DistributedHooks, Hooks
@@ -63,6 +64,7 @@ from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
 
 NAME = "local_sgd"
+CONFIG = LocalSGDConfig
 log = logging.getLogger("hetsgd")
 
 
@@ -297,6 +299,13 @@ class RankLoop:
             loop["loss_table"] = self.table.values
         return self.rank.checkpoint(self.rounds, loop)
 
+    def aggregate(self, weight: float, loss: float | None) -> Verdict:
+        """The round's aggregation, on every rank once per round: the replica becomes the
+        ``weight``-ed average of the ranks' (:meth:`Rank.average`), with the ranks' agreement
+        on stopping and checkpoints. A subclass may do more with the average (an outer
+        optimizer's step); the replica it leaves is the round's model."""
+        return self.rank.average(weight, loss)
+
     def run(self, on_checkpoint: Callable[[WorkerState], None]) -> None:
         rank, plan, table = self.rank, self.plan, self.table
         me = rank.spec.rank
@@ -330,8 +339,7 @@ class RankLoop:
                     rank.ledger.record_loss(read)
                     if not math.isfinite(read):
                         break
-            weight = plan.weights[me]
-            verdict = rank.exchange(rank.flat.params, rank.flat.buffers, weight, loss)
+            verdict = self.aggregate(plan.weights[me], loss)
             rank.write_master()
             if verdict.diverged:
                 raise Diverged(f"training loss became non-finite in round {round_} "

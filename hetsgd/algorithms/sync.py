@@ -41,6 +41,7 @@ from hetsgd.model.step import AutogradStep
 from hetsgd.workers import WorkerSpec
 
 NAME = "sync"
+CONFIG = SyncConfig
 
 
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:

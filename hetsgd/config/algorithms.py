@@ -188,6 +188,20 @@ class LocalSGDConfig(AlgoConfig):
         self.tau = Tau.parse(self.tau)
 
 
+@dataclass
+class CustomAlgoConfig(AlgoConfig):
+    """Your own algorithm (`algo=custom algo._target_=PKG.MODULE`): a module or object providing
+    ``plan`` and ``hooks`` as the built-ins do (hetsgd/algorithms/plugin.py). Every other key of
+    ``algo`` (given as `+algo.NAME=VALUE` or in your own YAML) is one of its settings:
+    composition gathers them into ``settings``, typed by the dataclass the algorithm names as its
+    ``CONFIG`` when the run chooses it. ``name`` is what summaries and reports call it: the
+    algorithm's ``NAME``, else the target's last component."""
+
+    name: str = "custom"
+    _target_: str = MISSING
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
 ALGO_SCHEMAS: dict[str, type[AlgoConfig]] = {
     "sync": SyncConfig, "hogwild": HogwildConfig, "hogbatch": HogbatchConfig,
-    "adaptive": AdaptiveConfig, "local_sgd": LocalSGDConfig}
+    "adaptive": AdaptiveConfig, "local_sgd": LocalSGDConfig, "custom": CustomAlgoConfig}

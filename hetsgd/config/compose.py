@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hetsgd.config.algorithms import ALGO_SCHEMAS
+from hetsgd.config.algorithms import ALGO_SCHEMAS, CustomAlgoConfig
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.group_names import recorded_config, recorded_groups, recorded_override
 from hetsgd.config.paths import safe_component
@@ -69,7 +69,8 @@ def register_configs() -> None:
                  if model_schema is CustomModelConfig else model_schema)
     cs.store(group="schema", name="devices", node=DevicesConfig)
     for algo_name, schema in ALGO_SCHEMAS.items():
-        cs.store(group="schema/algo", name=algo_name, node=schema)
+        cs.store(group="schema/algo", name=algo_name, node=_open(schema)
+                 if schema is CustomAlgoConfig else schema)
 
 
 def _swept(*, _root_: DictConfig) -> str:
@@ -79,9 +80,14 @@ def _swept(*, _root_: DictConfig) -> str:
     return swept_name(list(hydra.overrides.task), swept_keys(sweep_overrides(Path(hydra.sweep.dir))))
 
 
+#: The schemas that take keys they do not declare: a custom model's factory arguments and a
+#: custom algorithm's settings (:func:`to_run_config` gathers them into ``kwargs``/``settings``).
+OPEN_SCHEMAS: tuple[type, ...] = (CustomModelConfig, CustomAlgoConfig)
+
+
 def _open(schema: type) -> DictConfig:
-    """A schema that takes keys it does not declare: a custom model's factory arguments, from a
-    user's YAML or `+model.NAME=VALUE` (:func:`to_run_config` gathers them into ``kwargs``)."""
+    """A schema that takes keys it does not declare (one of :data:`OPEN_SCHEMAS`), from a
+    user's YAML or `+model.NAME=VALUE`, `+algo.NAME=VALUE`."""
     node = OmegaConf.structured(schema)
     OmegaConf.set_struct(node, False)
     return node
@@ -173,9 +179,10 @@ def _declared(schema: Any) -> set[str] | None:
 
 def _unknown_keys(node: DictConfig, path: str = "") -> list[str]:
     """Keys that no schema declares (added with `+key=value`): OmegaConf would drop them. A
-    custom model's undeclared keys are its factory's arguments."""
+    custom model's undeclared keys are its factory's arguments, a custom algorithm's its
+    settings."""
     schema = OmegaConf.get_type(node)
-    declared = None if schema is CustomModelConfig else _declared(schema)
+    declared = None if schema in OPEN_SCHEMAS else _declared(schema)
     keys = [str(key) for key in node.keys()]
     unknown = [f"{path}{key}" for key in keys if declared is not None and key not in declared]
     for key in keys:
@@ -193,17 +200,19 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     try:
         run = OmegaConf.to_object(cfg)
         if isinstance(run, RunConfig) and isinstance(run.model, CustomModelConfig):
-            run.model.kwargs = {**run.model.kwargs, **_factory_arguments(cfg.model)}
+            run.model.kwargs = {**run.model.kwargs, **_undeclared(cfg.model, CustomModelConfig)}
+        if isinstance(run, RunConfig) and isinstance(run.algo, CustomAlgoConfig):
+            run.algo.settings = {**run.algo.settings, **_undeclared(cfg.algo, CustomAlgoConfig)}
     except OmegaConfBaseException as exc:  # e.g. a key added with `+` that no schema has
         raise ConfigError(" ".join(str(exc).split())) from exc
     assert isinstance(run, RunConfig)
     return run
 
 
-def _factory_arguments(model: DictConfig) -> dict[str, Any]:
-    """A custom model's keys that its schema does not declare, resolved to plain values."""
-    declared = _declared(CustomModelConfig) or set()
-    values = OmegaConf.to_container(model, resolve=True)
+def _undeclared(node: DictConfig, schema: type) -> dict[str, Any]:
+    """The keys of ``node`` that its open ``schema`` does not declare, resolved to plain values."""
+    declared = _declared(schema) or set()
+    values = OmegaConf.to_container(node, resolve=True)
     assert isinstance(values, dict)
     return {str(key): value for key, value in values.items() if key not in declared}
 

@@ -55,15 +55,17 @@ class SyntheticConfig(DatasetConfig):
 
 
 FILE_FORMATS = ("auto", "npz", "npy", "csv", "parquet", "libsvm")
+MISSING_CHOICES = ("error", "drop")
 
 
 @dataclass
 class FilesConfig(DatasetConfig):
     """Your own data in a file (`dataset=files dataset.path=FILE`, see hetsgd/data/tables.py):
     `.npz` (arrays `x_array` and `y_array`), `.npy` features with labels in `labels_path`, a CSV
-    or Parquet table (the `label` column; every other column a numeric feature), or a LIBSVM
-    file. The test part comes from `test_path` (and `test_labels_path` for `.npy`), else the
-    seeded stratified split of `test_fraction`."""
+    or Parquet table (the `label` column; the other columns, or those `features` names, or all
+    but those `drop` names, are features: numbers as they are, text and categories one-hot
+    encoded), or a LIBSVM file. The test part comes from `test_path` (and `test_labels_path`
+    for `.npy`), else the seeded stratified split of `test_fraction`."""
 
     name: str = "files"
     format: str = "auto"  # auto: from the file's suffix (.npz .npy .csv .parquet; else LIBSVM)
@@ -73,10 +75,26 @@ class FilesConfig(DatasetConfig):
     labels_path: str | None = None  # .npy: the labels of `path`
     test_path: str | None = None
     test_labels_path: str | None = None  # .npy: the labels of `test_path`
+    features: list[str] = field(default_factory=list)  # tables: the feature columns (empty: all)
+    drop: list[str] = field(default_factory=list)  # tables: columns that are not features
+    missing: str = "error"  # tables: a row with a missing value is an error, or dropped
+    # tables: the most distinct values a text or categorical column may hold to be one-hot
+    # encoded (an identifier or free-text column would become a feature per row)
+    max_categories: int = 100
 
     def __post_init__(self) -> None:
         super().__post_init__()
         one_of("dataset.format", self.format, FILE_FORMATS)
+        one_of("dataset.missing", self.missing, MISSING_CHOICES)
+        require(self.max_categories > 0, "dataset.max_categories", "a positive count",
+                self.max_categories)
+        require(not (self.features and self.drop), "dataset.features",
+                "give dataset.features (the columns kept) or dataset.drop (the columns left "
+                "out), not both", self.features)
+        for key, names in (("dataset.features", self.features), ("dataset.drop", self.drop)):
+            require(len(set(names)) == len(names), key, "each column named once", names)
+            require(self.label not in names, key,
+                    f"the label column dataset.label={self.label!r} is never a feature", names)
 
 
 @dataclass
@@ -99,6 +117,10 @@ class FolderConfig(DatasetConfig):
 
 
 ACTIVATIONS = ("sigmoid", "relu", "tanh")
+
+# What the data says about a custom model, under the names its factory may take
+# (hetsgd/model/custom.py: data_arguments)
+DATA_ARGUMENTS = ("in_features", "input_shape", "num_classes", "num_outputs", "task")
 
 
 @dataclass
@@ -155,18 +177,25 @@ class CustomModelConfig(ModelConfig):
     """Your own ``nn.Module`` (`model=custom model._target_=PKG.MODULE.FACTORY`), built by
     ``hydra.utils.instantiate`` (hetsgd/model/custom.py). Every other key of ``model`` (given as
     `+model.NAME=VALUE` or in your own YAML) is an argument of the factory: composition gathers
-    them into ``kwargs``. Where the factory takes them, hetsgd adds what the data says:
-    ``in_features``, ``input_shape``, ``num_classes``, ``num_outputs`` and ``task``."""
+    them into ``kwargs``. hetsgd adds what the data says (``DATA_ARGUMENTS``) to the parameters
+    the factory names so, and under the factory's own names as ``data_args`` maps them
+    (``{d_in: in_features}``; ``{in_features: null}``: nothing to that parameter)."""
 
     name: str = "custom"
     _target_: str = MISSING
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # the factory's parameter -> what the data says there (one of DATA_ARGUMENTS), or null for
+    # nothing; a parameter named as one of DATA_ARGUMENTS gets it unless mapped here
+    data_args: dict[str, str | None] = field(default_factory=dict)
     # how long importing the factory, calling it and probing its module may take, in each
     # process that builds it: a factory that never returns fails the run instead of hanging it
     build_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         seconds("model.build_timeout_s", self.build_timeout_s)
+        for parameter, size in self.data_args.items():
+            if size is not None:
+                one_of(f"model.data_args.{parameter}", size, DATA_ARGUMENTS)
 
 
 MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {

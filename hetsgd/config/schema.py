@@ -10,11 +10,12 @@ The algorithms' schemas are in :mod:`hetsgd.config.algorithms`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
 from hetsgd.config.algorithms import AlgoConfig
-from hetsgd.config.checks import finite, one_of, positive, require, seconds
+from hetsgd.config.checks import ConfigError, finite, one_of, positive, require, seconds
 from hetsgd.config.problem import DatasetConfig, ModelConfig
 
 # --------------------------------------------------------------------------------------------
@@ -339,8 +340,14 @@ class RunConfig:
     seed: int = 0
     results_dir: str = "results"
     progress: bool = True
+    # a tuned comparison's search (hetsgd/tuning/spec.py): read by `hetsgd run -m`, which sets
+    # it to null in each job it starts, so a run never holds one
+    tuning: Any = None
 
     def __post_init__(self) -> None:
+        if self.tuning is not None:
+            raise ConfigError("this config tunes before it compares (tuning: ...), which only a "
+                              "sweep does: start it with `hetsgd run -m` (or hetsgd.sweep)")
         require(self.checkpoint.every_s is None or self.algo.name in CHECKPOINTING_ALGOS,
                 "checkpoint.every_s", "null for algo=" + self.algo.name + " (checkpoints need "
                 + " or ".join(CHECKPOINTING_ALGOS) + ")", self.checkpoint.every_s)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import scipy.sparse as sp
@@ -70,6 +70,9 @@ class Parsed:
     channel_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     synthetic: bool = False
     class_names: tuple[str, ...] | None = None
+    # a table's: its feature columns counted, those one-hot encoded with the features each
+    # became, and the rows left out for a missing value (see hetsgd.data.columns)
+    table: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # the parsed cache gives the names back as a JSON list
@@ -79,7 +82,8 @@ class Parsed:
 
 @dataclass(frozen=True)
 class Dataset:
-    """Features float32 [N, D] (CSR for sparse sets, images flattened from ``image_shape``).
+    """Features float32 [N, D] (CSR for sparse sets, images flattened from ``image_shape``), or
+    int64 where an array's integers are kept for a model that takes them (token ids).
 
     Labels: binary float32 {0, 1} [N]; multiclass int64 in 0..C-1 [N]; multilabel float32
     multi-hot [N, C].
@@ -103,6 +107,7 @@ class Dataset:
     pixel_zero: tuple[float, ...] | None = None
     # the names of classes 0..C-1 where the data gives them (text labels, image subfolders)
     class_names: tuple[str, ...] | None = None
+    table: dict[str, Any] | None = None  # ``Parsed.table``
 
     @property
     def num_train(self) -> int:

@@ -20,6 +20,12 @@ Scaling (``dataset.scale``), recorded in ``Dataset.scaling`` as actually applied
   the training part; ``maxabs`` is pixels / 255; ``none`` is raw 0..255. ``Dataset.pixel_zero``
   records what a black pixel became, per channel: the padding of ``data.augment=crop_flip``.
 
+Integer features: an ``.npz`` or ``.npy`` of integers (token ids, say) read by ``dataset=files``
+for a model of the user's own (``model=custom``), which may take them as they are (an
+``nn.Embedding``), stays integer, as int64, the dtype torch's index operations take, and is not
+scaled under ``dataset.scale=auto`` or ``none``; ``standard`` or ``maxabs`` asked of it scale it
+as float32, as they do for every other model, whose first layer multiplies its input.
+
 Memory: dense parts are written once, straight into arrays from the caller's ``allocate`` (a run's
 are in shared memory), reading the parsed features a block of rows at a time, and scaled there in
 place; statistics are accumulated block by block. A load so holds little besides its result.
@@ -40,9 +46,10 @@ from hetsgd.errors import UserError
 
 
 def prepare(parsed: Parsed, cfg: DatasetConfig, seed: int, scaling: str,
-            allocate: Allocate = np.empty) -> Dataset:
+            allocate: Allocate = np.empty, features_dtype: type = np.float32) -> Dataset:
     """Split, subset and scale; ``scaling`` is ``dataset.scale`` with ``auto`` already resolved;
-    dense features and every label array are written into arrays from ``allocate``."""
+    dense features (as ``features_dtype``: float32, or int64 for integers kept unscaled) and
+    every label array are written into arrays from ``allocate``."""
     source = parsed.source
     if parsed.x_test is None or parsed.y_test is None:
         check_two_per_class(parsed.y_train, parsed.task, cfg.path or cfg.name)
@@ -62,7 +69,7 @@ def prepare(parsed: Parsed, cfg: DatasetConfig, seed: int, scaling: str,
     if sp.issparse(parsed.x_train):
         x_train, x_test = _select(parsed.x_train, train), _select(x_test_from, test)
     else:
-        x_train, x_test = (allocate((len(rows), parsed.x_train.shape[1]), np.dtype(np.float32))
+        x_train, x_test = (allocate((len(rows), parsed.x_train.shape[1]), np.dtype(features_dtype))
                            for rows in (train, test))
         copies = [(train, x_train), (test, x_test)]
         if x_test_from is parsed.x_train:  # one pass over the file's rows fills both parts
@@ -77,7 +84,8 @@ def prepare(parsed: Parsed, cfg: DatasetConfig, seed: int, scaling: str,
     x_train, x_test = scaler.apply(x_train), scaler.apply(x_test)
     return Dataset(cfg.name, parsed.task, x_train, y_train, x_test, y_test, parsed.num_classes,
                    parsed.image_shape, parsed.synthetic, source, scaler.name,
-                   pixel_zero=pixel_zero(parsed, scaler), class_names=parsed.class_names)
+                   pixel_zero=pixel_zero(parsed, scaler), class_names=parsed.class_names,
+                   table=parsed.table)
 
 
 def _take(y: np.ndarray, rows: np.ndarray, allocate: Allocate) -> np.ndarray:

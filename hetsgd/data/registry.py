@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 
 from hetsgd.config import DatasetConfig
 from hetsgd.config.problem import FilesConfig
 from hetsgd.data import covtype, embedded, folder, images, libsvm, synthetic, tables, xc
-from hetsgd.data.dataset import Allocate, Dataset
+from hetsgd.data.dataset import Allocate, Dataset, Parsed, row_blocks
 from hetsgd.data.prepare import prepare
 from hetsgd.data.source import Source, SourceInfo
 from hetsgd.errors import UserError
@@ -35,15 +36,35 @@ def _check_task(wanted: str, task: str, name: str) -> None:
 
 
 def load_dataset(cfg: DatasetConfig, seed: int, progress: bool = True,
-                 allocate: Allocate = np.empty) -> Dataset:
+                 allocate: Allocate = np.empty, integers: bool = False) -> Dataset:
     """Load, split, subset and scale ``cfg.name`` (fetching it into the cache if needed);
     ``dataset.scale=auto`` is the source's own default (``Dataset.scaling`` says what applied).
-    Dense features and labels are written into arrays from ``allocate``."""
+    Dense features and labels are written into arrays from ``allocate``. ``integers``: the
+    model takes integer features as they are, so a file's integer array stays one (see
+    :mod:`hetsgd.data.prepare`)."""
     source = get_source(cfg.name)
     _check_task(cfg.task, source.task, source.name)
     parsed = source.load(cfg, seed, progress)
     _check_task(cfg.task, parsed.task, source.name)
+    if integers and cfg.scale in ("auto", "none") and integer_array(cfg, parsed):
+        return prepare(parsed, cfg, seed, "none", allocate, np.int64)
     return prepare(parsed, cfg, seed, resolve_scale(cfg.scale, source, cfg), allocate)
+
+
+def integer_array(cfg: DatasetConfig, parsed: Parsed) -> bool:
+    """Whether ``parsed`` is a user's array of integers (``dataset=files``, ``.npz`` or
+    ``.npy``), each within int64; an unsigned one past it is a UserError."""
+    parts = [x for x in (parsed.x_train, parsed.x_test) if x is not None and not sp.issparse(x)]
+    if not isinstance(cfg, FilesConfig) or sp.issparse(parsed.x_train) or any(
+            x.dtype.kind not in "iu" for x in parts):
+        return False
+    limit = np.iinfo(np.int64).max
+    for x in (x for x in parts if x.dtype == np.uint64):
+        for start, stop in row_blocks(x):
+            if x[start:stop].max(initial=0) > limit:
+                raise UserError(f"{cfg.path}: its uint64 features exceed int64, the integers a "
+                                "model takes")
+    return True
 
 
 def resolve_scale(scale: str, source: Source, cfg: DatasetConfig | None = None) -> str:

@@ -7,10 +7,13 @@ CSV or LIBSVM file may be compressed (``.gz``, ``.bz2``, ``.xz``); binary format
 place, uncompressed. ``dataset.test_path`` is a test file of the same format whose rows are the
 test part; without it, :mod:`hetsgd.data.prepare` splits a seeded stratified part off.
 
-Features are numbers: a table's cell that is not one, or a value that is NaN or infinite, is one
-UserError naming the file, the row (a table's counted from 1 after its header; an array's by its
-index) and the column. Labels are numbers, encoded as every source encodes them, or text, the
-classes then numbered 0..C-1 in sorted order of their names, which are kept
+Features are numbers: a value that is NaN or infinite is one UserError naming the file, the row
+(a table's counted from 1 after its header; an array's by its index) and the column. A table's
+feature columns are chosen, its rows with missing values refused or dropped, and its text
+columns one-hot encoded by :mod:`hetsgd.data.columns` (``Parsed.table`` says what was done); a
+table's features are float32. An array's integer features (token ids) keep their integers
+(:mod:`hetsgd.data.prepare` says when). Labels are numbers, encoded as every source encodes
+them, or text, the classes then numbered 0..C-1 in sorted order of their names, which are kept
 (``Parsed.class_names``).
 
 Cache: text parses slowly (pandas reads a CSV at tens of MB/s), so CSV and LIBSVM arrays go
@@ -29,10 +32,11 @@ size on disk (100,000 columns by 400 rows, 80 MB of CSV, about 0.8 GB).
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,6 +44,7 @@ import pandas as pd
 from hetsgd.config import DatasetConfig
 from hetsgd.config.problem import FilesConfig
 from hetsgd.data.cache import existing_file, load_or_parse, strip_compression
+from hetsgd.data.columns import Encoding, complete_rows, feature_columns, listing, short
 from hetsgd.data.dataset import Parsed, Rows, row_blocks
 from hetsgd.data.download_progress import status
 from hetsgd.data.files import COMPRESSIONS, open_data
@@ -76,7 +81,6 @@ class _Part:
     y: np.ndarray
     where: str
     cell: Callable[[int, int], str]  # (row index, column index) -> "row 3, column 'p7'"
-    columns: tuple[str, ...] = ()  # a table's feature columns, in the order of x
 
 
 def check_finite(part: _Part) -> None:
@@ -108,8 +112,10 @@ def _labels(values: np.ndarray, where: str, cell: Callable[[int], str]) -> np.nd
     return values
 
 
-def _parsed(parts: list[_Part], task: str, source: str) -> Parsed:
-    """Train (and test) parts checked and their labels encoded together."""
+def _parsed(parts: list[_Part], task: str, source: str,
+            table: dict[str, Any] | None = None) -> Parsed:
+    """Train (and test) parts checked and their labels encoded together; ``table`` says how a
+    table's columns became features."""
     for part in parts:
         if part.x.shape[0] == 0:
             raise UserError(f"{part.where} holds no examples")
@@ -124,7 +130,7 @@ def _parsed(parts: list[_Part], task: str, source: str) -> Parsed:
     where = " and ".join(part.where for part in parts)
     task, num_classes, ys, names = encode_named([part.y for part in parts], task, where)
     return Parsed(task, num_classes, train.x, ys[0], test.x if test is not None else None,
-                  ys[1] if test is not None else None, source, class_names=names)
+                  ys[1] if test is not None else None, source, class_names=names, table=table)
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,19 +215,6 @@ def read_npy_pair(features: Path, labels: Path) -> _Part:
 # 100,000 columns and 40 to 200,000 rows, rounded up: a CSV about 1.2 KB and 18 bytes, a
 # Parquet file (each column its own chunk, with its metadata) about 12 KB and 25 bytes.
 _TABLE_BYTES = {"csv": (1536, 20), "parquet": (16384, 32)}  # (per column, per cell)
-_SHOWN = 5  # the names an error line lists, before it says how many there are
-
-
-def listing(names: Sequence[str]) -> str:
-    """At most ``_SHOWN`` names, each cut short, then how many there are in all: an error line
-    about a table of 100,000 columns stays one short line."""
-    more = f", ... ({len(names):,} in all)" if len(names) > _SHOWN else ""
-    return ", ".join(short(name) for name in names[:_SHOWN]) + more
-
-
-def short(text: str, limit: int = 40) -> str:
-    """``text``, or its first ``limit`` characters and an ellipsis: a name or a cell in a line."""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def table_shape(path: Path, fmt: str) -> tuple[int, int]:
@@ -289,44 +282,41 @@ def read_frame(path: Path, fmt: str) -> pd.DataFrame:
             raise UserError(f"cannot read {path} as Parquet: {one_line(exc)}") from exc
 
 
-def _numeric(column: pd.Series, path: Path, label: str) -> pd.Series:
-    """A feature column as numbers, or a UserError naming its first cell that is not one."""
-    if pd.api.types.is_numeric_dtype(column) and not isinstance(column.dtype, pd.CategoricalDtype):
-        return column
-    values = column.astype(object)
-    numbers = pd.to_numeric(values, errors="coerce")
-    bad = (numbers.isna() & values.notna()).to_numpy()
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise UserError(f"{path}: row {row + 1}, column {short(str(column.name))!r} holds "
-                        f"{short(repr(values.iloc[row]))}, not a number (every column but "
-                        f"dataset.label={label!r} is a feature)")
-    return numbers
+@dataclass(frozen=True)
+class _Table:
+    """A table file read: its part, the encoding of its columns, the rows left out."""
+
+    part: _Part
+    encoding: Encoding
+    dropped: int  # rows left out for a missing value (dataset.missing=drop)
 
 
-def read_table(path: Path, fmt: str, label: str, columns: tuple[str, ...] | None = None) -> _Part:
-    """A table's ``label`` column as the labels, every other column a numeric feature (in the
-    order of ``columns``, the training file's, where given), written column by column into one
-    float32 array."""
+def read_table(path: Path, fmt: str, cfg: FilesConfig, encoding: Encoding | None = None) -> _Table:
+    """A table's ``dataset.label`` column as the labels and its feature columns (see
+    :mod:`hetsgd.data.columns`) as float32 features, in the training file's ``encoding`` where
+    given, else in one fitted on this file."""
     frame = read_frame(path, fmt)
     frame.columns = [str(name) for name in frame.columns]
-    if label not in frame.columns:
-        raise UserError(f"{path} has no column {label!r} (dataset.label); its columns: "
+    frame.index = pd.RangeIndex(len(frame))  # rows are named by their place in the file
+    if cfg.label not in frame.columns:
+        raise UserError(f"{path} has no column {cfg.label!r} (dataset.label); its columns: "
                         f"{listing(frame.columns) or 'none'}")
-    features = tuple(name for name in frame.columns if name != label)
-    if not features:
-        raise UserError(f"{path} has no feature column besides dataset.label={label!r}")
-    if columns is not None and set(features) != set(columns):
-        differ = sorted(set(features) ^ set(columns))
+    features = feature_columns(frame.columns, cfg, path)
+    if encoding is not None and set(features) != set(encoding.columns):
+        differ = sorted(set(features) ^ set(encoding.columns))
         raise UserError(f"{path}'s feature columns are not the training file's (differing: "
                         f"{listing(differ)})")
-    order = columns or features
-    x = np.empty((len(frame), len(order)), np.float32)
-    for j, name in enumerate(order):
-        x[:, j] = _numeric(frame[name], path, label)
-    y = _table_labels(frame[label], path)
-    return _Part(x, y, str(path),
-                 lambda row, column: f"row {row + 1}, column {short(order[column])!r}", order)
+    rows = complete_rows(frame, (*features, cfg.label), cfg, path)
+    dropped = len(frame) - len(rows)
+    if dropped:
+        frame = frame.iloc[rows]
+    encoding = encoding or Encoding.fit(frame, features, cfg, path)
+    x = encoding.features(frame, path, cfg.label)
+    y = _table_labels(frame[cfg.label], path)
+    sources = encoding.sources()
+    part = _Part(x, y, str(path),
+                 lambda row, column: f"row {rows[row] + 1}, column {short(sources[column])!r}")
+    return _Table(part, encoding, dropped)
 
 
 def _table_labels(column: pd.Series, path: Path) -> np.ndarray:
@@ -355,6 +345,12 @@ def _check_options(cfg: FilesConfig, fmt: str, paths: list[Path]) -> None:
         raise UserError(f"dataset.labels_path is for .npy features; {paths[0]} is read as {fmt}")
     if cfg.test_labels_path and not (fmt == "npy" and cfg.test_path):
         raise UserError("dataset.test_labels_path is for the labels of a .npy dataset.test_path")
+    table_keys = [key for key, given in (("dataset.features", cfg.features),
+                                         ("dataset.drop", cfg.drop),
+                                         ("dataset.missing", cfg.missing != "error")) if given]
+    if table_keys and fmt not in ("csv", "parquet"):
+        raise UserError(f"{table_keys[0]} is for CSV and Parquet tables; {paths[0]} is read as "
+                        f"{fmt}")
     for path in paths:
         if fmt not in _CACHED and path.suffix in COMPRESSIONS:
             raise UserError(f"{path}: a compressed {fmt} file is not read; decompress it first")
@@ -381,8 +377,12 @@ def read_files(cfg: FilesConfig, paths: list[Path], fmt: str, source: str) -> Pa
     elif fmt == "npy":
         parts = [read_npy_pair(x, y) for x, y in zip(paths, _npy_labels(cfg))]
     else:
-        train = read_table(paths[0], fmt, cfg.label)
-        parts = [train] + [read_table(path, fmt, cfg.label, train.columns) for path in paths[1:]]
+        train = read_table(paths[0], fmt, cfg)
+        tables = [train] + [read_table(path, fmt, cfg, train.encoding) for path in paths[1:]]
+        parts = [table.part for table in tables]
+        return _parsed(parts, cfg.task, source, table={
+            "columns": len(train.encoding.columns), "one_hot": train.encoding.widths(),
+            "rows_dropped": sum(table.dropped for table in tables)})
     return _parsed(parts, cfg.task, source)
 
 
@@ -406,8 +406,10 @@ class Files(Source):
 
         if fmt not in _CACHED:
             return parse()
-        return load_or_parse(self.name, paths, {"format": fmt, "label": cfg.label,
-                                                "task": cfg.task}, parse)
+        return load_or_parse(self.name, paths, {
+            "format": fmt, "label": cfg.label, "task": cfg.task, "features": list(cfg.features),
+            "drop": list(cfg.drop), "missing": cfg.missing,
+            "max_categories": cfg.max_categories}, parse)
 
     def cached(self) -> bool:
         return True

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from hetsgd.config.schema import DataConfig
 from hetsgd.engines import device_ops
@@ -21,6 +23,13 @@ RESIDENT_SHARE_OF_FREE_MEMORY = 0.5
 EPOCH_SEED_STRIDE = 1_000_003
 
 
+def min_rows(module: nn.Module) -> int:
+    """The fewest rows a training batch of ``module`` may have: 2 where it holds batch norm,
+    which in training normalises each feature over the batch (one row has no variance, and
+    torch refuses it), else 1."""
+    return 2 if any(isinstance(m, _BatchNorm) for m in module.modules()) else 1
+
+
 class Batches:
     """Rows of the current epoch's order, on the worker's device.
 
@@ -29,12 +38,18 @@ class Batches:
     themselves); otherwise each batch is gathered on the host and staged to the device.
     ``augment`` (:func:`training_augment`) transforms every batch :meth:`get` returns, on the
     device; the stored rows are never changed.
+
+    A chunk shorter than ``min_rows`` (under batch norm, :func:`min_rows`: the last of an epoch,
+    or a sync rank's share of it) is merged with its neighbours in the order (the rows after it,
+    or before it at the order's end) into ``min_rows`` rows; the examples counted stay the
+    chunk's.
     """
 
     def __init__(self, data: SharedData, device: torch.device, shuffle: bool, seed: int,
-                 on_device: str, augment: Augment | None = None) -> None:
+                 on_device: str, augment: Augment | None = None, min_rows: int = 1) -> None:
         self.device = device
         self.augment = augment
+        self.min_rows = min_rows
         self.shuffle = shuffle
         self.seed = seed
         self.n = data.num_examples
@@ -56,7 +71,10 @@ class Batches:
         return self._order
 
     def get(self, epoch: int, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self.order(epoch)[start:start + size]
+        order = self.order(epoch)
+        if size < self.min_rows <= len(order):  # merged with its neighbours
+            start, size = min(start, len(order) - self.min_rows), self.min_rows
+        idx = order[start:start + size]
         if not self.stream:
             idx = idx.to(self.device, non_blocking=True)
         x, y = self.x.rows(idx), self.y.index_select(0, idx)

@@ -82,5 +82,14 @@ def reporting(rank: int, state: SharedState, reports: Reports) -> Iterator[None]
     except BaseException as exc:  # noqa: BLE001 - reported, not swallowed
         state.signals.retire(rank)
         state.signals.stop.set()
-        reports.put(("failed", rank, out_of_memory(exc)
-                     or f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        reports.put(("failed", rank, out_of_memory(exc) or _failure(exc)))
+
+
+def _failure(exc: BaseException) -> str:
+    """Why a process failed: one line, naming where the innermost frame raised it (so that a
+    user's model, link or rank loop names its own file), then the traceback (error.log's)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = (f" (raised at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})"
+             if frames else "")
+    reason = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {reason}{where}\n{traceback.format_exc()}"

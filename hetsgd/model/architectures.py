@@ -150,7 +150,7 @@ class ResNet20(nn.Module):
 
 
 def _build(cfg: ModelConfig, num_features: int, num_outputs: int,
-           image_shape: ImageShape | None, task: str | None) -> nn.Module:
+           image_shape: ImageShape | None, task: str | None, input_dtype: torch.dtype) -> nn.Module:
     """The architecture of ``cfg``'s schema; the schema has already checked every value."""
     match cfg:
         case MlpConfig():
@@ -169,18 +169,20 @@ def _build(cfg: ModelConfig, num_features: int, num_outputs: int,
             if task is None:
                 raise TypeError("a custom model needs the data's task: build it with "
                                 "Problem.build_model")
-            return build_custom(cfg, num_features, num_outputs, image_shape, task)
+            return build_custom(cfg, num_features, num_outputs, image_shape, task, input_dtype)
     raise TypeError(f"no architecture is registered for {type(cfg).__name__}")
 
 
 def build_model(cfg: ModelConfig, num_features: int, num_outputs: int,
-                image_shape: ImageShape | None, seed: int, task: str | None = None) -> nn.Module:
+                image_shape: ImageShape | None, seed: int, task: str | None = None,
+                input_dtype: torch.dtype = torch.float32) -> nn.Module:
     """Build the model ``cfg.name`` with float32 parameters in registration order.
 
     The same seed gives the same weights; the global RNG state is left as it was, so building a
     model never shifts the data order or any other seeded stream. CUDA is never touched by the
-    in-tree models. ``task`` is needed by a custom model only (its factory may take it).
+    in-tree models. ``task`` is needed by a custom model only (its factory may take it), as is
+    ``input_dtype``, that of the features (int64 for integers kept, which only it may take).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return _build(cfg, num_features, num_outputs, image_shape, task)
+        return _build(cfg, num_features, num_outputs, image_shape, task, input_dtype)

@@ -1,16 +1,23 @@
 """A user's own ``nn.Module``, built from ``model._target_`` by ``hydra.utils.instantiate``.
 
-The factory (a function or an ``nn.Module`` class) gets ``model.kwargs``, and, where its
-signature takes them by name or through ``**kwargs``, what the data says: ``in_features``,
-``input_shape`` (the image's ``(C, H, W)`` on image sets, else ``(in_features,)``),
-``num_classes``, ``num_outputs`` (the width of the last layer: 1 for a binary task, else the
-classes) and ``task`` (``binary``, ``multiclass`` or ``multilabel``). A kwarg the user gives wins.
+The factory (a function or an ``nn.Module`` class) gets ``model.kwargs``, and what the data
+says: ``in_features``, ``input_shape`` (the image's ``(C, H, W)`` on image sets, else
+``(in_features,)``), ``num_classes``, ``num_outputs`` (the width of the last layer: 1 for a binary
+task, else the classes) and ``task`` (``binary``, ``multiclass`` or ``multilabel``). Each goes
+only to a parameter its signature names so (a kwarg the user gives wins; a ``**kwargs`` catches
+none, as it cannot say what it takes); ``model.data_args`` passes them under the factory's own
+names (``{d_in: in_features, d_out: num_outputs}``) and keeps one from a parameter
+(``{in_features: null}``).
 
 Like every model here, a custom one receives a flat batch ``[B, in_features]`` (a sparse CSR
-tensor on a sparse dataset) and must return logits ``[B, num_outputs]``: an image model reshapes
-the batch itself, e.g. with ``nn.Unflatten(1, input_shape)`` as its first layer, as the in-tree
-ones do. Every process (workers, ranks, the evaluator) builds the model from the config under
-the same seed, so the factory must draw its initial weights from torch's global generator only.
+tensor on a sparse dataset; int64 where the data is a file's integers, token ids for an
+``nn.Embedding``, which only a custom model gets as they are: :mod:`hetsgd.data.prepare`; its
+probe below is then an int64 batch) and must return logits ``[B, num_outputs]``, or an output object
+holding them as ``logits`` (HuggingFace's ``ModelOutput``, a dataclass, a dict), which
+:class:`LogitsOf` unwraps for every engine. An image model reshapes the batch itself, e.g. with
+``nn.Unflatten(1, input_shape)`` as its first layer, as the in-tree ones do. Every process
+(workers, ranks, the evaluator) builds the model from the config under the same seed, so the
+factory must draw its initial weights from torch's global generator only.
 
 Every engine keeps the model in one float32 vector: floating parameters and buffers of another
 precision are converted with ``.float()``; a model with other (complex, integer) parameters is
@@ -27,7 +34,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -80,18 +87,32 @@ def _locate(target: str) -> Any:
                     "PYTHONPATH?")
 
 
-def _accepted(factory: Any, offered: dict[str, Any]) -> dict[str, Any]:
-    """The part of ``offered`` that ``factory``'s signature takes by name (all of it with
-    ``**kwargs``); nothing where the signature cannot be read."""
+def _given(cfg: CustomModelConfig, factory: Any, offered: dict[str, Any]) -> dict[str, Any]:
+    """What the data says (``offered``) that ``factory`` gets: each that its signature names
+    so, unless the user gives it, then ``model.data_args``'s entries, each checked against the
+    signature (any name goes to a ``**kwargs``, or to a signature that cannot be read)."""
     try:
-        parameters = inspect.signature(factory).parameters.values()
+        parameters = list(inspect.signature(factory).parameters.values())
     except (TypeError, ValueError):
-        return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return offered
-    named = {p.name for p in parameters
+        parameters = None
+    named = {p.name for p in parameters or ()
              if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
-    return {name: value for name, value in offered.items() if name in named}
+    open_ended = parameters is None or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                           for p in parameters)
+    given = {name: value for name, value in offered.items()
+             if name in named and name not in cfg.kwargs}
+    for parameter, size in cfg.data_args.items():
+        said = f"model.data_args.{parameter}={'null' if size is None else size}"
+        if not open_ended and parameter not in named:
+            raise UserError(f"{said}: {cfg._target_} has no parameter {parameter!r} (it takes: "
+                            f"{', '.join(sorted(named)) or 'none by name'})")
+        if parameter in cfg.kwargs:
+            raise UserError(f"{said}: model.{parameter} is given too; give one of them")
+        if size is None:
+            given.pop(parameter, None)
+        else:
+            given[parameter] = offered[size]
+    return given
 
 
 def _check_parameters(target: str, module: nn.Module) -> None:
@@ -105,28 +126,56 @@ def _check_parameters(target: str, module: nn.Module) -> None:
                             "hetsgd trains real floating-point parameters (kept as float32)")
 
 
+def logits_of(out: Any) -> Any:
+    """The logits in a model's output: the output itself, or the ``logits`` an output object
+    (HuggingFace's ``ModelOutput``, a dataclass) or a mapping holds."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        return out.get("logits", out)
+    return getattr(out, "logits", out)
+
+
+class LogitsOf(nn.Module):
+    """A model whose forward returns an output object holding ``logits``, returning the logits
+    alone: so that the step, the evaluation and the cost model, on every engine, read a tensor."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return logits_of(self.model(x))
+
+
 def _probe(target: str, module: nn.Module, num_features: int, num_outputs: int,
-           task: str) -> None:
+           task: str, input_dtype: torch.dtype) -> nn.Module:
     """One forward on two zero examples, in training mode, its output's shape checked; the
-    buffers (BatchNorm's running statistics) are restored afterwards."""
+    buffers (BatchNorm's running statistics) are restored afterwards. The module, in
+    :class:`LogitsOf` where it returns an output object."""
     device = next(module.parameters()).device
     saved = [buffer.clone() for buffer in module.buffers()]
     try:
         with torch.no_grad():
-            out = module(torch.zeros(PROBE_BATCH, num_features, device=device))
+            out = module(torch.zeros(PROBE_BATCH, num_features, dtype=input_dtype,
+                                     device=device))
     except Exception as exc:
+        kept = ("" if input_dtype.is_floating_point else f" (the data's integers, kept as "
+                f"{input_dtype}: dataset.scale=standard gives float32 features instead)")
         raise UserError(f"model._target_={target}: its forward on a batch [{PROBE_BATCH}, "
                         f"{num_features}] raised {type(exc).__name__}: {exc}"
-                        .replace("\n", " ")) from None
+                        .replace("\n", " ") + kept) from None
     finally:
         with torch.no_grad():
             for buffer, value in zip(module.buffers(), saved):
                 buffer.copy_(value)
     expected = (PROBE_BATCH, num_outputs)
-    if isinstance(out, torch.Tensor) and tuple(out.shape) == expected:
-        return
-    got = (f"[{', '.join(map(str, out.shape))}] logits" if isinstance(out, torch.Tensor)
-           else f"a {type(out).__name__}")
+    logits = logits_of(out)
+    if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected:
+        return module if logits is out else LogitsOf(module)
+    held = "" if logits is out else f"a {type(out).__name__} whose logits are "
+    got = held + (f"[{', '.join(map(str, logits.shape))}] logits"
+                  if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}")
     needs = ("the task is binary, so the model must return 1 logit per example, [B, 1]"
              if task == "binary" else
              f"the data has {num_outputs} {'labels' if task == 'multilabel' else 'classes'}, "
@@ -172,20 +221,20 @@ def _bounded(target: str, timeout_s: float, build: Callable[[], nn.Module]) -> n
 
 
 def build_custom(cfg: CustomModelConfig, num_features: int, num_outputs: int,
-                 image_shape: tuple[int, ...] | None, task: str) -> nn.Module:
-    """The user's module, checked: float32 parameters, logits ``[B, num_outputs]``, built
-    within ``cfg.build_timeout_s``. Seeding is the caller's (``build_model``)."""
+                 image_shape: tuple[int, ...] | None, task: str,
+                 input_dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The user's module, checked: float32 parameters, logits ``[B, num_outputs]`` from a
+    batch of ``input_dtype`` (int64 for integer features kept), built within
+    ``cfg.build_timeout_s``. Seeding is the caller's (``build_model``)."""
     return _bounded(cfg._target_, cfg.build_timeout_s, lambda: _checked(
-        cfg, num_features, num_outputs, image_shape, task))
+        cfg, num_features, num_outputs, image_shape, task, input_dtype))
 
 
 def _checked(cfg: CustomModelConfig, num_features: int, num_outputs: int,
-             image_shape: tuple[int, ...] | None, task: str) -> nn.Module:
+             image_shape: tuple[int, ...] | None, task: str, input_dtype: torch.dtype) -> nn.Module:
     target = cfg._target_
     factory = _locate(target)
-    offered = data_arguments(num_features, num_outputs, image_shape, task)
-    given = {name: value for name, value in _accepted(factory, offered).items()
-             if name not in cfg.kwargs}
+    given = _given(cfg, factory, data_arguments(num_features, num_outputs, image_shape, task))
     try:  # the user's kwargs go through Hydra (nested _target_s are built too); ours stay tuples
         build = instantiate({"_target_": target, "_partial_": True, "_convert_": "all",
                              **cfg.kwargs})
@@ -200,5 +249,4 @@ def _checked(cfg: CustomModelConfig, num_features: int, num_outputs: int,
                         "nn.Module")
     module.float()
     _check_parameters(target, module)
-    _probe(target, module, num_features, num_outputs, task)
-    return module
+    return _probe(target, module, num_features, num_outputs, task, input_dtype)

@@ -25,13 +25,21 @@ class Problem:
     # image sets: per channel, the stored value of a black pixel (``Dataset.pixel_zero``), which
     # data.augment=crop_flip pads with
     channel_fill: tuple[float, ...] | None = None
+    # the features' dtype: float32, or int64 where a file's integers are kept (token ids)
+    features_dtype: str = "float32"
 
     @classmethod
     def of(cls, dataset: Dataset) -> Problem:
         return cls(dataset.task, dataset.num_features, dataset.num_outputs, dataset.image_shape,
-                   dataset.pixel_zero)
+                   dataset.pixel_zero, str(dataset.x_train.dtype))
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype of a batch the model takes."""
+        dtype: torch.dtype = getattr(torch, self.features_dtype)
+        return dtype
 
     def build_model(self, model: ModelConfig, seed: int) -> torch.nn.Module:
         """The run's seeded initial model for this data: the same in every process."""
         return build_model(model, self.num_features, self.num_outputs, self.image_shape, seed,
-                           self.task)
+                           self.task, self.input_dtype)

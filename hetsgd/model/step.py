@@ -36,7 +36,7 @@ from torch.nn.modules import module as module_hooks
 from torch.nn.utils import parametrize
 
 from hetsgd.config import OptimConfig
-from hetsgd.errors import UserError
+from hetsgd.errors import UserError, out_of_memory
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import logits_gradient, loss_fn, per_sample_loss
 from hetsgd.model.sgd import SGD
@@ -97,6 +97,19 @@ class Step:
         return pending.loss, pending.losses
 
 
+def forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module``'s logits on a training batch. What its forward raises (torch's checks of the
+    batch's shape, say) is one line naming the batch, as the probe's is (model/custom.py), not
+    a traceback from every worker; running out of memory stays itself, named as such."""
+    try:
+        return module(x)
+    except Exception as exc:
+        if out_of_memory(exc) is not None:
+            raise
+        raise UserError(f"the model's forward on a training batch [{', '.join(map(str, x.shape))}]"
+                        f" raised {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+
+
 class AutogradStep(Step):
     def __init__(self, flat: FlatModel, sgd: SGD, task: str) -> None:
         self.flat, self.sgd, self.task = flat, sgd, task
@@ -105,7 +118,7 @@ class AutogradStep(Step):
     def compute(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
                 per_sample: bool = False) -> Pending:
         self.flat.zero_grad()
-        out = self.flat.module(x)
+        out = forward(self.flat.module, x)
         losses = per_sample_loss(self.task, out, y) if per_sample else None
         loss = losses.mean() if losses is not None else self.loss(out, y)
         loss.backward()

@@ -11,6 +11,12 @@ The coordinator never touches CUDA (workers own the CUDA contexts), so GPUs are 
 context of its own; torch is asked only whether it has CUDA at all (:func:`cuda_devices`), and
 only by a run with GPU workers. CPU numbers come from psutil. Without NVML (no driver, no GPU)
 there are simply no GPU columns.
+
+Samples stop with the workers: once every worker process the monitor has seen is gone, a sample
+would count their CPU as 0 after training, so none is kept (but the closing one of a run too
+short for any other, with its workers' CPU unknown); the engine stops the monitor as training
+ends. A run's first seconds are sampled faster (:meth:`UtilizationMonitor.interval_at`),
+so that a run of a few seconds still has a curve to read.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ Row = dict[str, float | None]
 
 _GPU_UTIL = re.compile(r"gpu\d+_util")
 _CUDA = re.compile(r"cuda(?::(\d+))?")
+# Early in a run the interval between samples is its time so far over EARLY_SAMPLES, at least
+# interval_s / FASTEST (psutil's CPU times tick every 10 ms: 0.1 s windows read to 10 %)
+EARLY_SAMPLES, FASTEST = 20, 5
 
 
 def _mean(values: list[float]) -> float | None:
@@ -92,12 +101,19 @@ class UtilizationMonitor:
         self._thread: threading.Thread | None = None
         self._rows: list[Row] = []
         self._procs: dict[int, psutil.Process] = {}
+        self._seen_workers = False  # whether a worker process was ever read
         self._torch_indices = torch_indices(devices)
         self.gpus: dict[int, dict[str, Any]] = {}  # torch index -> cuda_devices() entry
 
     @staticmethod
     def _own_children() -> list[int]:
         return [p.pid for p in psutil.Process(os.getpid()).children()]
+
+    def interval_at(self, elapsed_s: float) -> float:
+        """The wait before the next sample, ``elapsed_s`` into the run: ``interval_s`` from
+        ``EARLY_SAMPLES`` intervals in, faster before (``interval_s=0.5``: 28 samples in a 3 s
+        run rather than 6)."""
+        return min(self.interval_s, max(self.interval_s / FASTEST, elapsed_s / EARLY_SAMPLES))
 
     def set_time_origin(self, t0: float) -> None:
         """Measure ``time_s`` from ``t0`` (a ``time.perf_counter()`` reading), e.g. training start."""
@@ -110,6 +126,7 @@ class UtilizationMonitor:
             self._origin = time.perf_counter()
         self._stop.clear()
         self._rows = []
+        self._seen_workers = False
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="hetsgd-monitor",
                                         daemon=True)
@@ -159,19 +176,28 @@ class UtilizationMonitor:
                 self._workers_cpu()
             finally:
                 ready.set()
-            while not self._stop.wait(self.interval_s):
+            while not self._stop.wait(self.interval_at(self._elapsed())):
                 self._keep(self._sample(gpus))
-            self._keep(self._sample(gpus))  # the end is always covered, even of short runs
+            self._keep(self._sample(gpus), closing=True)  # the end, even of short runs
 
-    def _keep(self, row: Row) -> None:
+    def _keep(self, row: Row, closing: bool = False) -> None:
+        """Keep ``row``, unless it was taken once the workers were gone (their CPU unknown,
+        ``None``): not theirs to count. A run too short for any sample while its workers ran
+        keeps its closing one, whose host columns cover its training."""
+        if row["workers_cpu_percent"] is None and (self._rows or not closing):
+            return
         self._rows.append(row)
         if self._on_sample is not None:
             self._on_sample(row)
 
-    def _sample(self, gpus: list[tuple[int, Any]]) -> Row:
-        """One row; ``gpus`` pairs each torch index with its NVML handle."""
+    def _elapsed(self) -> float:
         assert self._origin is not None
-        row: Row = {"time_s": time.perf_counter() - self._origin,
+        return time.perf_counter() - self._origin
+
+    def _sample(self, gpus: list[tuple[int, Any]]) -> Row:
+        """One row (its workers' CPU None once they are gone); ``gpus`` pairs each torch index
+        with its NVML handle."""
+        row: Row = {"time_s": self._elapsed(),
                     "host_cpu_percent": psutil.cpu_percent()}
         for i, percent in enumerate(psutil.cpu_percent(percpu=True)):
             row[f"cpu{i}_percent"] = percent
@@ -186,8 +212,9 @@ class UtilizationMonitor:
             row[f"gpu{i}_mem_mb"] = mem
         return row
 
-    def _workers_cpu(self) -> float:
-        """Summed CPU percent of the worker process trees since the previous call.
+    def _workers_cpu(self) -> float | None:
+        """Summed CPU percent of the worker process trees since the previous call; None when
+        every process seen before is gone (the workers ended).
 
         psutil measures a process's CPU between two calls on the same Process object, so the
         objects are kept; a process seen for the first time contributes 0 until its next sample.
@@ -208,4 +235,7 @@ class UtilizationMonitor:
             except psutil.Error:
                 del procs[pid]
         self._procs = procs
+        if not procs and self._seen_workers:
+            return None
+        self._seen_workers = self._seen_workers or bool(procs)
         return total

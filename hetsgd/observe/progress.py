@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import TracebackType
 
 from rich.console import Console
@@ -12,10 +13,21 @@ from hetsgd.engines.counters import WorkerCounters
 from hetsgd.workers import WorkerSpec
 
 
-class TrainingProgress:
-    """Shown on stderr by the parent process only; silent when ``progress: false``."""
+def stderr_console() -> Console:
+    """The console a run's progress displays draw on: stderr's; in a Jupyter notebook a plain
+    one, as for a file (a display's last state printed once): rich's live display there needs
+    ipywidgets, and warns at each refresh without it."""
+    console = Console(stderr=True)
+    return Console(stderr=True, force_jupyter=False, force_terminal=False) if console.is_jupyter \
+        else console
 
-    REFRESH_S = 0.25
+
+class TrainingProgress:
+    """Shown on stderr by the parent process only; silent when ``progress: false``. Live on a
+    terminal; elsewhere (a file, a pipe, a Jupyter notebook) its last state is printed once, as
+    training ends."""
+
+    REFRESH_S = 0.25  # wall seconds: a simulated run's virtual second can take minutes
 
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], num_examples: int) -> None:
         self.specs = specs
@@ -23,15 +35,19 @@ class TrainingProgress:
         self.epochs = cfg.budget.epochs
         self.seconds = cfg.budget.seconds
         self.enabled = cfg.progress
+        # a simulated run's display starts at its first update, after its cost estimate's log
+        # line (hetsgd/engines/virtual/cost.py), which a live display would overwrite
+        self.deferred = cfg.devices.simulated
         self.progress = Progress(
             TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
             TextColumn("{task.fields[stats]}", markup=False),  # group names are the user's
-            TimeElapsedColumn(), console=Console(stderr=True), disable=not self.enabled)
+            TimeElapsedColumn(), console=stderr_console(), disable=not self.enabled)
         self.task = self.progress.add_task("training", total=100.0, stats="starting workers")
-        self.last_refresh = -1.0
+        self.last_refresh = -float("inf")  # time.monotonic() of the last update
 
     def __enter__(self) -> TrainingProgress:
-        self.progress.start()
+        if not self.deferred:
+            self.progress.start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -39,9 +55,12 @@ class TrainingProgress:
         self.progress.stop()
 
     def update(self, elapsed_s: float, counters: WorkerCounters) -> None:
-        if not self.enabled or elapsed_s - self.last_refresh < self.REFRESH_S:
+        now = time.monotonic()
+        if not self.enabled or now - self.last_refresh < self.REFRESH_S:
             return
-        self.last_refresh = elapsed_s
+        self.last_refresh = now
+        if self.deferred and not self.progress.live.is_started:
+            self.progress.start()
         examples = counters.column("examples").tolist()
         losses = counters.column("loss").tolist()
         epoch = sum(examples) / self.num_examples

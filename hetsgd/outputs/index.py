@@ -41,8 +41,8 @@ UNUSABLE = "unusable"
 
 #: Overrides that do not make a run a variant of its setting: those saying which row, comparison
 #: or seed it belongs to, and those that change only where or how it reports.
-NOT_A_SETTING = frozenset({"algo", "dataset", "model", "devices", "seed", "progress",
-                           "results_dir"})
+NOT_A_SETTING = frozenset({"algo", "algo._target_", "dataset", "model", "devices", "seed",
+                           "progress", "results_dir"})  # a custom algo's column names it
 
 #: Columns each CSV must have for the report and the plots to use it.
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -239,11 +239,13 @@ def settings(overrides: Iterable[str]) -> frozenset[str]:
     return frozenset(o for o in overrides if override_key(o) not in NOT_A_SETTING)
 
 
-def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": ...}}`` as ``{"optim.lr": ...}``: nested keys dotted, as a CSV's
+    column or an override names them."""
     flat: dict[str, Any] = {}
     for key, value in mapping.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -268,7 +270,7 @@ def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
         except UserError as err:
             log.warning("%s; the run is listed without its overrides", err)
             overrides = []
-        row.update(_flatten(summary))
+        row.update(flatten(summary))
         row.update(run_dir=str(run_dir), overrides=tuple(overrides))
         row["emulated"], row["simulated"] = bool(row["emulated"]), bool(row["simulated"])
         rows.append(row)
@@ -298,6 +300,8 @@ def load_csv(run_dir: Path, name: str) -> pd.DataFrame | None:
         return None
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read {file}: {err}".splitlines()[0]) from err
+    if frame.empty:  # a header alone: e.g. no utilization sample while a short run's workers ran
+        return None
     missing = [c for c in REQUIRED_COLUMNS.get(name, ()) if c not in frame.columns]
     if missing:
         raise UserError(f"{file} lacks the column(s) {', '.join(missing)}")

@@ -62,6 +62,15 @@ UTILIZATION: tuple[tuple[str, str, str], ...] = (
     ("host_cpu", "host CPU [%]", ".0f"),
 )
 SHARE_PREFIX = "update_share."
+#: A tuned sweep (hetsgd/tuning/): its search's trials, one row per trial (the method, each knob
+#: as ``set.<knob>``, the seed, the objective as ``objective.<metric>``, the training loss and
+#: whether the setting was ``chosen``), in ``tuning.csv`` beside its evaluation jobs, whose
+#: trials ran under ``tuning/``; each evaluation job names its method as ``+tuned=<method>``.
+TUNING_CSV = "tuning.csv"
+TRIALS_DIR = "tuning"
+TUNED_GROUP = "tuned"
+KNOB_PREFIX = "set."
+OBJECTIVE_PREFIX = "objective."
 
 
 @dataclass
@@ -157,6 +166,7 @@ def run_metrics(comp: Comparison) -> pd.DataFrame:
     rows = []
     for _, run in comp.runs.iterrows():
         row = {key: run[key] for key in (*ROW_KEYS, "emulated", "simulated", "status")}
+        row["learnt"] = run.get("learnt")  # None for a run written before it was judged
         if run["status"] == "completed":
             curve = comp.curves.get(run["run_dir"])
             for target in TARGETS:
@@ -182,10 +192,15 @@ def _metric_columns(comp: Comparison) -> list[str]:
     return [col for col, _, _ in METRICS + UTILIZATION] + [f"share_{g}" for g in comp.groups]
 
 
-def _status_text(statuses: pd.Series) -> str:
+def _status_text(statuses: pd.Series, learnt: pd.Series) -> str:
+    """``2/3 completed (1 not learnt), 1 diverged``: a completed run whose training loss did not
+    go down is counted as such."""
     counts = Counter(statuses)
     done = counts.pop("completed", 0)
     text = f"{done}/{len(statuses)} completed"
+    unlearnt = int(((statuses == "completed") & learnt.eq(False)).sum())
+    if unlearnt:
+        text += f" ({unlearnt} not learnt)"
     return ", ".join([text, *(f"{n} {status}" for status, n in sorted(counts.items()))])
 
 
@@ -199,7 +214,7 @@ def aggregate(comp: Comparison) -> pd.DataFrame:
         row = dict(zip(ROW_KEYS, keys, strict=True))
         row.update(emulated=bool(runs["emulated"].any()), simulated=bool(runs["simulated"].any()),
                    n=int((runs["status"] == "completed").sum()), runs=len(runs),
-                   status=_status_text(runs["status"]))
+                   status=_status_text(runs["status"], runs["learnt"]))
         for col in _metric_columns(comp):
             values = runs[col].dropna()
             row.update({f"{col}_mean": values.mean() if len(values) else math.nan,
@@ -319,15 +334,67 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join([line(headers), line(["---"] * len(headers)), *map(line, rows)])
 
 
-def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: str) -> str:
+def objective_column(trials: pd.DataFrame) -> str:
+    """The one ``objective.<metric>`` column of a tuned sweep's trials."""
+    found = [c for c in trials.columns if c.startswith(OBJECTIVE_PREFIX)]
+    if len(found) != 1:
+        raise UserError(f"{TUNING_CSV} has {len(found)} {OBJECTIVE_PREFIX}<metric> columns, not one")
+    return found[0]
+
+
+def setting_means(trials: pd.DataFrame) -> pd.DataFrame:
+    """One row per method and setting of a tuned sweep's trials, in trial order: the objective's
+    and the training loss's means over the trial seeds (NaN where a seed has none: a setting
+    that some seed never brought to the target ranks behind one that every seed did)."""
+    knobs = [c for c in trials.columns if c.startswith(KNOB_PREFIX)]
+    values = [objective_column(trials), "train_loss"]
+    numbers = trials.assign(**{c: pd.to_numeric(trials[c], errors="coerce") for c in values})
+    return (numbers.groupby(["method", *knobs], sort=False, dropna=False)[values]
+            .agg(lambda column: column.mean(skipna=False)).reset_index())
+
+
+def add_tuning(table: pd.DataFrame, trials: pd.DataFrame) -> list[str]:
+    """Add to ``table`` (a tuned sweep's comparison) each row's chosen knob values
+    (``chosen <knob>``) and its search's spread (``search <objective>``: the best .. worst
+    setting mean, with how many settings have one where not all do); return those columns."""
+    objective = objective_column(trials)
+    knobs = [c for c in trials.columns if c.startswith(KNOB_PREFIX)]
+    means = setting_means(trials)
+    maximized = objective == f"{OBJECTIVE_PREFIX}test_acc"
+    search = f"search {objective[len(OBJECTIVE_PREFIX):]}"
+    columns = [f"chosen {knob[len(KNOB_PREFIX):]}" for knob in knobs] + [search]
+    for column in columns:
+        table[column] = DASH
+    for i, row in table.iterrows():
+        method = next((o.split("=", 1)[1] for o in str(row["variant"]).split()
+                       if o.startswith(f"+{TUNED_GROUP}=")), None)
+        chosen = trials[(trials["method"] == method) & trials["chosen"].astype(bool)]
+        for knob, column in zip(knobs, columns):
+            if not chosen.empty:
+                table.at[i, column] = _plain(chosen[knob].iloc[0])
+        spread = means.loc[means["method"] == method, objective]
+        reached = spread.dropna().sort_values(ascending=not maximized)
+        if len(spread):
+            table.at[i, search] = ((f"{reached.iloc[0]:.3g} .. {reached.iloc[-1]:.3g}"
+                                    if len(reached) else DASH) +
+                                   (f" ({len(reached)}/{len(spread)})"
+                                    if len(reached) < len(spread) else ""))
+    return columns
+
+
+def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: str,
+                        tuned: Sequence[str] = ()) -> str:
+    """The comparison's section; ``tuned``: a tuned sweep's columns (:func:`add_tuning`), after
+    the setting."""
     with_variant = bool((table["variant"] != "").any())
-    headers = ["algo", "devices", *(["setting"] if with_variant else []), "n", "status",
+    headers = ["algo", "devices", *(["setting"] if with_variant else []), *tuned, "n", "status",
                *(header for _, header, _ in METRICS), "update share",
                *(header for _, header, _ in UTILIZATION), "speedup"]
     rows = []
     for _, row in table.iterrows():
         rows.append([row["algo"], mix_label(row),
-                     *([row["variant"] or DASH] if with_variant else []), str(row["n"]),
+                     *([row["variant"] or DASH] if with_variant else []),
+                     *(row[column] for column in tuned), str(row["n"]),
                      row["status"], *(_cell(row, col, fmt) for col, _, fmt in METRICS),
                      _shares(row, comp.groups),
                      *(_cell(row, col, fmt) for col, _, fmt in UTILIZATION),
@@ -357,6 +424,22 @@ def _failed_markdown(index: pd.DataFrame, root: Path) -> str:
     return "\n".join(lines)
 
 
+def _tuning_trials(root: Path) -> pd.DataFrame | None:
+    """The trials of the tuned sweep at ``root`` (None for any other folder); an unreadable
+    ``tuning.csv`` is a :class:`UserError` naming it."""
+    file = root / TUNING_CSV
+    if not file.is_file():
+        return None
+    try:
+        trials = pd.read_csv(file, dtype={"method": str})
+    except (OSError, ValueError) as err:
+        raise UserError(f"unreadable {file}: {err}") from err
+    missing = [c for c in ("method", "chosen", "train_loss") if c not in trials.columns]
+    if missing:
+        raise UserError(f"unreadable {file}: no {missing[0]} column")
+    return trials
+
+
 def build_report(index: pd.DataFrame, root: Path,
                  baseline: str | None = None) -> tuple[str, pd.DataFrame]:
     """The markdown report and its numbers (one row per comparison row) for the runs of
@@ -365,11 +448,13 @@ def build_report(index: pd.DataFrame, root: Path,
     root = Path(root).resolve()
     sections = [f"# hetsgd report: {shown(root.name or root)}"]
     tables = []
+    trials = _tuning_trials(root)
     comps = comparisons(index)
     for comp in comps:
         table = aggregate(comp)
         text = add_speedup(comp, table, baseline)
-        sections.append(comparison_markdown(comp, table, text))
+        tuned = add_tuning(table, trials) if trials is not None else []
+        sections.append(comparison_markdown(comp, table, text, tuned))
         tables.append(table.assign(dataset=comp.dataset, model=comp.model, l_best=comp.l_best))
     # the comparisons' runs carry the statuses found while reading their curves (unusable)
     unnamed = index[index["dataset"].isna() | index["model"].isna()]
@@ -390,7 +475,11 @@ def write_report(path: Path, baseline: str | None = None, index: pd.DataFrame | 
     ``index``: those runs, when the caller has read them already (a sweep's jobs); when it is
     missing or empty, the runs are found under ``path``."""
     path = Path(path)
-    index = index_runs(path) if index is None or index.empty else index
+    if index is None or index.empty:
+        index = index_runs(path)
+        if (path / TUNING_CSV).is_file():  # a tuned sweep compares its evaluation jobs alone
+            trials = (path / TRIALS_DIR).resolve()
+            index = index[[not Path(d).resolve().is_relative_to(trials) for d in index["run_dir"]]]
     markdown, numbers = build_report(index, path, baseline)
     write_text(path / "report.md", markdown)
     write_csv(path / "report.csv", numbers.map(lambda v: shown(v) if isinstance(v, str) else v))

@@ -1,9 +1,11 @@
 """One run's figures (``<run>/figures/``), from its files alone: training and test loss against
-wall time and against epochs, CPU and GPU utilization over time with the epoch boundaries, update
-shares per worker group, the adaptive batch sizes and test accuracy."""
+wall time and against epochs, CPU and GPU utilization over time with the epoch boundaries (every
+k-th where more would hide the curves), update shares per worker group, the adaptive batch sizes
+and test accuracy."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -42,13 +44,25 @@ def run_title(summary: RunSummary) -> str:
             + ("" if summary.status == "completed" else f" [{summary.status}]"))
 
 
-def _epoch_times(conv: pd.DataFrame | None) -> np.ndarray:
-    """Wall times at which each whole epoch ended, interpolated from the snapshots."""
-    if conv is None or conv.empty:
-        return np.array([])
-    last = conv["epoch"].max()
-    ends = np.arange(1, math.floor(last) + 1) if np.isfinite(last) else np.array([])
-    return np.interp(ends, conv["epoch"], conv["time_s"])
+#: The most epoch boundaries a utilization figure draws: past it, every k-th epoch's.
+MOST_EPOCH_LINES = 20
+
+
+def epoch_step(epochs: int) -> int:
+    """Every how many epochs a boundary is drawn for ``epochs`` whole epochs: the first of
+    1, 2, 5, 10, 20, 50, ... that leaves at most ``MOST_EPOCH_LINES`` lines."""
+    steps = (m * 10**e for e in itertools.count() for m in (1, 2, 5))
+    return next(step for step in steps if epochs // step <= MOST_EPOCH_LINES)
+
+
+def _epoch_times(conv: pd.DataFrame | None) -> tuple[np.ndarray, int]:
+    """Wall times at which every k-th whole epoch ended, interpolated from the snapshots, and
+    k (:func:`epoch_step`)."""
+    if conv is None or conv.empty or not np.isfinite(last := conv["epoch"].max()):
+        return np.array([]), 1
+    step = epoch_step(math.floor(last))
+    ends = np.arange(step, math.floor(last) + 1, step)
+    return np.interp(ends, conv["epoch"], conv["time_s"]), step
 
 
 def _run_loss(conv: pd.DataFrame, axis: str, xlabel: str, title: str,
@@ -107,9 +121,10 @@ def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str,
         name = f"accelerator {col[3:-5]} (simulated)" if simulated else f"GPU cuda:{col[3:-5]}"
         ax.plot(util["time_s"], util[col], label=name,
                 color=GPU_COLORS[i % len(GPU_COLORS)])
-    for k, t in enumerate(_epoch_times(conv)):
+    ends, step = _epoch_times(conv)
+    for k, t in enumerate(ends):
         ax.axvline(t, color="0.4", linestyle=":", linewidth=0.9,
-                   label="epoch boundary" if k == 0 else None)
+                   label=None if k else "epoch boundary" if step == 1 else f"every {step} epochs")
     ax.set_ylim(0, max(105.0, ax.get_ylim()[1]))
     ax.set_xlim(left=0)
     note = " (virtual busy share)" if simulated else "" if gpus else " (no GPU columns)"

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from hetsgd.config import RunConfig
+    from hetsgd.engines.distributed.torchrun import Torchrun
 
 #: The fields every summary writes, None or not: which run it is and how it ended.
 IDENTITY = ("status", "error", "algo", "dataset", "model", "devices", "seed")
@@ -137,6 +138,23 @@ class Staleness(_Record):
 
 
 @dataclass(frozen=True)
+class Launch(_Record):
+    """Where a run's workers ran: ``nodes`` machines with ``ranks_per_node`` workers each (under
+    torchrun its nodes and the ranks on rank 0's node; else this machine and every worker of
+    the mix), and whether torchrun started them."""
+
+    torchrun: bool
+    nodes: int
+    ranks_per_node: int
+
+    @classmethod
+    def of(cls, launch: Torchrun | None, workers: int) -> Launch:
+        if launch is None:
+            return cls(torchrun=False, nodes=1, ranks_per_node=workers)
+        return cls(torchrun=True, nodes=launch.nodes, ranks_per_node=launch.local_world_size)
+
+
+@dataclass(frozen=True)
 class Timing(_Record):
     """What a run cost around its training, in wall seconds: from the job's start (the
     process's, for the first run of the `hetsgd` command: the interpreter and its imports are
@@ -147,6 +165,25 @@ class Timing(_Record):
 
     before_training_s: float
     after_training_s: float
+
+
+@dataclass(frozen=True)
+class Simulation(_Record):
+    """What a simulated run cost in real seconds on this machine
+    (:mod:`hetsgd.engines.virtual.cost`): real seconds per virtual second over the first
+    ``probed_virtual_s`` of training, the training's real seconds estimated from them, and the
+    real seconds it took."""
+
+    real_s_per_virtual_s: float | None
+    probed_virtual_s: float
+    estimated_real_s: float | None
+    real_s: float
+
+
+def learnt_between(first: float, last: float) -> bool:
+    """Whether a run's training loss went down: False where it ended no lower than it began, or
+    either is NaN (an untrainable lr or model, or too short a budget)."""
+    return last < first
 
 
 def by_group(groups: Sequence[str], values: Iterable[float]) -> dict[str, float]:
@@ -183,9 +220,13 @@ class RunSummary:
     simulated: bool | None = None  # times are virtual (the virtual clock's), not measured
     plan: dict[str, Any] | None = None  # what the algorithm settled, and the step taken
     mix: Mix | None = None  # the groups trained on
+    launch: Launch | None = None  # nodes, and ranks (workers) per node
     dataset_source: str | None = None
     synthetic: bool | None = None
     scaling: str | None = None  # the feature scaling applied
+    # the features: dtype (float32, or int64 for a file's integers kept), count, and a table's
+    # columns used, those one-hot encoded (features each), rows left out for a missing value
+    features: dict[str, Any] | None = None
     classes: list[str] | None = None  # text labels, in the order numbered
     warnings: list[str] | None = None  # e.g. a coordinator that was not scheduled for a while
     time_s: float | None = None  # training time
@@ -200,12 +241,14 @@ class RunSummary:
     examples_per_s: float | None = None  # None also in a run with no training time
     initial: Losses | None = None
     final: Losses | None = None
+    learnt: bool | None = None  # the final training loss below the initial (learnt_between)
     target_losses: TargetLosses | None = None
     # seconds and epochs to each target training loss (keys: the loss, 4 significant digits)
     time_to_loss: dict[str, float | None] | None = None
     epochs_to_loss: dict[str, float | None] | None = None
     utilization: dict[str, float | None] | None = None  # the run's own means
     timing: Timing | None = None  # the cost around training (a run that trained)
+    simulation: Simulation | None = None  # a simulated run's real cost
     extra: dict[str, Any] = field(default_factory=dict)  # every other entry, by its key
     coordinator: dict[str, Any] | None = None  # the process writing it, while it runs
     run_dir: str | None = None  # where the run was written (it may have moved since)
@@ -242,7 +285,9 @@ class RunSummary:
             if isinstance(known.get(key), Mapping):
                 known[key] = Losses.from_dict(known[key])
         parsers = {"target_losses": TargetLosses.from_dict, "mix": Mix.from_dict,
-                   "staleness": Staleness.from_dict, "timing": Timing.from_dict}
+                   "staleness": Staleness.from_dict, "timing": Timing.from_dict,
+                   "launch": Launch.from_dict,
+                   "simulation": Simulation.from_dict}
         for key, parse in parsers.items():
             known[key] = parse(known[key]) if isinstance(known.get(key), Mapping) else None
         for key in IDENTITY[1:]:

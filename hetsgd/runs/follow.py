@@ -20,7 +20,7 @@ from hetsgd.config import compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments
 from hetsgd.engines.distributed.handoff import receive
 from hetsgd.engines.distributed.rank import rank_process
-from hetsgd.engines.distributed.torchrun import torchrun
+from hetsgd.engines.distributed.torchrun import check_distributed, torchrun
 from hetsgd.engines.hooks import DistributedHooks
 from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.engines.shared.state import SharedState
@@ -42,8 +42,10 @@ def follow(overrides: Sequence[str]) -> int:
     plan = handoff.plan
     check_targets(plan.cfg, "rank 0's plan in the torch.distributed store",
                   _named_here(overrides), "give model._target_={} on the command line")
-    hooks = algorithms.get(plan.cfg.algo.name).hooks(plan)
-    assert isinstance(hooks, DistributedHooks), "torchrun runs distributed algorithms"
+    algorithm, plan = algorithms.followed(plan)  # a custom algorithm's settings typed again
+    hooks = algorithm.hooks(plan)
+    check_distributed(plan.cfg.algo.name, isinstance(hooks, DistributedHooks))
+    assert isinstance(hooks, DistributedHooks)  # refused above: a follower has several ranks
     data = load_run_data(plan.cfg, progress=False, workers=plan.workers)
     master = SharedMaster.initial(plan.cfg.model, data.problem, plan.cfg.seed)
     state = SharedState.create(data.train, master, plan.cfg.budget.epochs, len(plan.workers),

@@ -91,7 +91,7 @@ def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
                "it crashed before training started, or was recovered already")
         raise UserError(f"{run_dir} left no snapshot to recover: {why}")
     cfg = _config(run_dir)
-    check_targets(cfg, run_dir, model_targets, "pass --model-target {}")
+    check_targets(cfg, run_dir, model_targets, "pass --model-target {}", calls_algorithm=False)
     check_no_links(run_dir, f"cannot recover {run_dir}")
     data = load_run_data(cfg, progress=cfg.progress)
     training = Training(status=CRASHED, time_s=snapshots[-1].time_s, snapshots=snapshots,

@@ -21,25 +21,25 @@ from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig
-from rich.console import Console
 from rich.progress import track
 
 from hetsgd import algorithms
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.engines.distributed.handoff import hand_off
-from hetsgd.engines.distributed.torchrun import torchrun
+from hetsgd.engines.distributed.torchrun import check_distributed, torchrun
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.hooks import SharedMemoryHooks
+from hetsgd.engines.hooks import DistributedHooks, SharedMemoryHooks
 from hetsgd.engines.processes import warm_up
 from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.engines.training import Training
+from hetsgd.engines.virtual.cost import CostProbe
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.liveness import this_process
 from hetsgd.model.step import resolved_step
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
-from hetsgd.observe.progress import TrainingProgress
+from hetsgd.observe.progress import TrainingProgress, stderr_console
 from hetsgd.outputs.index import CRASHED
 from hetsgd.outputs.journal import RunJournal, remove_snapshots, workers_table
 from hetsgd.outputs.metrics import target_losses, time_to_losses
@@ -51,13 +51,16 @@ from hetsgd.outputs.run_directory import (
 )
 from hetsgd.outputs.summary import (
     GroupMix,
+    Launch,
     Losses,
     Mix,
     RunSummary,
+    Simulation,
     Staleness,
     TargetLosses,
     Timing,
     by_group,
+    learnt_between,
     shares,
 )
 from hetsgd.runs.refused import refuse
@@ -123,6 +126,7 @@ def _results(summary: RunSummary, training: Training, convergence: pd.DataFrame,
         examples_per_s=examples / training.time_s if training.time_s > 0 else None,
         initial=_losses(first),
         final=_losses(last),
+        learnt=learnt_between(float(first["train_loss"]), float(last["train_loss"])),
         target_losses=targets,
         time_to_loss=time_to_losses(convergence["time_s"], loss, targets.losses),
         epochs_to_loss=time_to_losses(convergence["epoch"], loss, targets.losses),
@@ -140,11 +144,18 @@ def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Trainin
     evaluator = Evaluator(cfg, data.problem, data.train, data.test)
     metrics = [evaluator(s.params, s.buffers) for s in track(
         training.snapshots, description="evaluating snapshots", disable=not cfg.progress,
-        console=Console(stderr=True), transient=True)]
+        console=stderr_console(), transient=True)]
     convergence = _convergence(training.snapshots, metrics, workers, data.train.num_examples)
     out.write_table("convergence", convergence)
-    return _results(summary, training, convergence, workers, data.train.num_examples,
-                    cfg.eval.target_losses)
+    summary = _results(summary, training, convergence, workers, data.train.num_examples,
+                       cfg.eval.target_losses)
+    if summary.learnt is False and summary.initial is not None and summary.final is not None:
+        warning = (f"the run has not learnt: its training loss went from "
+                   f"{summary.initial.train_loss:.4g} to {summary.final.train_loss:.4g} "
+                   "(look at optim.lr and the budget)")
+        log.warning("%s", warning)
+        summary = replace(summary, warnings=[*(summary.warnings or []), warning])
+    return summary
 
 
 @dataclass
@@ -177,13 +188,16 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     specs = expand(cfg.devices)
     attempt.note(environment=environment(), emulated=any(spec.emulated for spec in specs),
                  simulated=cfg.devices.simulated)  # times are virtual (engines/virtual)
-    algorithm = algorithms.get(cfg.algo.name)
+    chosen = cfg
+    algorithm, cfg = algorithms.choose(cfg)  # a custom algorithm's typed settings, its name
+    attempt.note(algo=cfg.algo.name)
     plan = algorithm.plan(cfg, specs)
     if torchrun() is not None:  # global rank 0: the other ranks take this plan
-        hand_off(Handoff(plan=plan).to_plain())
+        check_distributed(cfg.algo.name, isinstance(algorithm.hooks(plan), DistributedHooks))
+        hand_off(Handoff(plan=algorithms.handed_off(plan, chosen)).to_plain())
         attempt.handed_off = True
     cfg, specs = plan.cfg, plan.workers
-    attempt.note(plan=plan.settled, mix=_mix(specs))
+    attempt.note(plan=plan.settled, mix=_mix(specs), launch=Launch.of(torchrun(), len(specs)))
     if not cfg.devices.simulated:  # its imports overlap the data's loading
         warm_up(cfg.workers.start)
     data = load_run_data(cfg, progress=cfg.progress, workers=specs)
@@ -193,6 +207,7 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
     attempt.note(
         dataset_source=data.source, synthetic=data.synthetic, scaling=data.scaling,
+        features=data.features,
         classes=None if data.class_names is None else list(data.class_names),  # sorted, numbered
         # which step the workers take: fused only where it computes the model's own forward
         plan={**plan.settled, "step": resolved_step(data.problem.build_model(cfg.model, cfg.seed),
@@ -201,16 +216,25 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     hooks = algorithm.hooks(plan)
     with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
           RunJournal(out, specs) as journal):
-        engine = build_engine(plan, hooks, data.problem, data.train, master, progress.update,
-                              journal, resumption.checkpoint if resumption is not None else None)
+        # a simulated run times its first steps, to say what the whole run will cost
+        cost = (CostProbe(cfg.budget, data.train.num_examples, progress.update)
+                if cfg.devices.simulated else None)
+        engine = build_engine(plan, hooks, data.problem, data.train, master,
+                              progress.update if cost is None else cost.tick, journal,
+                              resumption.checkpoint if resumption is not None else None)
         training = engine.run(lambda pids: UtilizationMonitor(
             cfg.monitor.interval_s, pids, devices=[s.device for s in specs],
             on_sample=journal.utilization))
+    if cost is not None:
+        attempt.note(simulation=Simulation.from_dict(cost.measured(training.time_s)))
     attempt.trained = (journal.training_started_at, time.time())
     # warnings: e.g. a coordinator that was not scheduled for a while; staleness where several
     # workers update the master asynchronously (the shared-memory hooks)
     asynchronous = isinstance(hooks, SharedMemoryHooks) and len(specs) > 1
-    attempt.note(status=training.status, error=training.error,
+    error, _, trace = (training.error or "").partition("\n")  # a worker's traceback follows
+    if trace:
+        _keep_traceback(out.path, trace)
+    attempt.note(status=training.status, error=error or None,
                  warnings=training.warnings or None,
                  staleness=(Staleness.of([s.group for s in specs], training.counters)
                             if asynchronous else None))
@@ -221,11 +245,17 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     if training.batches:
         out.write_table("batches", training.batches)
     if not training.snapshots and training.status != "interrupted":
-        raise RuntimeError(training.error or "training ended before the first snapshot")
+        raise RuntimeError(error or "training ended before the first snapshot")
     if training.snapshots:  # else it stopped before the clock started: nothing measured
         attempt.summary = replace(evaluate(out, cfg, data, training, workers, attempt.summary),
                                   extra=training.extra)  # the algorithm's own entries
         attempt.evaluated = True
+
+
+def _keep_traceback(run_dir: Path, trace: str) -> None:
+    """The summary says why a run failed; where it failed goes to error.log, if it can."""
+    with suppress(OSError, MemoryError):
+        (run_dir / "error.log").write_text(trace)
 
 
 def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
@@ -273,8 +303,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         attempt.note(status=CRASHED, error=f"{exc}{left}")
     except Exception as exc:  # a failed run must still say why, in its directory
         attempt.note(status="failed", error=out_of_memory(exc) or f"{type(exc).__name__}: {exc}")
-        with suppress(OSError, MemoryError):  # the summary says why; the traceback is extra
-            (run_dir / "error.log").write_text(traceback.format_exc())
+        _keep_traceback(run_dir, traceback.format_exc())
     finally:
         _end(attempt, cfg, started_at)
     return attempt.summary

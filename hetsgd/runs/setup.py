@@ -36,11 +36,18 @@ class RunData:
     scaling: str  # the feature scaling applied (dataset.scale=auto resolved per source)
     # the names of classes 0..C-1 where the data gives them (text labels, image subfolders)
     class_names: tuple[str, ...] | None = None
+    # what the features are: their dtype and count, and a table's encoding (Dataset.table)
+    features: dict[str, Any] | None = None
 
     def summary_line(self) -> str:
         """For the log: what the run trains on."""
+        features = self.features or {}
+        notes = [f"{features['dtype']}, unscaled"] if features.get("dtype") == "int64" else []
+        notes += [f"one-hot {name}: {width}" for name, width in features.get("one_hot", {}).items()]
+        if features.get("rows_dropped"):
+            notes.append(f"{features['rows_dropped']} row(s) with a missing value left out")
         return (f"{self.name} ({self.train.num_examples} train / {self.test.num_examples} test, "
-                f"{self.problem.num_features} features)")
+                f"{self.problem.num_features} features{''.join('; ' + n for n in notes)})")
 
 
 #: A sweep's jobs that load the same data (the dataset config and the seed, which draws the
@@ -88,7 +95,7 @@ def load_run_data(cfg: RunConfig, progress: bool,
     sweep takes the copy an earlier job of it prepared of the same data: workers only read it."""
     sweep = (str(HydraConfig.get().sweep.dir) if HydraConfig.initialized()
              and HydraConfig.get().mode == RunMode.MULTIRUN else None)
-    key = repr((cfg.dataset, cfg.seed))
+    key = repr((cfg.dataset, cfg.seed, takes_integers(cfg)))
     data = _prepared.get(sweep, key) if sweep is not None else None
     if data is None:
         data = _prepare(cfg, progress)
@@ -99,12 +106,22 @@ def load_run_data(cfg: RunConfig, progress: bool,
     return data
 
 
+def takes_integers(cfg: RunConfig) -> bool:
+    """Whether the run's model may take integer features as they are: a user's own may (an
+    ``nn.Embedding`` of token ids); the built-in ones multiply their input, as float32."""
+    return cfg.model.name == "custom"
+
+
 def _prepare(cfg: RunConfig, progress: bool) -> RunData:
     arena = SharedArena()
-    dataset = load_dataset(cfg.dataset, cfg.seed, progress=progress, allocate=arena.empty)
+    dataset = load_dataset(cfg.dataset, cfg.seed, progress=progress, allocate=arena.empty,
+                           integers=takes_integers(cfg))
+    features = {"dtype": str(dataset.x_train.dtype), "count": dataset.num_features,
+                **(dataset.table or {})}
     return RunData(Problem.of(dataset), arena.data(dataset.x_train, dataset.y_train),
                    arena.data(dataset.x_test, dataset.y_test), dataset.name,
-                   dataset.source, dataset.synthetic, dataset.scaling, dataset.class_names)
+                   dataset.source, dataset.synthetic, dataset.scaling, dataset.class_names,
+                   features)
 
 
 def check_fills_a_batch(num_train: int, workers: Sequence[WorkerSpec]) -> None:

@@ -1,11 +1,13 @@
 """The code a run folder names, called only when the user names it too.
 
 A custom model's config names the factory that builds it (``model._target_``) and may name more
-in its arguments (nested ``_target_`` keys, which Hydra builds as well). A run folder is data
+in its arguments (nested ``_target_`` keys, which Hydra builds as well); a custom algorithm's
+names the module that plans and hooks it (``algo._target_``). A run folder is data
 that may come from someone else, and Hydra calls any importable function it is given
 (``shutil.copyfile`` copies a file): so reading a folder back (``hetsgd recover``, a resume)
 calls a target only when the user's own command names it as well (``--model-target TARGET``,
-or a resume's ``model=custom model._target_=TARGET``). The overrides a folder recorded are
+or a resume's ``model=custom model._target_=TARGET``; ``algo._target_=TARGET`` for an
+algorithm). The overrides a folder recorded are
 composed again, so they may not set Hydra's own config either: ``hydra.searchpath=[pkg://M]``
 imports the module M while the config is composed.
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hetsgd.config import RunConfig
+from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.problem import CustomModelConfig
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import override_key
@@ -25,12 +28,21 @@ from hetsgd.outputs.safe_text import shown
 TARGET = "_target_"
 
 
+def _keyed_targets(cfg: RunConfig, algorithm: bool) -> list[tuple[str, str]]:
+    """(key, target) for every target the run's config would have called: its custom model's,
+    those nested in the model's arguments and, with ``algorithm``, its custom algorithm's."""
+    found = []
+    if algorithm and isinstance(cfg.algo, CustomAlgoConfig):
+        found.append(("algo", cfg.algo._target_))
+    if isinstance(cfg.model, CustomModelConfig):
+        found += [("model", target) for target in (cfg.model._target_, *_nested(cfg.model.kwargs))]
+    return found
+
+
 def named_targets(cfg: RunConfig) -> list[str]:
-    """Every target the run's config would have called: its custom model's and those nested in
-    the model's arguments; none for a built-in model."""
-    if not isinstance(cfg.model, CustomModelConfig):
-        return []
-    return [cfg.model._target_, *_nested(cfg.model.kwargs)]
+    """Every target the run's config would have called: its custom algorithm's, its custom
+    model's and those nested in the model's arguments; none for built-ins."""
+    return [target for _, target in _keyed_targets(cfg, algorithm=True)]
 
 
 def _nested(value: Any) -> Iterator[str]:
@@ -45,17 +57,21 @@ def _nested(value: Any) -> Iterator[str]:
             yield from _nested(item)
 
 
-def check_targets(cfg: RunConfig, source: Path | str, given: Iterable[str], how: str) -> None:
+def check_targets(cfg: RunConfig, source: Path | str, given: Iterable[str], how: str,
+                  calls_algorithm: bool = True) -> None:
     """Refuse (a one-line :class:`UserError`) a config read from ``source`` (a run folder, the
     torch.distributed store) that names a target the user did not give; ``how`` says how to
-    give one, with ``{}`` for the target."""
+    give a model's, with ``{}`` for the target (an algorithm's is given as
+    ``algo._target_=TARGET``). A reader that never runs the algorithm (a recovery evaluates
+    snapshots) passes ``calls_algorithm=False``."""
     trusted = set(given)
-    for target in named_targets(cfg):
+    for part, target in _keyed_targets(cfg, calls_algorithm):
         if target not in trusted:
-            raise UserError(f"{source} names model.{TARGET} '{shown(target)}', which hetsgd "
+            give = (f"add algo=custom algo.{TARGET}={shown(target)} to your command"
+                    if part == "algo" else how.format(shown(target)))
+            raise UserError(f"{source} names {part}.{TARGET} '{shown(target)}', which hetsgd "
                             f"would import and call; what it reads back is data and may come "
-                            f"from anyone, so it calls only what you name: "
-                            f"{how.format(shown(target))} to call it")
+                            f"from anyone, so it calls only what you name: {give} to call it")
 
 
 def check_recorded_overrides(overrides: Sequence[str], source: Path) -> None:

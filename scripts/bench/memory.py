@@ -49,8 +49,11 @@ class MemorySampler:
     def _worker_uss(self, me: psutil.Process) -> dict[int, int]:
         uss = {}
         for child in me.children(recursive=True):
-            try:  # workers are spawned interpreters; skip multiprocessing's resource tracker
-                if any("spawn_main" in part for part in child.cmdline()):
+            try:  # workers: spawned interpreters, or the forkserver's forks (which keep its
+                # command line); not the forkserver itself, nor the resource tracker
+                command = " ".join(child.cmdline())
+                forked = "forkserver" in command and child.ppid() != me.pid
+                if "spawn_main" in command or forked:
                     uss[child.pid] = child.memory_full_info().uss
             except psutil.Error:  # it ended between listing and reading
                 continue

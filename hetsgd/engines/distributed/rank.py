@@ -30,7 +30,7 @@ import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.engines import device_ops
-from hetsgd.engines.batches import Batches, training_augment
+from hetsgd.engines.batches import Batches, min_rows, training_augment
 from hetsgd.engines.checkpoint import (
     WorkerState,
     augment_generator,
@@ -110,7 +110,7 @@ class Rank:
         augment = training_augment(data, self.problem, self.cfg.seed, self.spec.rank)
         self.augment = augment_generator(augment)
         return batches_type(self.state.data, self.device, data.shuffle, self.cfg.seed, data.on_device,
-                    augment=augment)
+                    augment=augment, min_rows=min_rows(self.module))
 
     def loss_due(self) -> bool:
         """Whether a step's loss is due for reading: every ``LOSS_READ_S`` of this rank's clock,
@@ -138,6 +138,14 @@ class Rank:
                                  and signals.checkpoint_asked(self.spec.rank))
         self.ledger.add("comm_s", verdict.seconds)
         return verdict
+
+    def average(self, weight: float, loss: float | None) -> Verdict:
+        """This replica's parameters and floating buffers replaced by their sum over the ranks,
+        each rank's times its ``weight`` (weights summing to 1: the weighted average), in the
+        same all-reduce as the ranks' agreement on stopping, on divergence (a non-finite
+        ``loss`` anywhere) and on a checkpoint. Every rank calls it at the same point of its
+        loop (local SGD: once per round)."""
+        return self.exchange(self.flat.params, self.flat.buffers, weight, loss)
 
     def step_times(self, batches: Batches, step_choice: str) -> list[float]:
         """Every rank's seconds per training step at its own batch size, the emulated slowdown

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from hetsgd.errors import UserError
+
 
 @dataclass(frozen=True)
 class Torchrun:
@@ -14,6 +16,8 @@ class Torchrun:
     rank: int
     world_size: int
     local_rank: int
+    nodes: int  # torchrun's agents, one per node
+    local_world_size: int  # the ranks on this process's node
 
 
 def torchrun() -> Torchrun | None:
@@ -24,10 +28,26 @@ def torchrun() -> Torchrun | None:
     env = os.environ
     if "TORCHELASTIC_RUN_ID" not in env or "RANK" not in env:
         return None
-    return Torchrun(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)))
+    world_size = int(env["WORLD_SIZE"])
+    return Torchrun(int(env["RANK"]), world_size, int(env.get("LOCAL_RANK", 0)),
+                    int(env.get("GROUP_WORLD_SIZE", 1)),
+                    int(env.get("LOCAL_WORLD_SIZE", world_size)))
 
 
 def follower() -> bool:
     """A torchrun rank other than 0: it trains, and rank 0 writes the one run directory."""
     launch = torchrun()
     return launch is not None and launch.rank != 0
+
+
+def check_distributed(algo: str, distributed: bool) -> None:
+    """Under a torchrun launch of several ranks, only an algorithm whose workers are
+    torch.distributed ranks (``distributed``: its hooks are the distributed engine's) can run:
+    an asynchronous one shares one machine's memory, so rank 0 would train alone while the
+    other ranks have nothing to join. Every rank refuses it, from the plan, before anything
+    trains (rank 0 before it hands the plan over)."""
+    launch = torchrun()
+    if launch is not None and launch.world_size > 1 and not distributed:
+        raise UserError(f"algo={algo} trains its workers in one machine's shared memory, not as "
+                        f"torch.distributed ranks: torchrun's {launch.world_size} ranks cannot run "
+                        "it; use algo=sync or algo=local_sgd under torchrun, or run it without")

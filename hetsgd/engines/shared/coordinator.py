@@ -186,6 +186,7 @@ class Coordinator(EngineBase):
         self.publishers = [spec.rank for spec in specs if spec.accel]
         self.stall_s = cfg.workers.stall_s  # a worker making no progress this long is hung
         self.exit_s = EXIT_TIMEOUT_S  # how long workers have to report once training ended
+        self.died: set[int] = set()  # the workers that ended without their report
 
     noun = "worker"  # what the messages call one of its processes
 
@@ -279,6 +280,7 @@ class Coordinator(EngineBase):
         every_s = self.cfg.checkpoint.every_s
         signals = self.state.signals
         stopped: float | None = None  # when the coordinator first saw training end
+        died_first = False  # a worker died before the coordinator found any hung
         try:
             hung.update(self._start(procs) or self._await_ready(procs, finished))
             if hung:  # nobody trains: those still setting up are ended at once, below
@@ -297,6 +299,8 @@ class Coordinator(EngineBase):
                 self._collect(procs, finished, timeout=TICK_S)
                 now = time.perf_counter()
                 watch.waited(now - wall, time.thread_time() - cpu, now - t0)
+                # a stall after a worker's death is its consequence (a cursor lock it held)
+                died_first = died_first or bool(self.died)
                 for rank in watch.hung(now, self._progress(), set(finished)):
                     hung[rank] = (f"{self._name(rank)} made no progress for "
                                   f"{watch.window(rank):g} s (stopped, or hung in a device call, "
@@ -331,15 +335,19 @@ class Coordinator(EngineBase):
         finally:
             signals.stop.set()
             signals.go.set()
+            # its last sample while the workers are there: ended, they would read as idle
+            training.utilization = monitor.stop()
             killed = self._wind_down(procs, finished, hung,
                                      (stopped or time.perf_counter()) + self.exit_s)
             if self.state.checkpointing and t0 is not None:
                 self._write_checkpoints(t0, snapshots)
-            training.utilization = monitor.stop()
         # the coordinator's verdict on hung workers first (the others' failures are their release
-        # from a wait on them), then the workers' own reports, then those that never ended
-        failures = [("failed", "; ".join(hung.values()))] if hung else []
-        failures += [*finished.values(), *(("failed", m) for m in killed.values())]
+        # from a wait on them), unless a worker died before any hung: then the workers' own
+        # reports and deaths first; last, those that never ended
+        verdict = [("failed", "; ".join(hung.values()))] if hung else []
+        reports = list(finished.values())
+        failures = [*reports, *verdict] if died_first else [*verdict, *reports]
+        failures += [("failed", m) for m in killed.values()]
         for status, message in failures:
             if status != "done" and training.status == "completed":
                 training.status, training.error = status, message
@@ -441,5 +449,6 @@ class Coordinator(EngineBase):
         for spec, p in zip(self.specs, procs):
             if spec.rank not in finished and p.exitcode is not None and p.exitcode != 0:
                 finished[spec.rank] = ("failed", self._died(spec.rank, p.exitcode))
+                self.died.add(spec.rank)
                 self.state.signals.stop.set()
         return ready

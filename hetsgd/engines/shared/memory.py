@@ -64,13 +64,16 @@ class SharedRows:
     @classmethod
     def from_array(cls, x: np.ndarray | sp.csr_matrix,
                    arena: SharedArena | None = None) -> SharedRows:
-        """Dense float32 features from ``arena`` are taken as they are; others are copied once."""
+        """Dense features from ``arena`` are taken as they are; others are copied once. Dense
+        features are float32, or int64 as a ``Dataset`` keeps integers for the model (token
+        ids)."""
         share = (arena or SharedArena()).share
         if sp.issparse(x):
             x = sp.csr_matrix(x, dtype=np.float32)
             return cls(None, share(np.asarray(x.indptr, dtype=np.int64)),
                        share(np.asarray(x.indices, dtype=np.int64)), share(x.data), x.shape[1])
-        return cls(share(np.asarray(x, dtype=np.float32)), None, None, None, x.shape[1])
+        dtype = np.int64 if x.dtype == np.int64 else np.float32
+        return cls(share(np.asarray(x, dtype=dtype)), None, None, None, x.shape[1])
 
     @property
     def sparse(self) -> bool:

@@ -30,7 +30,7 @@ from functools import partial
 import torch
 
 from hetsgd.config import RunConfig
-from hetsgd.engines.batches import Batches, training_augment
+from hetsgd.engines.batches import Batches, min_rows, training_augment
 from hetsgd.engines.checkpoint import (
     WorkerState,
     augment_generator,
@@ -75,7 +75,8 @@ class Worker:
         self.train_step = build_step(cfg.optim.step, self.link.flat, cfg.optim, problem.task)
         self.batches = Batches(state.data, self.device, cfg.data.shuffle, cfg.seed,
                                cfg.data.on_device,
-                               training_augment(cfg.data, problem, cfg.seed, spec.rank))
+                               training_augment(cfg.data, problem, cfg.seed, spec.rank),
+                               min_rows(module))
         if state.restored is not None:
             self._restore(state.restored[spec.rank])
 

@@ -37,7 +37,8 @@ def profiles_for(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem) -> l
         if name is not None:
             if cost is None:
                 cost = ModelCost.of(problem.build_model(cfg.model, cfg.seed),
-                                    (problem.num_features,), problem.task, cfg.optim.step)
+                                    (problem.num_features,), problem.task, cfg.optim.step,
+                                    problem.input_dtype)
             by_group[group] = RooflineProfile(named_device(name), cost)
         elif group in measured:
             by_group[group] = measured[group]

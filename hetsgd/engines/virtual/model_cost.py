@@ -49,10 +49,10 @@ class ModelCost:
 
     @classmethod
     def of(cls, module: nn.Module, input_shape: tuple[int, ...], task: str,
-           step: str = "auto") -> ModelCost:
+           step: str = "auto", input_dtype: torch.dtype = torch.float32) -> ModelCost:
         """Count a step of ``module`` (left untouched: a copy is stepped) on dense zeros of
-        ``input_shape`` per example; its operator calls and parameter traffic as the step
-        ``optim.step=step`` builds makes them.
+        ``input_shape`` per example, of the features' ``input_dtype``; its operator calls and
+        parameter traffic as the step ``optim.step=step`` builds makes them.
 
         FLOPs are those torch's flop counter knows (matrix products and convolutions; elementwise
         work shows in the bytes instead), counted on a dense input: for a sparse input, whose
@@ -68,7 +68,7 @@ class ModelCost:
         if n_params == 0:
             raise UserError(f"a {type(module).__name__} has no parameters to train")
         model = copy.deepcopy(module).train()
-        x = torch.zeros(PROBE_BATCH, *input_shape)
+        x = torch.zeros(PROBE_BATCH, *input_shape, dtype=input_dtype)
         elements, logits = _activation_elements(model, x)
         y = _targets(task, logits)
         flops = _train_flops(model, x, y, task)

@@ -4,11 +4,14 @@ trains. A tracker that fails (a server down, a full disk) costs one warning and 
 never the run: its status and files are already written, and the warning lands in the run's
 ``cli.log`` with everything else the command logged. In a sweep, a tracker that failed is left
 out for the sweep's later jobs, which it would fail alike (and stall, a silent server by its
-timeout each): one warning per sweep."""
+timeout each): one warning per sweep. A sweep's job draws no figures of its own (the sweep draws
+its comparison at its end): a tracker draws the job's, so that each job's tracked run holds its
+figures as a single run's does."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -42,6 +45,8 @@ def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
         log.warning("trackers: could not read the run in %s: %s", run_dir, _cause(exc))
         return
     sweep = run_dir.parent if record.sweep is not None else None
+    if sweep is not None and not record.figures:
+        record = replace(record, figures=_draw_figures(run_dir))
     if chosen.tensorboard is not None and _tried(sweep, "tensorboard"):
         try:
             from hetsgd.outputs.trackers.tensorboard_events import write_events
@@ -58,6 +63,18 @@ def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
         except Exception as exc:  # noqa: BLE001 - costs the MLflow run, never the run
             log.warning("mlflow: could not log the run in %s to %s: %s%s", run_dir,
                         chosen.mlflow.tracking_uri, _cause(exc), _drop(sweep, "mlflow"))
+
+
+def _draw_figures(run_dir: Path) -> list[Path]:
+    """The figures of a sweep's job, drawn into its ``figures/``; none where they cannot be
+    drawn (a run that failed before training has no curves), which costs a warning only."""
+    try:
+        from hetsgd.outputs.run_figures import plot_run  # matplotlib loads only here
+
+        return plot_run(run_dir)
+    except Exception as exc:  # noqa: BLE001 - the run is tracked without its figures
+        log.warning("trackers: could not draw the figures of %s: %s", run_dir, _cause(exc))
+        return []
 
 
 def _tried(sweep: Path | None, tracker: str) -> bool:

@@ -1,12 +1,14 @@
 """What a tracker logs of one finished run, read from its run directory alone (the layout in
 docs/architecture.md), so that every tracker logs the same numbers the report and figures show.
 
-Each snapshot (a row of ``convergence.csv``) is logged at step = its row number (0: the initial
-model) and at wall time = the run's start + its ``time_s``; each utilization sample at step = its
-row number. Step is the snapshot's number rather than its updates so that it rises strictly, as
-trackers expect; updates, epochs and examples are series of their own. The run's start is not
-written down: it is the time ``workers.csv`` was written last (as training ended) less the
-training time, which is exact to the time between the end of training and that write.
+Each snapshot (a row of ``convergence.csv``) and each utilization sample is logged at step = its
+training time in milliseconds (``time_s``, virtual for a simulated run; 0: the initial model) and
+at wall time = the run's start + its ``time_s``. Step is the training time rather than a row
+number or the updates so that the runs of one budget line up on the trackers' default x axis
+(MLflow's "Step", TensorBoard's "STEP"), whatever their number of snapshots; updates, epochs and
+examples are series of their own. The run's start is not written down: it is the time
+``workers.csv`` was written last (as training ended) less the training time, which is exact to
+the time between the end of training and that write.
 """
 
 from __future__ import annotations
@@ -38,9 +40,14 @@ IDENTITY = ("algo", "dataset", "model", "devices", "seed", "status")
 
 @dataclass(frozen=True)
 class Point:
-    step: int
+    step: int  # training milliseconds
     time: float  # wall-clock seconds since the epoch
     value: float
+
+
+def step_of(time_s: float) -> int:
+    """The step a point of training time ``time_s`` is logged at: its training milliseconds."""
+    return int(round(1000 * time_s))
 
 
 @dataclass(frozen=True)
@@ -87,9 +94,9 @@ def swept_values(run_dir: Path) -> dict[str, str]:
 
 def _points(frame: pd.DataFrame, column: str, started: float) -> list[Point]:
     """The column's numbers; an empty cell (NaN) has nothing to draw and is left out."""
-    return [Point(step, started + float(time_s), float(value))
-            for step, (time_s, value) in enumerate(zip(frame["time_s"], frame[column]))
-            if not math.isnan(value)]
+    return [Point(step_of(time_s), started + float(time_s), float(value))
+            for time_s, value in zip(frame["time_s"], frame[column])
+            if not math.isnan(value) and not math.isnan(time_s)]
 
 
 def _table(run_dir: Path, name: str) -> pd.DataFrame:

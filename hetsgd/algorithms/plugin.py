@@ -1,0 +1,165 @@
+"""A user's algorithm, by ``algo=custom algo._target_=PKG.MODULE_OR_OBJECT``.
+
+The target (resolved as Hydra resolves a ``_target_``: its longest importable module prefix,
+then attributes) is a module or any object providing what a built-in module provides
+(:class:`~hetsgd.algorithms.base.Algorithm`): ``plan(cfg, specs) -> Plan`` and
+``hooks(plan) -> Hooks``. Two attributes are optional:
+
+- ``NAME``: what summaries and reports call it (default: the target's last component);
+- ``CONFIG``: a dataclass subclassing :class:`~hetsgd.config.algorithms.AlgoConfig` that types
+  its settings (``+algo.NAME=VALUE`` or a user's YAML), built through OmegaConf's type checks and
+  its own ``__post_init__``; without one, ``plan`` reads them untyped from
+  ``cfg.algo.settings``.
+
+Each built-in module declares both, so ``algo._target_=hetsgd.algorithms.hogbatch`` is Hogbatch
+itself. What cannot be loaded, has the wrong shape or raises in ``plan`` or ``hooks`` is one
+:class:`UserError` line naming the target; what raises in a worker or rank fails the run as any
+worker's error does. The target comes from the run's own config only: a run folder or
+torchrun's store that names one is trusted only where the user's command names it too
+(:mod:`hetsgd.runs.trust`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from hydra._internal.utils import _locate  # hydra.utils.get_object, less its multi-line log
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hetsgd.algorithms.base import Plan
+from hetsgd.config import AlgoConfig, RunConfig
+from hetsgd.config.algorithms import CustomAlgoConfig
+from hetsgd.config.checks import ConfigError
+from hetsgd.config.plain import plain
+from hetsgd.engines.hooks import DistributedHooks, Hooks, SharedMemoryHooks
+from hetsgd.engines.shared.links import Link, LinkFactory
+from hetsgd.engines.shared.state import SharedState
+from hetsgd.errors import UserError
+from hetsgd.workers import WorkerSpec
+
+KEY = "algo._target_"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _raised(target: str, doing: str, exc: BaseException) -> UserError:
+    said = f": {_one_line(str(exc))}" if str(exc) else ""
+    return UserError(f"{KEY}={target}: {doing} raised {type(exc).__name__}{said}")
+
+
+@dataclass
+class Plugin:
+    """A user's algorithm, loaded and checked; an :class:`~.base.Algorithm` whose calls end in
+    one line naming the target."""
+
+    target: str
+    NAME: str
+    provider: Any  # the module or object that provides plan and hooks
+    CONFIG: type[AlgoConfig] | None
+
+    @classmethod
+    def load(cls, target: str) -> Plugin:
+        if target.split(".")[0] in ("__main__", "__mp_main__"):
+            raise UserError(f"{KEY}={target}: worker processes cannot import the script or "
+                            "notebook that starts the run; put the algorithm in a module of its "
+                            "own and name that")
+        try:
+            provider = _locate(target)
+        except ImportError as exc:
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise UserError(f"{KEY}={target}: cannot be imported ({type(cause).__name__}: "
+                            f"{_one_line(str(cause))}); is its package on PYTHONPATH?") from None
+        except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import
+            raise _raised(target, "importing it", exc) from None
+        missing = [name for name in ("plan", "hooks") if not callable(getattr(provider, name, None))]
+        if missing:
+            raise UserError(f"{KEY}={target}: a {type(provider).__name__} without "
+                            f"{' and '.join(missing)}; an algorithm provides plan(cfg, specs) -> "
+                            "Plan and hooks(plan) -> Hooks (see hetsgd.algorithms.api)")
+        name = getattr(provider, "NAME", target.rsplit(".", 1)[-1])
+        if not isinstance(name, str) or not name:
+            raise UserError(f"{KEY}={target}: its NAME is {name!r}, not a name")
+        config = getattr(provider, "CONFIG", None)
+        if config is not None and not (isinstance(config, type) and dataclasses.is_dataclass(config)
+                                       and issubclass(config, AlgoConfig)):
+            raise UserError(f"{KEY}={target}: its CONFIG is {config!r}, not a dataclass "
+                            "subclassing hetsgd.algorithms.api.AlgoConfig")
+        return cls(target, name, provider, config)
+
+    def typed(self, algo: CustomAlgoConfig) -> AlgoConfig:
+        """``algo``'s settings as the algorithm's own ``CONFIG`` (range checks included), named
+        by its ``NAME``; untyped in ``settings`` without one."""
+        if self.CONFIG is None:
+            return dataclasses.replace(algo, name=self.NAME)
+        declared = {f.name for f in dataclasses.fields(self.CONFIG)}
+        unknown = [f"algo.{key}" for key in algo.settings if key not in declared]
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: {self.target}'s "
+                              f"CONFIG ({self.CONFIG.__name__}) has no such field")
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(self.CONFIG),
+                                     OmegaConf.create({**algo.settings, "name": self.NAME}))
+            typed = OmegaConf.to_object(merged)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"algo.{exc.full_key or ''}: {_one_line(str(exc).splitlines()[0])}"
+                              ) from None
+        assert isinstance(typed, AlgoConfig)
+        return typed
+
+    def plan(self, cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
+        try:
+            plan = self.provider.plan(cfg, specs)
+        except UserError as exc:
+            raise UserError(f"{KEY}={self.target}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the user's code
+            raise _raised(self.target, "its plan", exc) from None
+        if not isinstance(plan, Plan):
+            raise UserError(f"{KEY}={self.target}: its plan returned a {type(plan).__name__}, "
+                            "not a Plan")
+        return plan
+
+    def hooks(self, plan: Plan) -> Hooks:
+        try:
+            hooks = self.provider.hooks(plan)
+        except UserError as exc:
+            raise UserError(f"{KEY}={self.target}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the user's code
+            raise _raised(self.target, "its hooks", exc) from None
+        if isinstance(hooks, SharedMemoryHooks):  # its links are built in the workers
+            return dataclasses.replace(hooks, link=partial(_link, self.target, hooks.link))
+        if not isinstance(hooks, DistributedHooks):
+            raise UserError(f"{KEY}={self.target}: its hooks returned a {type(hooks).__name__}, "
+                            "not SharedMemoryHooks or DistributedHooks")
+        return hooks
+
+
+def _link(target: str, factory: LinkFactory, spec: WorkerSpec, module: torch.nn.Module,
+          state: SharedState) -> Link:
+    """A worker's link from the algorithm's factory, in the worker: what the factory raises
+    fails the run in one line naming the target, as a worker's :class:`UserError` does."""
+    try:
+        return factory(spec, module, state)
+    except UserError as exc:
+        raise UserError(f"{KEY}={target}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's code
+        raise _raised(target, f"its link for worker {spec.rank} ({spec.group})", exc) from None
+
+
+def settings_of(plan: Plan, chosen: CustomAlgoConfig) -> Plan:
+    """``plan`` with its algorithm's typed settings (those ``plan`` settled included) back in
+    the ``settings`` of the ``chosen`` custom config: what another process reads back as plain
+    data with the schemas it knows (a torchrun follower), then types again."""
+    algo = plan.cfg.algo
+    if isinstance(algo, CustomAlgoConfig):
+        return plan
+    values = plain(algo)
+    values.pop("name")
+    untyped = dataclasses.replace(chosen, settings=values)
+    return dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, algo=untyped))

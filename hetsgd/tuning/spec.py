@@ -1,0 +1,114 @@
+"""What a tuned comparison searches, and by which objective: the ``tuning`` node of an
+experiment (hetsgd/conf/experiment/tuned_comparison.yaml).
+
+The node is read as data (:meth:`Tuning.of`) from the sweep's composed config; the search itself
+is run by `hetsgd run -m` (:mod:`hetsgd.invocation`), which sets it to null in every job it
+starts. A run whose config still holds one (the experiment started without ``-m``) is refused by
+the config's own check (``RunConfig.tuning``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+
+from hetsgd.config import CONF_DIR
+from hetsgd.errors import UserError
+from hetsgd.outputs.index import flatten
+from hetsgd.outputs.report import METRICS
+
+NODE = "tuning"
+#: The objectives a search may rank its settings by: the per-run metrics of a report, over the
+#: trials (times to a normalized loss use the best training loss of all trials); the lowest
+#: wins except for these.
+OBJECTIVES = tuple(column for column, _, _ in METRICS)
+MAXIMIZED = frozenset({"test_acc"})
+_NAME = re.compile(r"[A-Za-z0-9_]+")
+
+
+@dataclass
+class Tuning:
+    """``methods``: the ``+method`` choices compared (``gpu,hogwild``); ``search``: each knob's
+    grid in Hydra's sweep syntax (``optim.lr: 0.01,0.1``); ``objective``: the metric that ranks
+    a method's settings; ``trials``: the overrides of every search trial (its budget, its
+    seeds), over the experiment's."""
+
+    methods: str
+    search: dict[str, Any]
+    objective: str = "time_to_0.9"
+    trials: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.method_names = [m.strip() for m in str(self.methods).split(",") if m.strip()]
+        if not self.method_names:
+            raise UserError(f"{NODE}.methods is empty: name the +method choices to compare")
+        for method in self.method_names:
+            if not _NAME.fullmatch(method) or not (CONF_DIR / "method" / f"{method}.yaml").is_file():
+                raise UserError(f"{NODE}.methods: no +method choice {method!r}")
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"{NODE}.objective={self.objective!r} is not a metric: choose one of "
+                            f"{', '.join(OBJECTIVES)}")
+        self.grid = {knob: _grid(knob, values) for knob, values in
+                     flatten(dict(self.search or {})).items()}
+        if not self.grid:
+            raise UserError(f"{NODE}.search is empty: give each knob its values, e.g. "
+                            "optim.lr: 0.01,0.1")
+
+    @classmethod
+    def of(cls, config: DictConfig) -> Tuning | None:
+        """The tuning a composed sweep config asks for, or None for a sweep without one."""
+        node = OmegaConf.select(config, NODE)
+        if node is None:
+            return None
+        given = OmegaConf.to_container(node, resolve=True)
+        if not isinstance(given, dict):
+            raise UserError(f"{NODE}={given!r}: a tuned comparison's node is a mapping (methods, "
+                            "search, objective, trials)")
+        try:
+            return cls(**{str(key): value for key, value in given.items()})
+        except TypeError as exc:  # a key the node does not take, or a missing one
+            raise UserError(f"{NODE}: {exc}") from exc
+
+    @property
+    def maximized(self) -> bool:
+        return self.objective in MAXIMIZED
+
+    def search_overrides(self) -> list[str]:
+        """The knobs' sweeps, as overrides of the search's trials."""
+        return [f"{knob}={','.join(values)}" for knob, values in self.grid.items()]
+
+    def trial_overrides(self) -> list[str]:
+        return [f"{key}={_text(value)}" for key, value in flatten(dict(self.trials or {})).items()]
+
+
+def _text(value: Any) -> str:
+    """A YAML value as an override's value: a list is a sweep's values."""
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _grid(knob: str, values: Any) -> list[str]:
+    """A knob's values, in the order given, from Hydra's sweep syntax (``0.01,0.1``,
+    ``range(1,4)``) or a YAML list; an empty grid or a continuous interval is refused."""
+    text = _text(values) if values is not None else ""
+    if not text.strip():
+        raise UserError(f"{NODE}.search.{knob} is empty: give it at least one value")
+    try:
+        override = OverridesParser.create().parse_override(f"{knob}={text}")
+    except HydraException as exc:
+        raise UserError(f"{NODE}.search.{knob}={text!r}: {str(exc).splitlines()[0]}") from exc
+    if override.is_hydra_override() or override.is_delete():
+        raise UserError(f"{NODE}.search.{knob}: a knob is a key of the run's config")
+    if not override.is_sweep_override():
+        return [override.get_value_element_as_str()]
+    if not override.is_discrete_sweep():
+        raise UserError(f"{NODE}.search.{knob}={text!r}: a grid takes listed values or range(), "
+                        "not an interval")
+    grid = list(override.sweep_string_iterator())
+    if not grid:
+        raise UserError(f"{NODE}.search.{knob}={text!r} is empty: give it at least one value")
+    return grid

@@ -1,0 +1,48 @@
+"""In a Jupyter notebook the progress display is printed once, as training ends, without the
+widget rich's live display needs there (and warns about at each refresh without it)."""
+
+from __future__ import annotations
+
+import builtins
+import warnings
+
+import pytest
+from conftest import run_config
+from rich.console import Console
+
+from hetsgd.engines.counters import WorkerCounters
+from hetsgd.observe.progress import TrainingProgress, stderr_console
+from hetsgd.workers import expand
+
+
+class ZMQInteractiveShell:
+    """What ``get_ipython()`` returns in a Jupyter kernel, by the class name rich looks for."""
+
+
+@pytest.fixture
+def notebook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(builtins, "get_ipython", ZMQInteractiveShell, raising=False)
+    monkeypatch.setenv("FORCE_COLOR", "1")  # as Jupyter kernels may set it
+
+
+def test_in_a_notebook_the_console_is_a_plain_one(notebook: None) -> None:
+    assert Console(stderr=True).is_jupyter  # what rich would draw with: widgets
+    console = stderr_console()
+    assert not console.is_jupyter and not console.is_terminal
+
+
+def test_in_a_notebook_progress_is_one_line_at_the_end_without_warnings(
+        notebook: None, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = run_config("progress=true", "budget.epochs=null", "budget.seconds=1")
+    specs = expand(cfg.devices)
+    counters = WorkerCounters(len(specs))
+    counters.column("examples").fill_(300.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with TrainingProgress(cfg, specs, num_examples=100) as progress:
+            assert capsys.readouterr().err == ""  # nothing while it trains
+            progress.update(0.5, counters)
+    assert [str(w.message) for w in caught] == []
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"epoch {3 * len(specs):.2f}" in lines[0]
+    assert "\x1b[" not in lines[0]  # plain text: no terminal codes

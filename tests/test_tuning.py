@@ -1,0 +1,176 @@
+"""Sweeps that tune before they compare (hetsgd/tuning/): the spec's checks, each method's choice
+on synthetic trial tables, the report's tuned columns, and a tuned comparison on the virtual
+clock that chooses the same settings when run again."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from hetsgd.errors import UserError
+from hetsgd.invocation import invoke
+from hetsgd.outputs.report import add_tuning, write_report
+from hetsgd.tuning import Tuning
+from hetsgd.tuning.choice import choose
+from hetsgd.tuning.phases import check_knobs, tuned_config
+
+OBJECTIVE = "objective.time_to_0.9"
+
+
+def trials(rows: list[tuple[str, str, int, float, float]]) -> pd.DataFrame:
+    """(method, lr, seed, objective, train loss) per trial."""
+    return pd.DataFrame(rows, columns=["method", "set.optim.lr", "seed", OBJECTIVE, "train_loss"])
+
+
+def test_each_method_gets_the_setting_whose_mean_over_the_seeds_is_best() -> None:
+    table = trials([("gpu", "0.1", 0, 3.0, 0.2), ("gpu", "0.1", 1, 1.0, 0.2),   # mean 2.0
+                    ("gpu", "0.3", 0, 2.5, 0.1), ("gpu", "0.3", 1, 2.5, 0.1),   # mean 2.5
+                    ("hogwild", "0.1", 0, 0.5, 0.3), ("hogwild", "0.1", 1, 0.7, 0.3),
+                    ("hogwild", "0.3", 0, 0.4, 0.3), ("hogwild", "0.3", 1, 0.4, 0.3)])
+    assert choose(table, maximized=False) == {"gpu": {"optim.lr": "0.1"},
+                                              "hogwild": {"optim.lr": "0.3"}}
+    assert table["chosen"].tolist() == [True, True, False, False, False, False, True, True]
+    assert choose(table, maximized=True) == {"gpu": {"optim.lr": "0.3"},
+                                             "hogwild": {"optim.lr": "0.1"}}
+
+
+def test_a_setting_that_a_seed_never_brought_to_the_target_ranks_behind_one_that_all_did() -> None:
+    table = trials([("sync", "1.0", 0, 0.2, 0.1), ("sync", "1.0", 1, math.nan, 0.9),
+                    ("sync", "0.1", 0, 5.0, 0.5), ("sync", "0.1", 1, 6.0, 0.5)])
+    assert choose(table, maximized=False) == {"sync": {"optim.lr": "0.1"}}
+
+
+def test_without_any_objective_the_lowest_training_loss_then_the_first_listed_wins() -> None:
+    table = trials([("sync", "0.01", 0, math.nan, 0.8), ("sync", "0.1", 0, math.nan, 0.4),
+                    ("sync", "1.0", 0, math.nan, 0.4)])
+    assert choose(table, maximized=False) == {"sync": {"optim.lr": "0.1"}}
+
+
+def test_a_method_none_of_whose_settings_completed_on_every_seed_is_one_line() -> None:
+    table = trials([("sync", "0.1", 0, math.nan, math.nan), ("sync", "0.3", 0, 1.0, 0.2),
+                    ("sync", "0.3", 1, math.nan, math.nan)])
+    with pytest.raises(UserError, match=r"^no setting of \+method=sync completed on every trial"):
+        choose(table, maximized=False)
+
+
+def test_the_report_gives_the_chosen_setting_and_the_search_spread_per_method() -> None:
+    table = trials([("gpu", "0.1", 0, 2.0, 0.2), ("gpu", "0.3", 0, 4.0, 0.1),
+                    ("gpu", "1.0", 0, math.nan, 0.9),
+                    ("hogwild", "0.1", 0, 0.5, 0.3), ("hogwild", "0.3", 0, 0.25, 0.3),
+                    ("adaptive", "0.1", 0, math.nan, 0.5), ("adaptive", "0.3", 0, math.nan, 0.4)])
+    choose(table, maximized=False)
+    rows = pd.DataFrame({"algo": ["sync", "hogwild", "adaptive", "sync"],
+                         "variant": ["+tuned=gpu", "+tuned=hogwild", "+tuned=adaptive",
+                                     "optim.lr=0.5"]})
+    columns = add_tuning(rows, table)
+    assert columns == ["chosen optim.lr", "search time_to_0.9"]
+    assert rows["chosen optim.lr"].tolist() == ["0.1", "0.3", "0.3", "—"]
+    assert rows["search time_to_0.9"].tolist() == ["2 .. 4 (2/3)", "0.25 .. 0.5", "— (0/2)", "—"]
+
+
+def spec(**given: object) -> Tuning:
+    node = {"methods": "gpu,hogwild", "search": {"optim": {"lr": "0.1,0.3"}}, **given}
+    return Tuning.of(OmegaConf.create({"tuning": node}))  # type: ignore[return-value]
+
+
+def test_a_tuning_node_gives_its_grid_its_trials_and_its_methods() -> None:
+    tuning = spec(trials={"seed": "100,101", "budget": {"seconds": 2}})
+    assert tuning.method_names == ["gpu", "hogwild"]
+    assert tuning.search_overrides() == ["optim.lr=0.1,0.3"]
+    assert tuning.trial_overrides() == ["seed=100,101", "budget.seconds=2"]
+    assert spec(search={"optim.lr": [0.1, 0.3]}).grid == {"optim.lr": ["0.1", "0.3"]}
+    assert spec(search={"optim.lr": "range(1,3)"}).grid == {"optim.lr": ["1", "2"]}
+
+
+@pytest.mark.parametrize(("given", "error"), [
+    ({"search": {}}, r"search is empty"),
+    ({"search": {"optim": {"lr": ""}}}, r"search\.optim\.lr is empty"),
+    ({"search": {"optim": {"lr": "interval(0.1,1)"}}}, r"not an interval"),
+    ({"objective": "speed"}, r"objective='speed' is not a metric: choose one of time_to_0\.9"),
+    ({"methods": "gpu,nope"}, r"no \+method choice 'nope'"),
+    ({"methods": ""}, r"methods is empty"),
+    ({"sampler": "tpe"}, r"unexpected keyword argument 'sampler'"),
+])
+def test_a_bad_tuning_node_is_one_line(given: dict[str, object], error: str) -> None:
+    with pytest.raises(UserError, match=error) as caught:
+        spec(**given)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.integration
+def test_a_single_run_of_the_tuned_experiment_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Only a sweep searches (the experiment's own hydra.mode is MULTIRUN, with or without -m):
+    forced into one run, its config is refused before it trains."""
+    invocation = invoke([*TINY, "hydra.mode=RUN", f"results_dir={tmp_path}"])
+    assert invocation.code == 1 and invocation.sweep_dir is None
+    error, = invocation.errors
+    assert "tunes before it compares" in error and "hetsgd run -m" in error
+    summary, = (json.loads(p.read_text()) for p in tmp_path.rglob("summary.json"))
+    assert summary["status"] == "failed" and "tunes before it compares" in summary["error"]
+
+
+def test_an_unknown_knob_is_refused_before_any_trial() -> None:
+    with pytest.raises(UserError, match=r"unknown knob 'optim\.lrr': \+method=gpu's config"):
+        check_knobs(spec(search={"optim": {"lrr": "0.1"}}), [])
+    check_knobs(spec(), [])
+
+
+def test_a_methods_tuned_config_is_its_method_with_the_chosen_values_over_it() -> None:
+    assert tuned_config("hogbatch", {"optim.lr": "0.3", "algo.min_accel_batch": "64"}) == (
+        "# @package _global_\ndefaults:\n- /method: hogbatch\n- _self_\n"
+        "optim:\n  lr: 0.3\nalgo:\n  min_accel_batch: 64\n")
+
+
+#: 2 methods x 2 lrs x 1 trial seed, then 1 evaluation seed, on a simulated paper mix with two
+#: host workers, a hundredth of a virtual second each
+TINY = ("+experiment=tuned_comparison", "devices=paper_hogbatch_v100",
+        "devices.groups.cpu.count=2", "model=logreg", "progress=false",
+        "tuning.methods='hogwild,hogbatch'",
+        "tuning.search.optim.lr='0.01,0.3'",
+        "tuning.trials.budget.seconds=0.01", "budget.seconds=0.01",
+        "eval.every_s=0.002", "seed=0")
+
+
+def tuned_sweep(results: Path) -> Path:
+    invocation = invoke(["-m", *TINY, f"results_dir={results}"])
+    assert invocation.code == 0, invocation.errors
+    assert invocation.sweep_dir is not None
+    return invocation.sweep_dir
+
+
+@pytest.mark.integration
+def test_a_tuned_comparison_on_the_virtual_clock_chooses_the_same_settings_again(
+        tmp_path: Path) -> None:
+    first, second = tuned_sweep(tmp_path / "a"), tuned_sweep(tmp_path / "b")
+    tried = pd.read_csv(first / "tuning.csv")
+    assert len(tried) == 4 and set(tried["status"]) == {"completed"}
+    chosen = tried[tried["chosen"]].set_index("method")["set.optim.lr"].to_dict()
+    assert sorted(chosen) == ["hogbatch", "hogwild"]
+    again = pd.read_csv(second / "tuning.csv")
+    assert again[again["chosen"]].set_index("method")["set.optim.lr"].to_dict() == chosen
+    pd.testing.assert_series_equal(tried["objective.time_to_0.9"], again["objective.time_to_0.9"])
+    # the comparison reruns each method at its choice, and its report leaves the trials out
+    report = write_report(first)
+    for method, lr in chosen.items():
+        line, = (row for row in report.splitlines() if f"+tuned={method} |" in row)
+        assert f"| {lr:g} |" in line
+    assert report.count("+tuned=") == 2 and "+method=" not in report
+    for job in (first / "0_seed=0,+tuned=hogwild", first / "1_seed=0,+tuned=hogbatch"):
+        method = job.name.rsplit("=", 1)[1]
+        assert yaml.safe_load((job / "config.yaml").read_text())["optim"]["lr"] == chosen[method]
+
+
+@pytest.mark.integration
+def test_a_bad_tuning_config_stops_the_sweep_with_one_line_before_any_job(tmp_path: Path) -> None:
+    invocation = invoke(["-m", *TINY, f"results_dir={tmp_path}",
+                         "tuning.objective=speed"])
+    assert invocation.code == 1
+    error, = invocation.errors
+    assert "objective='speed' is not a metric" in error and "\n" not in error
+    assert not (tmp_path / "sweeps").exists() or not any((tmp_path / "sweeps").rglob("summary.json"))
