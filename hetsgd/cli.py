@@ -103,8 +103,8 @@ def recover(run_dir: Path = typer.Argument(..., help="A run directory left by a 
                      "repeat it for each _target_ the config names): a run folder's own "
                      "targets are never called otherwise.")) -> None:
     """Evaluate the snapshots a crashed run left into convergence.csv, summary.json and figures."""
+    from hetsgd.outputs.drawing import draw_figures
     from hetsgd.runs.recover import recover as recover_run
-    from hetsgd.train import draw_figures
 
     try:
         summary = recover_run(run_dir, model_target)

@@ -15,6 +15,12 @@ class Diverged(Exception):
     """The training loss became NaN or infinite."""
 
 
+def one_line(message: object) -> str:
+    """``message`` (an exception's text, a parser's) on one line, its whitespace runs as one
+    space: what every one-line error embeds of a library's message."""
+    return " ".join(str(message).split())
+
+
 # What a failed allocation says where it is not a MemoryError: an mmap refused with ENOMEM (a
 # shared library that cannot be loaded, torch's CPU allocator) or a thread whose stack cannot be
 # mapped, as under `ulimit -v` or a cgroup's limit.
@@ -26,7 +32,7 @@ def out_of_memory(exc: BaseException) -> str | None:
     """``out of memory (CAUSE)`` where ``exc`` says the process ran out of memory or address
     space, else None: the one reason a run gives for it, wherever it struck (importing torch,
     loading data, training, drawing), in its summary and on stderr."""
-    message = " ".join(str(exc).split())
+    message = one_line(exc)
     if not (isinstance(exc, MemoryError)
             or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM)
             or any(text in message.lower() for text in _MEMORY_MESSAGES)):

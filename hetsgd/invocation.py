@@ -28,7 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from hetsgd.config import CONF_DIR, ConfigError, compose_run, register_configs
-from hetsgd.config.compose import hydra_arguments
+from hetsgd.config.compose import hydra_arguments, quoted
 from hetsgd.engines.distributed.torchrun import follower
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.outputs.safe_text import guard_logging
@@ -47,6 +47,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # The launcher that runs a sweep's jobs all at once on this machine (hydra/launcher=submitit_local:
 # submitit's local executor has no limit on how many run together)
 CONCURRENT_LAUNCHER = "hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+# The overrides that may set hydra.mode: MULTIRUN without -m (the experiments do)
+MODE_SETTERS = frozenset({"experiment", "hydra.mode"})
 # A launcher such as submitit runs sweep jobs in processes that unpickle the task function
 # (:class:`_Job`) and compose their own config, so the schemas and resolvers are registered
 # wherever this module loads.
@@ -196,7 +198,7 @@ def _run_hydra(invocation: Invocation, args: list[str]) -> None:
     parser, parsed = hydra_arguments(args)
     invocation.sweep_dir, tuning = _settle_sweep_dir(parsed.overrides, parsed.multirun)
     if invocation.sweep_dir is not None:
-        parsed.overrides.append(f"hydra.sweep.dir={_quoted(invocation.sweep_dir)}")
+        parsed.overrides.append(f"hydra.sweep.dir={quoted(invocation.sweep_dir)}")
     setbase("1.3")
     job = _Job(invocation)
 
@@ -221,13 +223,13 @@ def _settle_sweep_dir(overrides: list[str], multirun: bool
     ``hydra.mode: MULTIRUN``) and where the overrides do not compose, which Hydra then reports
     itself. A launcher that runs the jobs at once is warned of here, once: their measured times
     compete for the cores."""
-    from hetsgd.outputs.sweep import check_unused
-    from hetsgd.tuning import Tuning
-    from hetsgd.tuning.phases import check_knobs
-
     try:
-        fixed = [override.input_line for override in
-                 OverridesParser.create().parse_overrides(overrides)
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        # without -m only an experiment (or hydra.mode itself) can make it a sweep: a single
+        # run is not composed an extra time
+        if not multirun and not any(o.key_or_group in MODE_SETTERS for o in parsed):
+            return None, None
+        fixed = [override.input_line for override in parsed
                  if not override.is_sweep_override() and override.input_line is not None]
         config = compose_run(fixed, hydra_config=True)
     except Exception:  # noqa: BLE001 - Hydra's own composition says what is wrong, just after
@@ -235,6 +237,10 @@ def _settle_sweep_dir(overrides: list[str], multirun: bool
     hydra = config.hydra
     if not multirun and hydra.mode != RunMode.MULTIRUN:
         return None, None
+    from hetsgd.outputs.sweep import check_unused
+    from hetsgd.tuning import Tuning
+    from hetsgd.tuning.phases import check_knobs
+
     sweep_dir = Path(str(hydra.sweep.dir))
     check_unused(sweep_dir)
     if str(hydra.launcher.get("_target_", "")).endswith(CONCURRENT_LAUNCHER):
@@ -245,11 +251,6 @@ def _settle_sweep_dir(overrides: list[str], multirun: bool
     if tuning is not None:
         check_knobs(tuning, fixed)
     return sweep_dir, tuning
-
-
-def _quoted(path: Path) -> str:
-    """``path`` as one quoted Hydra override value."""
-    return "'" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _continue_in_place(args: Sequence[str]) -> list[str]:
@@ -264,7 +265,7 @@ def _continue_in_place(args: Sequence[str]) -> list[str]:
         return []
     # Hydra writes nothing there (no .hydra/): a refused resume leaves RUN_DIR as it was, and
     # an accepted one records its overrides itself (hetsgd.runs.resume)
-    return [f"hydra.run.dir={_quoted(Path(source).resolve())}", "hydra.output_subdir=null"]
+    return [f"hydra.run.dir={quoted(Path(source).resolve())}", "hydra.output_subdir=null"]
 
 
 def _take_stop_signals(arrived: list[int]) -> dict[signal.Signals, Any]:

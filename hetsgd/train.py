@@ -3,7 +3,6 @@ whichever entry started it (:mod:`hetsgd.invocation`)."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,8 +19,6 @@ from hetsgd.errors import out_of_memory
 
 if TYPE_CHECKING:  # the summary's readers load pandas: `hetsgd --help` does without
     from hetsgd.outputs.summary import RunSummary
-
-log = logging.getLogger("hetsgd")
 
 
 def train(cfg: DictConfig, started_at: float | None = None) -> RunSummary:
@@ -53,6 +50,8 @@ def train(cfg: DictConfig, started_at: float | None = None) -> RunSummary:
         else:
             summary = runner.run(cfg, run_dir, cfg, hydra_cfg.overrides.task, started_at)
             if hydra_cfg.mode != RunMode.MULTIRUN:
+                from hetsgd.outputs.drawing import draw_figures  # loaded by the run
+
                 draw_figures(run_dir)
     _log_to_trackers(run_dir, cfg)
     return replace(summary, run_dir=str(run_dir))
@@ -81,16 +80,6 @@ def _refusal(cfg: DictConfig) -> str | None:
     except ConfigError as exc:
         return str(exc)
     return None
-
-
-def draw_figures(run_dir: Path) -> None:
-    """Figures are a view of the files just written; failing to draw never fails the run."""
-    try:
-        from hetsgd.outputs.run_figures import plot_run  # matplotlib loads only here
-
-        plot_run(run_dir)
-    except Exception as exc:  # noqa: BLE001 - the results are on disk; say why figures are missing
-        log.warning("could not draw the figures of %s: %s", run_dir, out_of_memory(exc) or exc)
 
 
 def _log_to_trackers(run_dir: Path, cfg: DictConfig) -> None:

@@ -151,7 +151,7 @@ def test_an_embedding_model_trains_on_token_ids_on_every_engine(
         nets: None, tmp_path: Path, results_dir: Path, engine: tuple[str, ...]) -> None:
     cfg = compose_config("dataset=files", f"dataset.path={tokens(tmp_path)}", "model=custom",
                          f"model._target_={PACKAGE}.BagOfTokens", "optim.lr=0.5",
-                         "budget.epochs=null", "budget.seconds=1", "eval.every_s=0.2",
+                         "budget.epochs=3", "budget.seconds=null", "eval.every_s=0.2",
                          "eval.every_epochs=null", *engine)
     summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]

@@ -21,6 +21,7 @@ from test_doc_commands import SHELL, Command, blocks, commands, run_overrides, s
 
 from hetsgd import algorithms
 from hetsgd.config import compose_run, to_run_config
+from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.runs import runner
@@ -67,6 +68,11 @@ def test_a_command_of_the_page_composes_and_its_settings_are_typed(package: Path
         cfg = to_run_config(compose_run(overrides))
         algorithm, typed = algorithms.choose(cfg)
         assert typed.algo.name == algorithm.NAME
+        config = getattr(algorithm, "CONFIG", None) or CustomAlgoConfig
+        assert isinstance(typed.algo, config)  # its own dataclass, not the untyped settings
+        for key, _, value in (o.lstrip("+").partition("=") for o in overrides):
+            if key.startswith("algo.") and key != "algo._target_":
+                assert str(getattr(typed.algo, key.removeprefix("algo."))) == value, key
 
 
 def _trained(*overrides: str) -> torch.Tensor:
@@ -123,7 +129,7 @@ def test_the_proportional_controller_steers_a_simulated_paper_machine(package: P
 def test_each_example_trains_on_the_emulated_mix(package: Path, tmp_path: Path,
                                                  example: tuple[str, ...]) -> None:
     summary = _run(tmp_path, "algo=custom", *example, "devices=emulated", "model=mlp",
-                   "budget.seconds=1", "budget.epochs=null", "eval.every_s=0.2", "progress=false")
+                   "budget.epochs=3", "budget.seconds=null", "eval.every_s=0.2", "progress=false")
     assert summary["algo"] == example[0].rsplit(".", 1)[-1]
     assert set(summary["updates_by_group"]) == {"accel", "cpu"}
 

@@ -249,7 +249,7 @@ def test_rank_0_hands_a_plugins_settled_settings_to_torchruns_other_ranks() -> N
     plan = algorithm.plan(cfg, expand(cfg.devices))
     assert isinstance(plan.cfg.algo, AdaptiveConfig)
     assert plan.cfg.algo.max_accel_batch is not None  # settled by the plan
-    sent = json.loads(json.dumps(Handoff(plan=algorithms.handed_off(plan, chosen)).to_plain()))
+    sent = json.loads(json.dumps(Handoff(plan=algorithms.handed_off(plan, algorithm)).to_plain()))
     assert sent["plan"]["cfg"]["schemas"]["algo"] == "CustomAlgoConfig"
     received = Handoff.from_plain(sent).plan
     assert received is not None

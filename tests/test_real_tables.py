@@ -145,14 +145,19 @@ def test_table_keys_on_an_array_file_are_refused(tmp_path: Path) -> None:
         f"dataset.missing is for CSV and Parquet tables; {tmp_path / 'a.npz'} is read as npz")
 
 
-def test_the_parsed_cache_keeps_the_encoding_and_knows_the_keys(tmp_path: Path) -> None:
+def test_the_parsed_cache_keeps_the_encoding_and_knows_the_keys(tmp_path: Path,
+                                                                home: Path) -> None:
     path = write(penguins(), tmp_path / "p.csv")
     first = load(path=path, drop=["id"], missing="drop")
     again = load(path=path, drop=["id"], missing="drop")  # read from the parsed cache
+    assert len(list((home / "parsed").iterdir())) == 1  # parsed once, kept once
     assert again.table == first.table
     np.testing.assert_array_equal(again.x_train, first.x_train)
     assert load(path=path, drop=["id", "sex"], missing="drop").table == {
         "columns": 3, "one_hot": {"island": 3}, "rows_dropped": 1}
+    # each table key is part of the cache's key: none is served another's parse
+    assert error(path=path, drop=["id"]).startswith(f"{path}: row 4, column 'mass' has no value")
+    assert load(path=path, features=["island", "bill"], missing="drop").table["columns"] == 2
 
 
 @pytest.mark.integration
@@ -160,8 +165,8 @@ def test_a_table_with_text_trains_and_its_summary_says_how(tmp_path: Path,
                                                            results_dir: Path) -> None:
     path = write(penguins(200), tmp_path / "p.csv")
     cfg = compose_config("dataset=files", f"dataset.path={path}", "dataset.label=species",
-                         "dataset.drop=[id]", "dataset.missing=drop", "budget.epochs=null",
-                         "budget.seconds=1", "eval.every_s=0.2", "eval.every_epochs=null")
+                         "dataset.drop=[id]", "dataset.missing=drop", "budget.epochs=3",
+                         "budget.seconds=null", "eval.every_s=0.2", "eval.every_epochs=null")
     summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
     assert summary["features"] == {"dtype": "float32", "count": 7, "columns": 4,

@@ -39,11 +39,11 @@ def choose(cfg: RunConfig) -> tuple[Algorithm, RunConfig]:
     return plugin, dataclasses.replace(cfg, algo=plugin.typed(cfg.algo))
 
 
-def handed_off(plan: Plan, chosen: RunConfig) -> Plan:
+def handed_off(plan: Plan, algorithm: Algorithm) -> Plan:
     """``plan`` as rank 0 hands it to torchrun's other ranks (plain data, read back with the
-    schemas they know): a custom algorithm's typed settings back in the ``settings`` of the
-    config ``chosen`` named it in."""
-    return settings_of(plan, chosen.algo) if isinstance(chosen.algo, CustomAlgoConfig) else plan
+    schemas they know): a custom algorithm's typed settings back in the ``settings`` of a
+    config naming its target."""
+    return settings_of(plan, algorithm.target) if isinstance(algorithm, Plugin) else plan
 
 
 def followed(plan: Plan) -> tuple[Algorithm, Plan]:

@@ -22,6 +22,8 @@ torchrun's store that names one is trusted only where the user's command names i
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -39,19 +41,23 @@ from hetsgd.config.plain import plain
 from hetsgd.engines.hooks import DistributedHooks, Hooks, SharedMemoryHooks
 from hetsgd.engines.shared.links import Link, LinkFactory
 from hetsgd.engines.shared.state import SharedState
-from hetsgd.errors import UserError
+from hetsgd.errors import UserError, one_line
 from hetsgd.workers import WorkerSpec
 
 KEY = "algo._target_"
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _raised(target: str, doing: str, exc: BaseException) -> UserError:
-    said = f": {_one_line(str(exc))}" if str(exc) else ""
-    return UserError(f"{KEY}={target}: {doing} raised {type(exc).__name__}{said}")
+@contextmanager
+def _naming(target: str, doing: str) -> Iterator[None]:
+    """What the user's code raises while ``doing`` as one line naming the target: its own
+    refusal (a :class:`UserError`) after the target, anything else with its type."""
+    try:
+        yield
+    except UserError as exc:
+        raise UserError(f"{KEY}={target}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's code
+        said = f": {one_line(exc)}" if str(exc) else ""
+        raise UserError(f"{KEY}={target}: {doing} raised {type(exc).__name__}{said}") from None
 
 
 @dataclass
@@ -70,14 +76,13 @@ class Plugin:
             raise UserError(f"{KEY}={target}: worker processes cannot import the script or "
                             "notebook that starts the run; put the algorithm in a module of its "
                             "own and name that")
-        try:
-            provider = _locate(target)
-        except ImportError as exc:
-            cause = exc.__cause__ if exc.__cause__ is not None else exc
-            raise UserError(f"{KEY}={target}: cannot be imported ({type(cause).__name__}: "
-                            f"{_one_line(str(cause))}); is its package on PYTHONPATH?") from None
-        except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import
-            raise _raised(target, "importing it", exc) from None
+        with _naming(target, "importing it"):  # whatever the user's module raises on import
+            try:
+                provider = _locate(target)
+            except ImportError as exc:
+                cause = exc.__cause__ if exc.__cause__ is not None else exc
+                raise UserError(f"cannot be imported ({type(cause).__name__}: {one_line(cause)}); "
+                                "is its package on PYTHONPATH?") from None
         missing = [name for name in ("plan", "hooks") if not callable(getattr(provider, name, None))]
         if missing:
             raise UserError(f"{KEY}={target}: a {type(provider).__name__} without "
@@ -108,30 +113,22 @@ class Plugin:
                                      OmegaConf.create({**algo.settings, "name": self.NAME}))
             typed = OmegaConf.to_object(merged)
         except OmegaConfBaseException as exc:
-            raise ConfigError(f"algo.{exc.full_key or ''}: {_one_line(str(exc).splitlines()[0])}"
+            raise ConfigError(f"algo.{exc.full_key or ''}: {one_line(str(exc).splitlines()[0])}"
                               ) from None
         assert isinstance(typed, AlgoConfig)
         return typed
 
     def plan(self, cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
-        try:
+        with _naming(self.target, "its plan"):
             plan = self.provider.plan(cfg, specs)
-        except UserError as exc:
-            raise UserError(f"{KEY}={self.target}: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - the user's code
-            raise _raised(self.target, "its plan", exc) from None
         if not isinstance(plan, Plan):
             raise UserError(f"{KEY}={self.target}: its plan returned a {type(plan).__name__}, "
                             "not a Plan")
         return plan
 
     def hooks(self, plan: Plan) -> Hooks:
-        try:
+        with _naming(self.target, "its hooks"):
             hooks = self.provider.hooks(plan)
-        except UserError as exc:
-            raise UserError(f"{KEY}={self.target}: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - the user's code
-            raise _raised(self.target, "its hooks", exc) from None
         if isinstance(hooks, SharedMemoryHooks):  # its links are built in the workers
             return dataclasses.replace(hooks, link=partial(_link, self.target, hooks.link))
         if not isinstance(hooks, DistributedHooks):
@@ -144,22 +141,19 @@ def _link(target: str, factory: LinkFactory, spec: WorkerSpec, module: torch.nn.
           state: SharedState) -> Link:
     """A worker's link from the algorithm's factory, in the worker: what the factory raises
     fails the run in one line naming the target, as a worker's :class:`UserError` does."""
-    try:
-        return factory(spec, module, state)
-    except UserError as exc:
-        raise UserError(f"{KEY}={target}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the user's code
-        raise _raised(target, f"its link for worker {spec.rank} ({spec.group})", exc) from None
+    with _naming(target, f"its link for worker {spec.rank} ({spec.group})"):
+        link = factory(spec, module, state)
+    return link
 
 
-def settings_of(plan: Plan, chosen: CustomAlgoConfig) -> Plan:
+def settings_of(plan: Plan, target: str) -> Plan:
     """``plan`` with its algorithm's typed settings (those ``plan`` settled included) back in
-    the ``settings`` of the ``chosen`` custom config: what another process reads back as plain
-    data with the schemas it knows (a torchrun follower), then types again."""
+    the ``settings`` of a custom config naming ``target``: what another process reads back as
+    plain data with the schemas it knows (a torchrun follower), then types again."""
     algo = plan.cfg.algo
     if isinstance(algo, CustomAlgoConfig):
         return plan
     values = plain(algo)
     values.pop("name")
-    untyped = dataclasses.replace(chosen, settings=values)
+    untyped = CustomAlgoConfig(_target_=target, settings=values)
     return dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, algo=untyped))

@@ -33,7 +33,7 @@ from hetsgd.config.problem import (
 )
 from hetsgd.config.schema import DevicesConfig, RunConfig
 from hetsgd.config.swept import sweep_overrides, swept_keys, swept_name
-from hetsgd.errors import UserError
+from hetsgd.errors import UserError, one_line
 from hetsgd.machine import cuda_devices, usable_cores
 
 # The config tree ships inside the package; HETSGD_CONF points elsewhere (e.g. a copy with your
@@ -66,11 +66,11 @@ def register_configs() -> None:
         cs.store(group="schema/dataset", name=dataset_schema.name, node=dataset_schema)
     for model_name, model_schema in MODEL_SCHEMAS.items():
         cs.store(group="schema/model", name=model_name, node=_open(model_schema)
-                 if model_schema is CustomModelConfig else model_schema)
+                 if model_schema in OPEN_SCHEMAS else model_schema)
     cs.store(group="schema", name="devices", node=DevicesConfig)
     for algo_name, schema in ALGO_SCHEMAS.items():
         cs.store(group="schema/algo", name=algo_name, node=_open(schema)
-                 if schema is CustomAlgoConfig else schema)
+                 if schema in OPEN_SCHEMAS else schema)
 
 
 def _swept(*, _root_: DictConfig) -> str:
@@ -126,6 +126,11 @@ def sweep_jobs(arguments: Sequence[str]) -> list[list[str]]:
     given = [f"{key}={value}" for key, value in (params or {}).items()] + arguments
     jobs, = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)
     return jobs
+
+
+def quoted(value: object) -> str:
+    """``value`` (a path, say) as one quoted Hydra override value."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def hydra_arguments(args: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
@@ -204,7 +209,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         if isinstance(run, RunConfig) and isinstance(run.algo, CustomAlgoConfig):
             run.algo.settings = {**run.algo.settings, **_undeclared(cfg.algo, CustomAlgoConfig)}
     except OmegaConfBaseException as exc:  # e.g. a key added with `+` that no schema has
-        raise ConfigError(" ".join(str(exc).split())) from exc
+        raise ConfigError(one_line(exc)) from exc
     assert isinstance(run, RunConfig)
     return run
 

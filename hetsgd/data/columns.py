@@ -82,26 +82,34 @@ def complete_rows(frame: pd.DataFrame, columns: Sequence[str], cfg: FilesConfig,
     return np.flatnonzero(~incomplete)
 
 
-def _numbers(column: pd.Series) -> pd.Series | None:
-    """A column as numbers: as read where pandas read numbers, else its text parsed (a Parquet
-    column of number strings); None where it holds text that is no number."""
+def _coerced(column: pd.Series) -> tuple[pd.Series, np.ndarray]:
+    """A column as numbers (as read where pandas read numbers, else its text parsed: a Parquet
+    column of number strings), NaN where a cell is none, and the mask of its cells that hold
+    text that is no number."""
     if pd.api.types.is_numeric_dtype(column) and not isinstance(column.dtype, pd.CategoricalDtype):
-        return column
+        return column, np.zeros(len(column), dtype=bool)
     values = column.astype(object)
     numbers = pd.to_numeric(values, errors="coerce")
-    return None if (numbers.isna() & values.notna()).any() else numbers
+    return numbers, (numbers.isna() & values.notna()).to_numpy()
+
+
+def _numbers(column: pd.Series) -> pd.Series | None:
+    """A column as numbers; None where it holds text that is no number."""
+    numbers, text = _coerced(column)
+    return None if text.any() else numbers
 
 
 def _check_text(column: pd.Series, path: Path, cfg: FilesConfig) -> None:
-    """A column of text to encode: text throughout, and few enough distinct values."""
-    values = column.astype(object)
-    parsed = pd.to_numeric(values, errors="coerce").notna().to_numpy()
+    """A column of text to encode (a complete one): text throughout, and few enough distinct
+    values."""
+    numbers, text = _coerced(column)
+    parsed = numbers.notna().to_numpy()
     if parsed.any() and not isinstance(column.dtype, pd.CategoricalDtype):
-        number, text = int(np.argmax(parsed)), int(np.argmax(~parsed))
-        raise UserError(f"{path}: row {column.index[text] + 1}, column "
-                        f"{short(str(column.name))!r} holds {short(repr(values.iloc[text]))}, not "
+        number, word = int(np.argmax(parsed)), int(np.argmax(text))
+        raise UserError(f"{path}: row {column.index[word] + 1}, column "
+                        f"{short(str(column.name))!r} holds {short(repr(column.iloc[word]))}, not "
                         f"a number, among numbers (row {column.index[number] + 1}: "
-                        f"{short(repr(values.iloc[number]))}): a feature column is numbers, or "
+                        f"{short(repr(column.iloc[number]))}): a feature column is numbers, or "
                         "text to one-hot encode, not both")
     distinct = column.nunique()
     if distinct > cfg.max_categories:
@@ -181,12 +189,10 @@ class Encoding:
 def _numeric(column: pd.Series, path: Path, label: str) -> pd.Series:
     """A number column of a test file as numbers, or a UserError naming its first cell that is
     not one."""
-    numbers = _numbers(column)
-    if numbers is not None:
+    numbers, text = _coerced(column)
+    if not text.any():
         return numbers
-    values = column.astype(object)
-    bad = (pd.to_numeric(values, errors="coerce").isna() & values.notna()).to_numpy()
-    row = int(np.argmax(bad))
+    row = int(np.argmax(text))
     raise UserError(f"{path}: row {column.index[row] + 1}, column {short(str(column.name))!r} holds "
-                    f"{short(repr(values.iloc[row]))}, not a number as in the training file "
+                    f"{short(repr(column.iloc[row]))}, not a number as in the training file "
                     f"(every column but dataset.label={label!r} is a feature)")

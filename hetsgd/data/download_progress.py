@@ -27,7 +27,17 @@ from rich.progress import (
 )
 from rich.text import Text
 
-console = Console(stderr=True)
+
+def stderr_console() -> Console:
+    """The console progress displays draw on (downloads, parsing, training, evaluation):
+    stderr's; in a Jupyter notebook a plain one, as for a file (a display's last state printed
+    once): rich's live display there needs ipywidgets, and warns at each refresh without it."""
+    console = Console(stderr=True)
+    return Console(stderr=True, force_jupyter=False, force_terminal=False) if console.is_jupyter \
+        else console
+
+
+console = stderr_console()
 PROGRESS_MIN_BYTES = 16 << 20  # smaller files parse in about a second: the spinner says enough
 # how the status shown now (if any) takes a line saying how far a read is
 _shown: ContextVar[Callable[[str], None] | None] = ContextVar("shown", default=None)

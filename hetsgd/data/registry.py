@@ -54,13 +54,13 @@ def load_dataset(cfg: DatasetConfig, seed: int, progress: bool = True,
 def integer_array(cfg: DatasetConfig, parsed: Parsed) -> bool:
     """Whether ``parsed`` is a user's array of integers (``dataset=files``, ``.npz`` or
     ``.npy``), each within int64; an unsigned one past it is a UserError."""
-    parts = [x for x in (parsed.x_train, parsed.x_test) if x is not None and not sp.issparse(x)]
-    if not isinstance(cfg, FilesConfig) or sp.issparse(parsed.x_train) or any(
-            x.dtype.kind not in "iu" for x in parts):
+    parts = [x for x in (parsed.x_train, parsed.x_test) if x is not None]
+    if not isinstance(cfg, FilesConfig) or any(sp.issparse(x) or x.dtype.kind not in "iu"
+                                               for x in parts):
         return False
     limit = np.iinfo(np.int64).max
     for x in (x for x in parts if x.dtype == np.uint64):
-        for start, stop in row_blocks(x):
+        for start, stop in row_blocks(x):  # a Rows reads its rows by block
             if x[start:stop].max(initial=0) > limit:
                 raise UserError(f"{cfg.path}: its uint64 features exceed int64, the integers a "
                                 "model takes")

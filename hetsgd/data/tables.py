@@ -51,7 +51,7 @@ from hetsgd.data.files import COMPRESSIONS, open_data
 from hetsgd.data.labels import encode_named
 from hetsgd.data.libsvm import read_libsvm
 from hetsgd.data.source import Source
-from hetsgd.errors import UserError
+from hetsgd.errors import UserError, one_line
 from hetsgd.machine import available_memory
 
 _SUFFIXES = {".npz": "npz", ".npy": "npy", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
@@ -66,11 +66,6 @@ def file_format(path: Path, wanted: str) -> str:
     if wanted != "auto":
         return wanted
     return _SUFFIXES.get(Path(strip_compression(path.name)).suffix.lower(), "libsvm")
-
-
-def one_line(exc: Exception) -> str:
-    """A parser's message on one line (pandas' and numpy's may span several)."""
-    return " ".join(str(exc).split())
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.shared.state import SharedState
-from hetsgd.errors import Diverged, UserError, out_of_memory
+from hetsgd.errors import Diverged, UserError, one_line, out_of_memory
 
 SETUP_BEAT_S = 0.2  # how often a worker that sets up beats its heartbeat (see `beating`)
 Report = tuple[str, int, str | bytes]  # (topic, rank, message)
@@ -91,5 +91,4 @@ def _failure(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = (f" (raised at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})"
              if frames else "")
-    reason = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {reason}{where}\n{traceback.format_exc()}"
+    return f"{type(exc).__name__}: {one_line(exc)}{where}\n{traceback.format_exc()}"

@@ -5,21 +5,12 @@ from __future__ import annotations
 import time
 from types import TracebackType
 
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hetsgd.config import RunConfig
+from hetsgd.data.download_progress import stderr_console
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.workers import WorkerSpec
-
-
-def stderr_console() -> Console:
-    """The console a run's progress displays draw on: stderr's; in a Jupyter notebook a plain
-    one, as for a file (a display's last state printed once): rich's live display there needs
-    ipywidgets, and warns at each refresh without it."""
-    console = Console(stderr=True)
-    return Console(stderr=True, force_jupyter=False, force_terminal=False) if console.is_jupyter \
-        else console
 
 
 class TrainingProgress:

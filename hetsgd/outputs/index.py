@@ -41,8 +41,8 @@ UNUSABLE = "unusable"
 
 #: Overrides that do not make a run a variant of its setting: those saying which row, comparison
 #: or seed it belongs to, and those that change only where or how it reports.
-NOT_A_SETTING = frozenset({"algo", "algo._target_", "dataset", "model", "devices", "seed",
-                           "progress", "results_dir"})  # a custom algo's column names it
+NOT_A_SETTING = frozenset({"algo", "dataset", "model", "devices", "seed", "progress",
+                           "results_dir"})
 
 #: Columns each CSV must have for the report and the plots to use it.
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -277,9 +277,11 @@ def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def index_runs(path: Path) -> pd.DataFrame:
-    """:func:`index_dirs` over every run directory under ``path``."""
-    run_dirs = find_runs(path)
+def index_runs(path: Path, leaving_out: Path | None = None) -> pd.DataFrame:
+    """:func:`index_dirs` over every run directory under ``path`` (but those under
+    ``leaving_out``, which are not read)."""
+    left = None if leaving_out is None else Path(leaving_out).resolve()
+    run_dirs = [d for d in find_runs(path) if left is None or not d.resolve().is_relative_to(left)]
     if not run_dirs:
         raise UserError(f"no runs under {path} (a run directory holds {SUMMARY}, {CONFIG} or "
                         f"{HYDRA}/)")

@@ -71,6 +71,7 @@ TRIALS_DIR = "tuning"
 TUNED_GROUP = "tuned"
 KNOB_PREFIX = "set."
 OBJECTIVE_PREFIX = "objective."
+MAXIMIZED = frozenset({"test_acc"})  # the objectives (METRICS) where higher wins
 
 
 @dataclass
@@ -360,7 +361,7 @@ def add_tuning(table: pd.DataFrame, trials: pd.DataFrame) -> list[str]:
     objective = objective_column(trials)
     knobs = [c for c in trials.columns if c.startswith(KNOB_PREFIX)]
     means = setting_means(trials)
-    maximized = objective == f"{OBJECTIVE_PREFIX}test_acc"
+    maximized = objective[len(OBJECTIVE_PREFIX):] in MAXIMIZED
     search = f"search {objective[len(OBJECTIVE_PREFIX):]}"
     columns = [f"chosen {knob[len(KNOB_PREFIX):]}" for knob in knobs] + [search]
     for column in columns:
@@ -476,10 +477,8 @@ def write_report(path: Path, baseline: str | None = None, index: pd.DataFrame | 
     missing or empty, the runs are found under ``path``."""
     path = Path(path)
     if index is None or index.empty:
-        index = index_runs(path)
-        if (path / TUNING_CSV).is_file():  # a tuned sweep compares its evaluation jobs alone
-            trials = (path / TRIALS_DIR).resolve()
-            index = index[[not Path(d).resolve().is_relative_to(trials) for d in index["run_dir"]]]
+        # a tuned sweep compares its evaluation jobs alone
+        index = index_runs(path, path / TRIALS_DIR if (path / TUNING_CSV).is_file() else None)
     markdown, numbers = build_report(index, path, baseline)
     write_text(path / "report.md", markdown)
     write_csv(path / "report.csv", numbers.map(lambda v: shown(v) if isinstance(v, str) else v))

@@ -124,7 +124,7 @@ def _rounds(spec: WorkerSpec, specs: list[WorkerSpec], cfg: RunConfig, problem: 
                     device_ops.synchronize(rank.device)
                     spec.emulate(time.perf_counter() - step_started)
                     step += 1
-                rank.exchange(rank.flat.params, rank.flat.buffers, 1 / len(specs), float(mean))
+                rank.average(1 / len(specs), float(mean))
             seconds_per_round.append((time.perf_counter() - started) / pattern.rounds)
         if spec.rank == 0:
             results.put(seconds_per_round)

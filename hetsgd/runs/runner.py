@@ -188,16 +188,16 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     specs = expand(cfg.devices)
     attempt.note(environment=environment(), emulated=any(spec.emulated for spec in specs),
                  simulated=cfg.devices.simulated)  # times are virtual (engines/virtual)
-    chosen = cfg
     algorithm, cfg = algorithms.choose(cfg)  # a custom algorithm's typed settings, its name
     attempt.note(algo=cfg.algo.name)
     plan = algorithm.plan(cfg, specs)
-    if torchrun() is not None:  # global rank 0: the other ranks take this plan
-        check_distributed(cfg.algo.name, isinstance(algorithm.hooks(plan), DistributedHooks))
-        hand_off(Handoff(plan=algorithms.handed_off(plan, chosen)).to_plain())
-        attempt.handed_off = True
     cfg, specs = plan.cfg, plan.workers
     attempt.note(plan=plan.settled, mix=_mix(specs), launch=Launch.of(torchrun(), len(specs)))
+    hooks = algorithm.hooks(plan)
+    if torchrun() is not None:  # global rank 0: the other ranks take this plan
+        check_distributed(cfg.algo.name, isinstance(hooks, DistributedHooks))
+        hand_off(Handoff(plan=algorithms.handed_off(plan, algorithm)).to_plain())
+        attempt.handed_off = True
     if not cfg.devices.simulated:  # its imports overlap the data's loading
         warm_up(cfg.workers.start)
     data = load_run_data(cfg, progress=cfg.progress, workers=specs)
@@ -213,7 +213,6 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         plan={**plan.settled, "step": resolved_step(data.problem.build_model(cfg.model, cfg.seed),
                                                 cfg.optim.step)})
     out.write_summary(replace(attempt.summary, coordinator=running).to_dict())  # for recovery
-    hooks = algorithm.hooks(plan)
     with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
           RunJournal(out, specs) as journal):
         # a simulated run times its first steps, to say what the whole run will cost

@@ -17,6 +17,7 @@ from hetsgd.config import RunConfig
 from hetsgd.config.plain import config_from_plain, config_to_plain, plain
 from hetsgd.data import load_dataset
 from hetsgd.data.augment import check_augment
+from hetsgd.data.columns import listing
 from hetsgd.engines.shared.memory import SharedArena, SharedData
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
@@ -36,16 +37,23 @@ class RunData:
     scaling: str  # the feature scaling applied (dataset.scale=auto resolved per source)
     # the names of classes 0..C-1 where the data gives them (text labels, image subfolders)
     class_names: tuple[str, ...] | None = None
-    # what the features are: their dtype and count, and a table's encoding (Dataset.table)
-    features: dict[str, Any] | None = None
+    table: dict[str, Any] | None = None  # a table's columns and encoding (Dataset.table)
+
+    @property
+    def features(self) -> dict[str, Any]:
+        """What the features are, for summary.json: their dtype and count, and a table's
+        columns and encoding."""
+        return {"dtype": self.problem.features_dtype, "count": self.problem.num_features,
+                **(self.table or {})}
 
     def summary_line(self) -> str:
         """For the log: what the run trains on."""
-        features = self.features or {}
-        notes = [f"{features['dtype']}, unscaled"] if features.get("dtype") == "int64" else []
-        notes += [f"one-hot {name}: {width}" for name, width in features.get("one_hot", {}).items()]
-        if features.get("rows_dropped"):
-            notes.append(f"{features['rows_dropped']} row(s) with a missing value left out")
+        table = self.table or {}
+        notes = ["int64, unscaled"] if self.problem.features_dtype == "int64" else []
+        if one_hot := table.get("one_hot"):
+            notes.append(f"one-hot {listing([f'{n}: {w}' for n, w in one_hot.items()])}")
+        if table.get("rows_dropped"):
+            notes.append(f"{table['rows_dropped']} row(s) with a missing value left out")
         return (f"{self.name} ({self.train.num_examples} train / {self.test.num_examples} test, "
                 f"{self.problem.num_features} features{''.join('; ' + n for n in notes)})")
 
@@ -116,12 +124,10 @@ def _prepare(cfg: RunConfig, progress: bool) -> RunData:
     arena = SharedArena()
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=progress, allocate=arena.empty,
                            integers=takes_integers(cfg))
-    features = {"dtype": str(dataset.x_train.dtype), "count": dataset.num_features,
-                **(dataset.table or {})}
     return RunData(Problem.of(dataset), arena.data(dataset.x_train, dataset.y_train),
                    arena.data(dataset.x_test, dataset.y_test), dataset.name,
                    dataset.source, dataset.synthetic, dataset.scaling, dataset.class_names,
-                   features)
+                   dataset.table)
 
 
 def check_fills_a_batch(num_train: int, workers: Sequence[WorkerSpec]) -> None:

@@ -18,6 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from hetsgd.config import compose_run
+from hetsgd.config.compose import quoted
 from hetsgd.errors import UserError
 from hetsgd.outputs.report import TRIALS_DIR, TUNED_GROUP, TUNING_CSV
 from hetsgd.outputs.run_directory import write_csv, write_text
@@ -50,7 +51,7 @@ def tune_then_compare(tuning: Tuning, overrides: list[str], sweep_dir: Path, swe
     trials_dir = sweep_dir / TRIALS_DIR
     methods = ",".join(tuning.method_names)
     unset = f"{NODE}=null"  # the jobs are runs, not tuned sweeps
-    sweep([*overrides, unset, f"hydra.sweep.dir={_quoted(str(trials_dir))}", f"+method={methods}",
+    sweep([*overrides, unset, f"hydra.sweep.dir={quoted(trials_dir)}", f"+method={methods}",
            *tuning.search_overrides(), *tuning.trial_overrides()])
     trials = trial_table(trials_dir, list(tuning.grid), tuning.objective)
     try:
@@ -61,7 +62,7 @@ def tune_then_compare(tuning: Tuning, overrides: list[str], sweep_dir: Path, swe
     (conf / TUNED_GROUP).mkdir(parents=True, exist_ok=True)
     for method, setting in chosen.items():
         write_text(conf / TUNED_GROUP / f"{method}.yaml", tuned_config(method, setting))
-    sweep([*overrides, unset, f"hydra.searchpath=[{_quoted('file://' + str(conf.resolve()))}]",
+    sweep([*overrides, unset, f"hydra.searchpath=[{quoted('file://' + str(conf.resolve()))}]",
            f"+{TUNED_GROUP}={methods}"])
 
 
@@ -74,8 +75,3 @@ def tuned_config(method: str, setting: dict[str, str]) -> str:
     assert isinstance(chosen, dict)
     body = {"defaults": [{"/method": method}, "_self_"], **chosen}
     return "# @package _global_\n" + yaml.safe_dump(body, sort_keys=False)
-
-
-def _quoted(text: str) -> str:
-    """``text`` as one quoted Hydra override value."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -20,14 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 from hetsgd.config import CONF_DIR
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import flatten
-from hetsgd.outputs.report import METRICS
+from hetsgd.outputs.report import MAXIMIZED, METRICS
 
 NODE = "tuning"
 #: The objectives a search may rank its settings by: the per-run metrics of a report, over the
 #: trials (times to a normalized loss use the best training loss of all trials); the lowest
-#: wins except for these.
+#: wins except for those in MAXIMIZED.
 OBJECTIVES = tuple(column for column, _, _ in METRICS)
-MAXIMIZED = frozenset({"test_acc"})
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 
 

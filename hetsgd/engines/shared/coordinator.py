@@ -186,7 +186,7 @@ class Coordinator(EngineBase):
         self.publishers = [spec.rank for spec in specs if spec.accel]
         self.stall_s = cfg.workers.stall_s  # a worker making no progress this long is hung
         self.exit_s = EXIT_TIMEOUT_S  # how long workers have to report once training ended
-        self.died: set[int] = set()  # the workers that ended without their report
+        self.died = False  # whether a worker ended without its report
 
     noun = "worker"  # what the messages call one of its processes
 
@@ -300,7 +300,7 @@ class Coordinator(EngineBase):
                 now = time.perf_counter()
                 watch.waited(now - wall, time.thread_time() - cpu, now - t0)
                 # a stall after a worker's death is its consequence (a cursor lock it held)
-                died_first = died_first or bool(self.died)
+                died_first = self.died
                 for rank in watch.hung(now, self._progress(), set(finished)):
                     hung[rank] = (f"{self._name(rank)} made no progress for "
                                   f"{watch.window(rank):g} s (stopped, or hung in a device call, "
@@ -449,6 +449,6 @@ class Coordinator(EngineBase):
         for spec, p in zip(self.specs, procs):
             if spec.rank not in finished and p.exitcode is not None and p.exitcode != 0:
                 finished[spec.rank] = ("failed", self._died(spec.rank, p.exitcode))
-                self.died.add(spec.rank)
+                self.died = True
                 self.state.signals.stop.set()
         return ready

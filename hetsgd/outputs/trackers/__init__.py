@@ -18,6 +18,7 @@ from typing import cast
 from omegaconf import DictConfig, OmegaConf
 
 from hetsgd.config.schema import LoggersConfig
+from hetsgd.outputs.drawing import draw_figures
 
 log = logging.getLogger("hetsgd")
 #: The trackers that failed in a sweep, by (sweep folder, tracker): each is tried once per sweep,
@@ -46,7 +47,7 @@ def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
         return
     sweep = run_dir.parent if record.sweep is not None else None
     if sweep is not None and not record.figures:
-        record = replace(record, figures=_draw_figures(run_dir))
+        record = replace(record, figures=draw_figures(run_dir))  # a job draws none
     if chosen.tensorboard is not None and _tried(sweep, "tensorboard"):
         try:
             from hetsgd.outputs.trackers.tensorboard_events import write_events
@@ -63,18 +64,6 @@ def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
         except Exception as exc:  # noqa: BLE001 - costs the MLflow run, never the run
             log.warning("mlflow: could not log the run in %s to %s: %s%s", run_dir,
                         chosen.mlflow.tracking_uri, _cause(exc), _drop(sweep, "mlflow"))
-
-
-def _draw_figures(run_dir: Path) -> list[Path]:
-    """The figures of a sweep's job, drawn into its ``figures/``; none where they cannot be
-    drawn (a run that failed before training has no curves), which costs a warning only."""
-    try:
-        from hetsgd.outputs.run_figures import plot_run  # matplotlib loads only here
-
-        return plot_run(run_dir)
-    except Exception as exc:  # noqa: BLE001 - the run is tracked without its figures
-        log.warning("trackers: could not draw the figures of %s: %s", run_dir, _cause(exc))
-        return []
 
 
 def _tried(sweep: Path | None, tracker: str) -> bool:
