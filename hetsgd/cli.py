@@ -64,17 +64,24 @@ def run(ctx: typer.Context) -> None:
 
 
 @app.command()
-def report(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or all of results/."),
+def report(paths: list[Path] = typer.Argument(
+               None, help="Runs, sweeps, or all of results/ (default: results)."),
            baseline: str = typer.Option(None, help='The speedup baseline, e.g. "algo=sync devices=gpu"; '
-                                                   "default: the sync run of each comparison.")) -> None:
-    """Tables per comparison: time and epochs to normalized loss 0.9/0.95/0.99, final losses and
-    accuracy, update shares, utilization, speedup. Writes report.md and report.csv beside the runs."""
+                                                   "default: the sync run of each comparison."),
+           keep_flagged: bool = typer.Option(False, "--keep-flagged",
+                                             help="Time runs flagged as contended too.")) -> None:
+    """Tables per comparison (dataset, model, clock): time and epochs to normalized loss
+    0.9/0.95/0.99 with intervals, final losses and accuracy, update shares, utilization, speedup.
+    Writes report.md and report.csv beside the runs (several paths: into the folder holding them)."""
     from hetsgd.outputs.report import write_report
 
-    if not path.exists():
-        _fail(f"no such run, sweep or results folder: {path}")
+    paths = paths or [Path("results")]
+    for path in paths:
+        if not path.exists():
+            _fail(f"no such run, sweep or results folder: {path}")
     try:
-        console.print(write_report(path, baseline), highlight=False, soft_wrap=True)
+        console.print(write_report(paths, baseline, keep_flagged=keep_flagged), highlight=False,
+                      soft_wrap=True)
     except UserError as exc:
         _fail(str(exc))
 

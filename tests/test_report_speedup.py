@@ -23,10 +23,11 @@ SLOW = [2.0, 1.525, 1.05, 0.575, 0.1]
 STUCK = [2.0, 1.9, 1.8, 1.7, 1.6, 1.5]
 
 
-def speedups(folder: Path) -> tuple[str, dict[str, str], pd.DataFrame]:
-    """The report's markdown, each algorithm's speedup cell and report.csv by algorithm."""
+def speedups(folder: Path) -> tuple[str, dict[str, list[str]], pd.DataFrame]:
+    """The report's markdown, each algorithm's speedup and verdict cells and report.csv by
+    algorithm."""
     markdown = write_report(folder)
-    cells = {row[0]: row[-1] for row in table_rows(markdown)}
+    cells = {row[0]: row[-2:] for row in table_rows(markdown)}
     return markdown, cells, pd.read_csv(folder / "report.csv").set_index("algo")
 
 
@@ -41,13 +42,16 @@ def test_a_baseline_that_never_reached_the_target_gives_a_lower_bound(tmp_path: 
                   train_loss=STUCK[:3])
     markdown, cells, numbers = speedups(tmp_path)
     bound = (5 + 3) / 2 / 1.8  # the baseline's mean time run over hogbatch's t@0.9
-    assert cells["hogbatch"] == f"≥ {bound:.2f}x" == "≥ 2.22x"
+    # the interval: the baseline's means of resamples of (5, 3) are 3, 4 or 5 s
+    # and hogbatch's 1.8 s on both seeds lies below the baseline's interval [3, 5]: faster
+    assert cells["hogbatch"] == [f"≥ {bound:.2f} [{3 / 1.8:.2f}, {5 / 1.8:.2f}]",
+                                 "faster"] == ["≥ 2.22 [1.67, 2.78]", "faster"]
     assert numbers.at["hogbatch", "speedup"] == pytest.approx(bound)
     assert numbers.at["hogbatch", "speedup_bound"]
-    assert cells["hogwild"] == "—"  # the row never got there either
-    assert cells["sync"] == "—"  # nor did the baseline itself
-    assert "never reached 0.9 in the 4.00 s it ran" in markdown
-    assert "a lower bound" in markdown
+    assert cells["hogwild"] == ["—", "—"]  # the row never got there either
+    assert cells["sync"] == ["baseline", "—"]  # nor did the baseline itself
+    assert "never stayed at 0.9" in markdown and "(4.00 s mean" in markdown
+    assert "lower bounds (≥)" in markdown
 
 
 def test_where_both_reach_the_target_the_ratio_is_plain(tmp_path: Path) -> None:
@@ -56,6 +60,10 @@ def test_where_both_reach_the_target_the_ratio_is_plain(tmp_path: Path) -> None:
               train_loss=FAST)
     write_run(tmp_path / "hogwild", algo="hogwild", devices="cpu", seed=0, train_loss=STUCK)
     markdown, cells, numbers = speedups(tmp_path)
-    assert cells == {"sync": "1.00", "hogbatch": f"{3.6 / 1.8:.2f}", "hogwild": "—"}
+    # one seed each: a ratio, no interval, and no ranking
+    assert cells == {"sync": ["baseline", "—"], "hogbatch": [f"{3.6 / 1.8:.2f}", "n=1: no interval"],
+                     "hogwild": ["—", "—"]}
     assert not numbers["speedup_bound"].any()
+    assert numbers["speedup_low"].isna().all()
     assert "lower bound" not in markdown
+    assert "Fastest to 0.9: hogbatch · cpu+gpu (n=1: no interval, so no row is ranked" in markdown

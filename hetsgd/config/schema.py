@@ -78,8 +78,9 @@ class EvalConfig:
 
     every_s: float = 0.5
     every_epochs: float | None = 0.25
-    # summary.json times the run to these training losses; empty: 0.5 / 0.2 / 0.1 x the initial
-    # training loss (the same for every run of one seed, model and dataset)
+    # summary.json times the run to these losses (test loss where the run evaluates one, else
+    # training loss); empty: 0.5 / 0.2 / 0.1 x its initial value (the same for every run of
+    # one seed, model and dataset)
     target_losses: list[float] = field(default_factory=list)
     train_subset: int = 10000  # training loss is measured on at most this many examples
     batch_size: int = 4096

@@ -58,7 +58,7 @@ def time_label(simulated: Iterable[bool]) -> str:
 def loss_axes(simulated: Iterable[bool]) -> tuple[tuple[str, str, str], ...]:
     """(column, axis label, figure name) of the loss figures: against time, against epochs."""
     return (("time_s", time_label(simulated), "loss_vs_time"), ("epoch", "epochs", "loss_vs_epoch"))
-BAND = "mean over seeds, band = min-max"
+BAND = "mean over seeds (each held at its last value), band = min-max"
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -4,11 +4,13 @@
 (written by ``scripts/reproduce_hogbatch_sim.sh``), prints markdown tables to stdout and writes
 them to FOLDER/paper_table.md. Per machine and method, mean ± std over seeds of: the update
 shares, the simulated GPU's busy share (``utilization.gpu_util_mean``) and the CPU workers'
-(workers.csv busy / time), the virtual time to each of the runs' absolute target losses, and the
-speedup over the GPU alone (per seed, the GPU's time over the method's: every method of a seed
-starts from the same model). The paper's numbers are those of ``docs/papers.md`` (read off its
-figures, w8a); "not reported" where it gives none. ``--shares-only``: the first table alone, for
-runs too short for their losses to mean anything.
+(workers.csv busy / time), the virtual time after which each run stays at or below each of its
+absolute target losses (``time_to_loss``: sustained, on the test loss), and the speedup over the
+GPU alone (per seed, the GPU's time over the method's: every method of a seed starts from the
+same model). A seed that reached a target and left it (``unstable_losses``) has no time to it,
+is not credited in a speedup, and is named in the notes. The paper's numbers are those of
+``docs/papers.md`` (read off its figures, w8a); "not reported" where it gives none.
+``--shares-only``: the first table alone, for runs too short for their losses to mean anything.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import find_runs, load_csv, read_summary
-from hetsgd.outputs.metrics import loss_key
+from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
 
 MACHINES = {"paper_hogbatch_v100": "V100 (AWS p3.16xlarge)",
@@ -74,6 +76,8 @@ class Run:
     snapshots: int  # evaluated snapshots, the first and the last included
     adaptive: dict | None  # summary.json's entry, for an Adaptive run
     final_batches: dict[str, int]  # group -> its first worker's batch size at the end
+    unstable: list[float] = field(default_factory=list)  # targets reached, then left
+    curve: str = "train_loss"  # the loss timed (summary target_losses.curve)
 
 
 @dataclass
@@ -95,15 +99,18 @@ def read_run(run_dir: Path, summary: dict) -> Run:
     cpu = workers[workers["group"] == "cpu"]
     time_s = summary["time_s"]
     last = workers.drop_duplicates("group").set_index("group")["last_batch"]
-    times = {target: summary["time_to_loss"][loss_key(target)]
-             for target in summary["target_losses"]["losses"]}
+    targets = summary["target_losses"]
+    times = {target: summary["time_to_loss"][loss_key(target)] for target in targets["losses"]}
+    left = set(summary.get("unstable_losses") or [])
     return Run(seed=summary["seed"], time_s=time_s,
                cpu_share=summary["update_share"].get("cpu", 0.0),
                gpu_util=summary["utilization"]["gpu_util_mean"],
                cpu_busy=100 * float((cpu["busy_s"] / time_s).mean()) if len(cpu) else None,
                final_loss=summary["final"]["train_loss"], times=times,
                snapshots=len(convergence), adaptive=summary.get("adaptive"),
-               final_batches={group: int(size) for group, size in last.items()})
+               final_batches={group: int(size) for group, size in last.items()},
+               unstable=[t for t in times if loss_key(t) in left],
+               curve=targets.get("curve") or "train_loss")
 
 
 def read_rows(folder: Path) -> tuple[list[Row], list[str]]:
@@ -157,9 +164,9 @@ def _ratio(value: float) -> str:
 
 
 def speedup(row: Row, gpu: Row | None, target: float) -> str:
-    """Per seed, the GPU alone's time to ``target`` over the row's. Where the GPU alone never got
-    there, its run's length over the row's time is a lower bound, and the cell shows the smallest
-    bound or ratio as '≥'."""
+    """Per seed, the GPU alone's time to ``target`` over the row's (a seed that did not stay at
+    ``target`` is not credited). Where the GPU alone never stayed there, its run's length over
+    the row's time is a lower bound, and the cell shows the smallest bound or ratio as '≥'."""
     if gpu is None:
         return "—"
     exact, bounds = [], []
@@ -202,9 +209,15 @@ def convergence_table(rows: list[Row]) -> str:
                       *(speedup(row, gpus.get(row.machine), t) for t in targets),
                       mean_std([r.final_loss for r in row.runs], ".4f", n),
                       PAPER[(row.machine, row.algo)].curve])
-    return markdown_table(["machine", "method", *(f"t@{t:g} [virtual s]" for t in targets),
+    curves = sorted({run.curve for row in rows for run in row.runs})
+    loss = "/".join(map(loss_name, curves))
+    return markdown_table(["machine", "method", *(f"t@{t:g} {loss} [virtual s]" for t in targets),
                            *(f"speedup vs GPU @{t:g}" for t in targets), "final train loss",
                            "paper: normalized loss @ time"], lines)
+
+
+def _losses(targets: Sequence[float]) -> str:
+    return " and ".join(f"{t:.4g}" for t in targets)
 
 
 def _controller(adaptive: dict, final_batches: dict[str, int]) -> str:
@@ -216,7 +229,8 @@ def _controller(adaptive: dict, final_batches: dict[str, int]) -> str:
 def notes(rows: list[Row]) -> list[str]:
     """Rows that show another machine's runs; where Adaptive's controller stood at the end (its
     last window's share, the bound that stopped it, the batch sizes it settled on; seeds that
-    ended alike share a line); and the runs that cannot time their losses."""
+    ended alike share a line); the seeds that reached a target and left it; and the runs that
+    cannot time their losses."""
     lines = []
     for row in rows:
         where = f"{METHODS[row.algo]}, {MACHINES[row.machine]}"
@@ -229,6 +243,9 @@ def notes(rows: list[Row]) -> list[str]:
             if run.adaptive is not None:
                 seeds_by_end.setdefault(_controller(run.adaptive, run.final_batches),
                                         []).append(run.seed)
+            if run.unstable:
+                lines.append(f"{where}, seed {run.seed}: reached {_losses(run.unstable)} and "
+                             "left it (unstable): no time to it, not credited")
             if blind(run) and any(t is not None for t in run.times.values()):
                 lines.append(f"{where}, seed {run.seed}: no snapshot between the first and the "
                              "last, so the times to the losses it reached are unknown")

@@ -2,7 +2,8 @@
 
 Per run, see :mod:`hetsgd.outputs.run_figures`. Per comparison (same dataset and model, see
 :mod:`hetsgd.outputs.report`): the same curves with one line per algorithm and device mix, the
-mean over seeds with a min-max band, on the comparison's normalized scale.
+mean over seeds with a min-max band, on the comparison's normalized scale; a seed that ended
+earlier than another holds its last value (:func:`_band`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from hetsgd.errors import UserError
+from hetsgd.outputs.comparison import (
+    Comparison,
+    aggregate,
+    comparisons,
+    mix_label,
+    row_label,
+)
 from hetsgd.outputs.figure_formats import check_formats
 from hetsgd.outputs.figure_style import (
     ALGO_COLORS,
@@ -37,18 +45,20 @@ from hetsgd.outputs.figure_style import (
     time_label,
 )
 from hetsgd.outputs.index import find_sweeps, index_dirs, index_runs, is_run_dir
-from hetsgd.outputs.report import Comparison, aggregate, comparisons, mix_label, row_label
+from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.run_figures import plot_run
 
 log = logging.getLogger(__name__)
 
 
 def _band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
-    """Mean, min and max over curves on a common grid; a curve counts up to where it ends."""
+    """Mean, min and max over curves on a common grid to the last curve's end; a curve that
+    ends earlier holds its last value from there, so every seed counts everywhere and the mean
+    never jumps where one ends."""
     end = max(x[-1] for x, _ in curves)
     grid = np.linspace(0.0, end, GRID_POINTS)
-    ys = np.vstack([np.where(grid <= x[-1], np.interp(grid, x, y), np.nan) for x, y in curves])
-    return grid, np.nanmean(ys, axis=0), np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
+    ys = np.vstack([np.interp(grid, x, y) for x, y in curves])  # holds the ends' values
+    return grid, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
 
 
 def _styles(comp: Comparison, table: pd.DataFrame) -> list[dict[str, Any]]:
@@ -116,7 +126,8 @@ def _comparison_figures(comp: Comparison) -> list[tuple[str, Figure]]:
         fig, ax = new_figure()
         if _comparison_curves(comp, table, axis, "normalized", ax):
             normalized_axes(ax, xlabel, _comparison_title(
-                comp, table, f"normalized loss vs {xlabel.split(' [')[0]} (L_best = {best})"))
+                comp, table, f"normalized {loss_name(comp.loss)} vs {xlabel.split(' [')[0]} "
+                            f"(L_best = {best})"))
             figures.append((name, fig))
     fig, ax = new_figure()
     if _comparison_curves(comp, table, "time_s", "test_acc", ax):
@@ -133,17 +144,18 @@ def _comparison_figures(comp: Comparison) -> list[tuple[str, Figure]]:
                     comp.groups, table[[m for m, _ in shares]].to_numpy(float),
                     table[[s for _, s in shares]].to_numpy(float))
         ax.set_title(_comparison_title(comp, table, "update share per worker group")
-                     .replace("band = min-max", "error bar = std"))
+                     .replace(BAND, "mean over seeds, error bar = std"))
         figures.append(("update_shares", fig))
     return figures
 
 
 def _suffixes(comps: list[Comparison]) -> list[str]:
     """File-name suffix per comparison: the dataset, plus the model when the dataset has more
-    than one."""
-    datasets = [c.dataset for c in comps]
-    names = [c.dataset if datasets.count(c.dataset) == 1 else f"{c.dataset}_{c.model}"
-             for c in comps]
+    than one, plus the clock (virtual, real) when both clocks have runs of it."""
+    names = [c.dataset for c in comps]
+    for part in ("model", "clock"):
+        names = [name if names.count(name) == 1 else f"{name}_{getattr(c, part)}"
+                 for name, c in zip(names, comps, strict=True)]
     return [re.sub(r"[^\w.+-]", "_", name) for name in names]
 
 

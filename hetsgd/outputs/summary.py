@@ -58,11 +58,13 @@ class Losses(_Record):
 
 @dataclass(frozen=True)
 class TargetLosses(_Record):
-    """The absolute training losses a run is timed to, and what they are relative to
-    (:func:`hetsgd.outputs.metrics.target_losses`)."""
+    """The absolute losses a run is timed to, what they are relative to
+    (:func:`hetsgd.outputs.metrics.target_losses`) and the convergence.csv column they are
+    losses of (``test_loss`` where the run evaluates one; None in a run written before)."""
 
     losses: list[float]
     reference: str
+    curve: str | None = None
 
 
 
@@ -180,10 +182,19 @@ class Simulation(_Record):
     real_s: float
 
 
-def learnt_between(first: float, last: float) -> bool:
-    """Whether a run's training loss went down: False where it ended no lower than it began, or
-    either is NaN (an untrainable lr or model, or too short a budget)."""
-    return last < first
+#: A run that ends having given back more than this fraction of the drop to its own best
+#: training loss has not learnt, however low it once got (a collapse).
+GAVE_BACK = 0.5
+
+
+def learnt_between(first: float, last: float, best: float | None = None) -> bool:
+    """Whether a run's training loss went down and stayed down: False where it ended no lower
+    than it began, or either is NaN (an untrainable lr or model, or too short a budget), or it
+    ended above its own ``best`` by more than :data:`GAVE_BACK` of the drop from ``first`` to
+    ``best``."""
+    if not last < first:
+        return False
+    return best is None or not last - best > GAVE_BACK * (first - best)
 
 
 def by_group(groups: Sequence[str], values: Iterable[float]) -> dict[str, float]:
@@ -241,11 +252,14 @@ class RunSummary:
     examples_per_s: float | None = None  # None also in a run with no training time
     initial: Losses | None = None
     final: Losses | None = None
-    learnt: bool | None = None  # the final training loss below the initial (learnt_between)
+    learnt: bool | None = None  # the training loss went down and stayed down (learnt_between)
     target_losses: TargetLosses | None = None
-    # seconds and epochs to each target training loss (keys: the loss, 4 significant digits)
+    # seconds and epochs after which the loss stayed at or below each target (keys: the loss, 4
+    # significant digits; hetsgd.outputs.metrics.sustained); None where it ended above it
     time_to_loss: dict[str, float | None] | None = None
     epochs_to_loss: dict[str, float | None] | None = None
+    unstable_losses: list[str] | None = None  # targets reached, then left (keys as above)
+    snapshot_spacing_s: float | None = None  # median seconds between snapshots: the resolution
     utilization: dict[str, float | None] | None = None  # the run's own means
     timing: Timing | None = None  # the cost around training (a run that trained)
     simulation: Simulation | None = None  # a simulated run's real cost

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.safe_text import redacted, shown
 
 # Markup off: what is printed holds paths, overrides and exception text, where `[/x]` is no tag.
@@ -26,6 +27,13 @@ def print_error(message: object) -> str:
     line = shown(redacted(one_line(message)))
     err.print(Text.assemble(("hetsgd: error:", "red"), " ", line), soft_wrap=True)
     return line
+
+
+def _timed(summary: Mapping[str, Any]) -> str:
+    """The loss a run was timed on (``test loss``), ``train loss`` for a run written before."""
+    targets = summary.get("target_losses")
+    curve = targets.get("curve") if isinstance(targets, Mapping) else None
+    return loss_name(str(curve or "train_loss"))
 
 
 def summary_table(summary: Mapping[str, Any]) -> Table:
@@ -48,7 +56,7 @@ def summary_table(summary: Mapping[str, Any]) -> Table:
                            f"{final.get('train_loss', float('nan')):.4f}"),
             ("test loss / acc", f"{final.get('test_loss', float('nan')):.4f} / "
                                 f"{final.get('test_acc', float('nan')):.4f}"),
-            (f"time to train loss {' / '.join(summary.get('time_to_loss') or {})}", " / ".join(
+            (f"time to {_timed(summary)} {' / '.join(summary.get('time_to_loss') or {})}", " / ".join(
                 "—" if v is None else f"{v:.2f} s"
                 for v in (summary.get("time_to_loss") or {}).values())),
             ("results", summary.get("run_dir"))]

@@ -42,7 +42,13 @@ from hetsgd.observe.monitor import UtilizationMonitor, summarize
 from hetsgd.observe.progress import TrainingProgress, stderr_console
 from hetsgd.outputs.index import CRASHED
 from hetsgd.outputs.journal import RunJournal, remove_snapshots, workers_table
-from hetsgd.outputs.metrics import target_losses, time_to_losses
+from hetsgd.outputs.metrics import (
+    reaches,
+    snapshot_spacing,
+    target_losses,
+    time_to_losses,
+    timed_loss,
+)
 from hetsgd.outputs.run_directory import (
     SNAPSHOTS,
     RunDirectory,
@@ -106,6 +112,11 @@ def _losses(snapshot: pd.Series) -> Losses:
                   float(snapshot["test_acc"]))
 
 
+def _best(convergence: pd.DataFrame) -> float:
+    """The lowest training loss of the run's snapshots (NaN where none is finite)."""
+    return float(convergence["train_loss"].min())
+
+
 def _results(summary: RunSummary, training: Training, convergence: pd.DataFrame,
              workers: list[dict[str, Any]], num_examples: int,
              stated_targets: list[float]) -> RunSummary:
@@ -113,8 +124,10 @@ def _results(summary: RunSummary, training: Training, convergence: pd.DataFrame,
                                               [int(w["updates"]) for w in workers]).items()}
     examples = int(sum(w["examples"] for w in workers))
     first, last = convergence.iloc[0], convergence.iloc[-1]
-    targets = TargetLosses(*target_losses(stated_targets, float(first["train_loss"])))
-    loss = convergence["train_loss"]
+    column = timed_loss(convergence)
+    targets = TargetLosses(*target_losses(stated_targets, float(first[column]), column), column)
+    loss = convergence[column]
+    in_time = reaches(convergence["time_s"], loss, targets.losses)
     return replace(
         summary,
         time_s=training.time_s,
@@ -126,10 +139,13 @@ def _results(summary: RunSummary, training: Training, convergence: pd.DataFrame,
         examples_per_s=examples / training.time_s if training.time_s > 0 else None,
         initial=_losses(first),
         final=_losses(last),
-        learnt=learnt_between(float(first["train_loss"]), float(last["train_loss"])),
+        learnt=learnt_between(float(first["train_loss"]), float(last["train_loss"]),
+                              _best(convergence)),
         target_losses=targets,
-        time_to_loss=time_to_losses(convergence["time_s"], loss, targets.losses),
+        time_to_loss={key: reach.time for key, reach in in_time.items()},
         epochs_to_loss=time_to_losses(convergence["epoch"], loss, targets.losses),
+        unstable_losses=[key for key, reach in in_time.items() if reach.unstable],
+        snapshot_spacing_s=snapshot_spacing(convergence["time_s"]),
         utilization=summarize(training.utilization,
                               cores_given=int(sum(w["threads"] for w in workers))))
 
@@ -151,8 +167,8 @@ def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Trainin
                        cfg.eval.target_losses)
     if summary.learnt is False and summary.initial is not None and summary.final is not None:
         warning = (f"the run has not learnt: its training loss went from "
-                   f"{summary.initial.train_loss:.4g} to {summary.final.train_loss:.4g} "
-                   "(look at optim.lr and the budget)")
+                   f"{summary.initial.train_loss:.4g} to {summary.final.train_loss:.4g}, its "
+                   f"best {_best(convergence):.4g} (look at optim.lr and the budget)")
         log.warning("%s", warning)
         summary = replace(summary, warnings=[*(summary.warnings or []), warning])
     return summary

@@ -1,0 +1,135 @@
+"""Speedups over a comparison's baseline, with their intervals, and which rows they tell apart.
+
+A row's speedup is the baseline's mean time to normalized loss 0.9 over the row's, both over
+their *timed* runs (completed, and not flagged as contended unless kept). A row is credited only
+where every one of its timed runs reached 0.9 and stayed (a seed that collapsed, or never got
+there, leaves the row without a speedup; its t@0.9 cell says how many did). A baseline run
+that never stayed at 0.9 counts with the time it ran, which its time to 0.9 exceeds: the
+speedup is then a lower bound (``≥``). Intervals: :mod:`hetsgd.outputs.intervals`. Where a
+row's and the baseline's t@0.9 intervals overlap, the row is "not distinguishable" from it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from hetsgd.errors import UserError
+from hetsgd.outputs.comparison import ROW_KEYS, Comparison, plain, row_label
+from hetsgd.outputs.intervals import Interval, mean_interval, overlap, ratio_interval
+from hetsgd.outputs.metrics import TARGETS
+
+TARGET = TARGETS[0]
+TIME = f"time_to_{TARGET}"
+NOT_DISTINGUISHABLE = "not distinguishable"
+NO_INTERVAL = "n=1: no interval"
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """``"algo=sync devices=gpu"`` -> ``{"algo": "sync", "devices": "gpu"}``."""
+    pairs = [token.split("=", 1) for token in text.split()]
+    if not pairs or any(len(pair) != 2 or not pair[0] for pair in pairs):
+        raise UserError(f"a baseline is key=value pairs such as 'algo=sync devices=gpu', "
+                        f"not {text!r}")
+    return dict(pairs)  # type: ignore[arg-type]
+
+
+def _baseline_row(comp: Comparison, table: pd.DataFrame, selector: str | None) -> int | None:
+    """Index into ``table`` of the baseline row. Default: the comparison's sync row (preferring
+    plain over variants and the mix named gpu over others, as in the papers)."""
+    usable = table[table["timed"] > 0]
+    if selector is None:
+        sync = usable[usable["algo"] == "sync"]
+        if sync.empty:
+            return None
+        prefer = sorted(sync.index, key=lambda i: (sync.at[i, "variant"] != "",
+                                                   sync.at[i, "devices"] != "gpu", i))
+        return int(prefer[0])
+    wanted = parse_selector(selector)
+    unknown = [key for key in wanted if key not in comp.runs.columns]
+    if unknown:
+        raise UserError(f"baseline key {unknown[0]!r} is not a summary.json key "
+                        "(use e.g. algo, devices, seed)")
+    match = comp.runs[comp.runs["status"] == "completed"]
+    for key, value in wanted.items():
+        match = match[match[key].map(plain) == value]
+    matched = set(match[list(ROW_KEYS)].itertuples(index=False, name=None))
+    hits = [i for i, row in usable.iterrows() if tuple(row[list(ROW_KEYS)]) in matched]
+    return int(hits[0]) if hits else None
+
+
+def _timed_runs(metrics: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    mine = metrics[metrics["timed"]]
+    for key in ROW_KEYS:
+        mine = mine[mine[key] == row[key]]
+    return mine
+
+
+def _verdict(row: list[float], base: list[float], bound: bool) -> str:
+    """Faster, slower or not distinguishable, by the t@0.9 intervals; a baseline bounded from
+    below can only show a row faster."""
+    ours, theirs = mean_interval(row), mean_interval(base)
+    if ours is None or theirs is None:
+        return NO_INTERVAL
+    if overlap(ours, theirs):
+        return NOT_DISTINGUISHABLE
+    return "faster" if ours[1] < theirs[0] else ("slower" if not bound else NOT_DISTINGUISHABLE)
+
+
+def add_speedup(comp: Comparison, table: pd.DataFrame, metrics: pd.DataFrame,
+                selector: str | None) -> str:
+    """Add ``baseline``, ``speedup`` with ``speedup_low`` / ``speedup_high`` (its interval),
+    ``speedup_bound`` and ``verdict`` columns to ``table`` (rows of :func:`aggregate`, whose
+    runs are ``metrics``) and return the sentence that names the baseline."""
+    table["baseline"] = False
+    table[["speedup", "speedup_low", "speedup_high"]] = math.nan
+    table["speedup_bound"] = False
+    table["verdict"] = ""
+    base = _baseline_row(comp, table, selector)
+    how = f"matching '{selector}'" if selector else "default: the comparison's sync run"
+    if base is None:
+        return f"No baseline ({how}) in this comparison: no speedups."
+    table.loc[base, "baseline"] = True
+    name = row_label(table.loc[base])
+    runs = _timed_runs(metrics, table.loc[base])
+    bound = bool(runs[TIME].isna().any())
+    base_times = runs[TIME].fillna(runs["time_ran"]).dropna().tolist()
+    if not base_times:
+        return f"Baseline {name} ({how}) has no curve: no speedups."
+    for i, row in table.iterrows():
+        times = _timed_runs(metrics, row)[TIME]
+        if i == base or times.empty or times.isna().any():
+            continue
+        spread = ratio_interval(base_times, times.tolist()) or (math.nan, math.nan)
+        table.loc[i, ["speedup", "speedup_low", "speedup_high"]] = [
+            float(np.mean(base_times) / times.mean()), *spread]
+        table.at[i, "speedup_bound"] = bound
+        table.at[i, "verdict"] = _verdict(times.tolist(), base_times, bound)
+    text = (f"Speedup = baseline t@{TARGET} / row t@{TARGET} (means over timed runs) "
+            f"[interval], for rows all of whose timed runs stayed at {TARGET}; baseline: "
+            f"{name} ({how}).")
+    if bound:
+        text += (f" Some of its runs never stayed at {TARGET}: they count with the time they ran "
+                 f"({np.mean(base_times):.2f} s mean with the others), so speedups are lower "
+                 "bounds (≥).")
+    return text
+
+
+def ranking(table: pd.DataFrame) -> str:
+    """The row fastest to normalized loss 0.9 (lowest mean over its timed runs, all of which
+    got there), and the rows whose intervals overlap its own: not distinguishable from it."""
+    whole = table[(table["timed"] > 0) & (table[f"{TIME}_n"] == table["timed"])]
+    if whole.empty:
+        return ""
+    best = whole[f"{TIME}_mean"].idxmin()
+    ours: Interval | None = None if whole.at[best, "timed"] < 2 else (
+        whole.at[best, f"{TIME}_low"], whole.at[best, f"{TIME}_high"])
+    text = f"Fastest to {TARGET}: {row_label(whole.loc[best])}"
+    if ours is None:
+        return text + f" ({NO_INTERVAL}, so no row is ranked against it)."
+    alike = [row_label(row) for i, row in whole.iterrows() if i != best and row["timed"] > 1
+             and overlap(ours, (row[f"{TIME}_low"], row[f"{TIME}_high"]))]
+    return text + (f"; {NOT_DISTINGUISHABLE} from it (intervals overlap): {', '.join(alike)}."
+                   if alike else "; its interval overlaps no other row's.")
