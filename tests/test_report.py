@@ -16,10 +16,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.index import index_runs, load_csv
-from hetsgd.outputs.metrics import loss_key, target_losses, time_to_losses
 from hetsgd.outputs.comparison import comparisons
-from hetsgd.outputs.metrics import crossing
+from hetsgd.outputs.index import index_runs, load_csv
+from hetsgd.outputs.metrics import crossing, loss_key, target_losses, time_to_losses
 from hetsgd.outputs.report import write_report
 from hetsgd.outputs.summary import GroupMix, Losses, Mix, RunSummary, TargetLosses
 from hetsgd.outputs.sweep import SweepReport

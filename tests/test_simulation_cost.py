@@ -22,7 +22,7 @@ from hetsgd.config.schema import BudgetConfig
 from hetsgd.engines.virtual import cost
 from hetsgd.engines.virtual.cost import PROBE_S, CostProbe
 from hetsgd.observe.progress import TrainingProgress
-from hetsgd.outputs import report
+from hetsgd.outputs.comparison import status_text
 from hetsgd.outputs.summary import RunSummary, learnt_between
 from hetsgd.runs import runner
 
@@ -166,8 +166,8 @@ def test_a_real_run_says_whether_it_learnt(tmp_path: Path, lr: str, learnt: bool
 
 
 def test_the_report_counts_completed_runs_that_did_not_learn() -> None:
-    statuses = pd.Series(["completed", "completed", "completed", "diverged"])
-    # an old run's summary has no flag (NaN): it is not counted as not learnt
-    learnt = pd.Series([True, False, math.nan, False], dtype=object)
-    assert report._status_text(statuses, learnt) == "3/4 completed (1 not learnt), 1 diverged"
-    assert report._status_text(statuses[:1], learnt[:1]) == "1/1 completed"
+    runs = pd.DataFrame({"status": ["completed", "completed", "completed", "diverged"],
+                         # an old run's summary has no flag (NaN): it is not counted as not learnt
+                         "learnt": pd.Series([True, False, math.nan, False], dtype=object)})
+    assert status_text(runs) == "3/4 completed (1 not learnt), 1 diverged"
+    assert status_text(runs[:1]) == "1/1 completed"

@@ -211,7 +211,7 @@ def flagged(run: Mapping[str, Any]) -> bool:
     return isinstance(value, bool | np.bool_) and bool(value)
 
 
-def _timed(run: pd.Series, curve: pd.DataFrame | None, row: dict[str, Any]) -> None:
+def _timed(curve: pd.DataFrame | None, row: dict[str, Any]) -> None:
     """The run's sustained times and epochs to each target into ``row``, whether it was
     unstable there, and how long it ran (a bound for a target it never reached)."""
     for target in TARGETS:
@@ -223,7 +223,6 @@ def _timed(run: pd.Series, curve: pd.DataFrame | None, row: dict[str, Any]) -> N
             if axis == "time_s":
                 row[f"unstable_{target}"] = reach is not None and reach.unstable
     row["time_ran"] = math.nan if curve is None else float(curve["time_s"].max())
-    row["spacing"] = None if curve is None else snapshot_spacing(curve["time_s"])
 
 
 def run_metrics(comp: Comparison, keep_flagged: bool = False) -> pd.DataFrame:
@@ -236,7 +235,9 @@ def run_metrics(comp: Comparison, keep_flagged: bool = False) -> pd.DataFrame:
         row["flagged"] = flagged(run)
         row["timed"] = run["status"] == "completed" and (keep_flagged or not row["flagged"])
         if run["status"] == "completed":
-            _timed(run, comp.curves.get(run["run_dir"]) if row["timed"] else None, row)
+            curve = comp.curves.get(run["run_dir"])
+            _timed(curve if row["timed"] else None, row)
+            row["spacing"] = None if curve is None else snapshot_spacing(curve["time_s"])
             for key in ("train_loss", "test_loss", "test_acc"):
                 row[key] = run.get(f"final.{key}")
             row["workers_cpu_cores"] = run.get("utilization.workers_cpu_cores_mean")
