@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 
 from hetsgd.cli import app
 from hetsgd.outputs.report import write_report
+from hetsgd.outputs.summary import RunSummary
+from hetsgd.runs.validate import METRICS, Comparison
 
 STAYS = [2.0, 1.05, 0.1, 0.1]  # normalized 0, 0.5, 1, 1: stays at 0.9 from 1.8 s
 SLOW = [2.0, 1.525, 1.05, 0.575, 0.1]  # 0.25 a second: 0.9 at 3.6 s
@@ -103,3 +105,15 @@ def test_flagged_runs_are_marked_and_not_timed_unless_kept(tmp_path: Path) -> No
     edit_summary(tmp_path / "hogbatch1", contention={"flagged": "yes"})
     assert "flagged" not in {row[0]: row for row in table_rows(write_report(tmp_path))}[
         "hogbatch"][3]
+
+
+def test_simulated_against_real_shows_each_runs_workers_cpu_share() -> None:
+    read = METRICS["workers' CPU share"]
+    identity = {"status": "completed", "error": None, "algo": "hogbatch", "dataset": "digits",
+                "model": "mlp", "devices": "emulated", "seed": 0}
+    real = RunSummary.from_dict({**identity, "contention": {"workers_cpu_share": 0.61,
+                                                            "flagged": True}})
+    assert read(real) == 0.61
+    assert read(RunSummary.from_dict(identity)) is None  # a run that does not record it
+    row = Comparison.of("hogbatch", "workers' CPU share", [read(real)], [1.0])
+    assert (row.real, row.simulated) == (0.61, 1.0)

@@ -39,7 +39,8 @@ def test_simulated_hogbatch_keeps_the_real_runs_pace_and_shares(results_dir: Pat
     assert 0.6 <= ratios["host update share"] <= 1.6, table(comparisons)
     real, = (c.real for c in comparisons if c.metric == "host update share")
     assert 0.1 < real < 0.5, table(comparisons)  # the slowed host makes a minority of updates
-    assert set(ratios) == {"examples/s", "host update share", "time to loss 0.1"}
+    assert set(ratios) == {"examples/s", "host update share", "workers' CPU share",
+                           "time to loss 0.1"}
 
 
 def test_drift_is_the_largest_groups_mean_move_either_way() -> None:

@@ -2,8 +2,10 @@
 
 Each case is one config run twice per seed: by the real engine, and on the virtual clock with
 the profiles that a calibration of its mix measured just before the real run (``hetsgd machine
---calibrate``). Compared: examples per second, the host group's share of the updates, and the
-time to a fixed training loss, simulated over real, the median of the seeds' ratios. A wrong
+--calibrate``). Compared: examples per second, the host group's share of the updates, the
+workers' CPU share (where the runs record it: a busy machine slows the real run alone) and the
+time to a fixed loss (sustained, on the test loss), simulated over real, the median of the
+seeds' ratios. A wrong
 model of the machine (a step's time, a replica's copies, the slowdown, how the ranks wait for
 each other) shows as a ratio far from 1; a noisy machine moves it by some percent.
 
@@ -27,10 +29,20 @@ from hetsgd.outputs.summary import RunSummary
 from hetsgd.runs import runner
 from hetsgd.runs.calibrate import calibrate, save
 
+
+def _workers_cpu_share(summary: RunSummary) -> float | None:
+    """The CPU time the run's workers got over what they asked (``contention`` in summary.json;
+    None where the run does not record it): a busy machine explains a slow real run."""
+    contention = summary.to_dict().get("contention")
+    share = contention.get("workers_cpu_share") if isinstance(contention, dict) else None
+    return float(share) if isinstance(share, int | float) else None
+
+
 # the metrics compared, as (name, reader of a completed run's summary)
 METRICS: dict[str, Callable[[RunSummary], float | None]] = {
     "examples/s": lambda summary: summary.examples_per_s,
     "host update share": lambda summary: (summary.update_share or {}).get("cpu"),
+    "workers' CPU share": _workers_cpu_share,
 }
 TIME_TO_LOSS = "time to loss"
 
@@ -95,7 +107,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def _time_to_loss(key: str) -> Callable[[RunSummary], float | None]:
-    """The reader of a summary's time to the training loss ``key`` (a :func:`loss_key`)."""
+    """The reader of a summary's time to the loss ``key`` (a :func:`loss_key`)."""
     return lambda summary: (summary.time_to_loss or {}).get(key)
 
 
