@@ -2,8 +2,9 @@
 
 Each interval is scipy's bootstrap (:func:`scipy.stats.bootstrap`) of the mean over a row's
 runs (seeds), or of the ratio of two rows' means (a speedup, the rows resampled independently),
-at :data:`CONFIDENCE`, by the *percentile* method: BCa's acceleration comes from a jackknife
-that is undefined for the 2-3 seeds a comparison usually has, and for seeds that agree exactly.
+at :data:`CONFIDENCE`, by the *percentile* method: scipy's default, BCa, estimates a bias and
+an acceleration that 2-3 seeds (what a comparison usually has) cannot pin down, and gives NaN
+where the seeds agree exactly (a simulated run's repeatable times often do).
 The resampling is seeded (:data:`SEED`), so a report reads the same every time it is written.
 With one run there is no interval: None, never a made-up one. Few seeds give wide intervals;
 that is what they know.
