@@ -16,8 +16,8 @@ then attributes) is a module or any object providing what a built-in module prov
 Each built-in module declares the first two (and ``CHECKPOINTS`` where it does), so
 ``algo._target_=hetsgd.algorithms.hogbatch`` is Hogbatch itself. What cannot be loaded, has
 the wrong shape or raises in ``plan`` or ``hooks`` is one :class:`UserError` line naming the
-target, as is a link that lacks a member of the link protocol; what raises in a worker or rank fails the run as any
-worker's error does. The target comes from the run's own config only: a run folder or
+target, as is a link that lacks a member of the link protocol; what raises in a worker or rank
+fails the run as any worker's error does. The target comes from the run's own config only: a run folder or
 torchrun's store that names one is trusted only where the user's command names it too
 (:mod:`hetsgd.runs.trust`).
 """
