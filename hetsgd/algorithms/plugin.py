@@ -1,7 +1,7 @@
 """A user's algorithm, by ``algo=custom algo._target_=PKG.MODULE_OR_OBJECT``.
 
-The target (resolved as Hydra resolves a ``_target_``: its longest importable module prefix,
-then attributes) is a module or any object providing what a built-in module provides
+The target (resolved by :func:`hetsgd.targets.locate`, as a model's is: its longest importable
+module prefix, then attributes) is a module or any object providing what a built-in module provides
 (:class:`~hetsgd.algorithms.base.Algorithm`): ``plan(cfg, specs) -> Plan`` and
 ``hooks(plan) -> Hooks``. Three attributes are optional:
 
@@ -32,7 +32,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from hydra._internal.utils import _locate  # hydra.utils.get_object, less its multi-line log
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -45,6 +44,7 @@ from hetsgd.engines.hooks import DistributedHooks, Hooks, SharedMemoryHooks
 from hetsgd.engines.shared.links import Link, LinkFactory, check_link
 from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import UserError, one_line
+from hetsgd.targets import locate, raised
 from hetsgd.workers import WorkerSpec
 
 KEY = "algo._target_"
@@ -59,8 +59,7 @@ def _naming(target: str, doing: str) -> Iterator[None]:
     except UserError as exc:
         raise UserError(f"{KEY}={target}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the user's code
-        said = f": {one_line(exc)}" if str(exc) else ""
-        raise UserError(f"{KEY}={target}: {doing} raised {type(exc).__name__}{said}") from None
+        raise raised(KEY, target, exc, doing) from None
 
 
 @dataclass
@@ -76,17 +75,7 @@ class Plugin:
 
     @classmethod
     def load(cls, target: str) -> Plugin:
-        if target.split(".")[0] in ("__main__", "__mp_main__"):
-            raise UserError(f"{KEY}={target}: worker processes cannot import the script or "
-                            "notebook that starts the run; put the algorithm in a module of its "
-                            "own and name that")
-        with _naming(target, "importing it"):  # whatever the user's module raises on import
-            try:
-                provider = _locate(target)
-            except ImportError as exc:
-                cause = exc.__cause__ if exc.__cause__ is not None else exc
-                raise UserError(f"cannot be imported ({type(cause).__name__}: {one_line(cause)}); "
-                                "is its package on PYTHONPATH?") from None
+        provider = locate(KEY, target)
         missing = [name for name in ("plan", "hooks") if not callable(getattr(provider, name, None))]
         if missing:
             raise UserError(f"{KEY}={target}: a {type(provider).__name__} without "
