@@ -4,14 +4,12 @@ Hydra's compose API, nothing trained)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
+from test_sweeps import hydra_conf  # noqa: F401 - the fixture: Hydra on the config tree
 
 from hetsgd import algorithms
-from hetsgd.config import CONF_DIR, RunConfig, register_configs, to_run_config
+from hetsgd.config import CONF_DIR, RunConfig, to_run_config
 from hetsgd.config.compose import sweep_jobs
 from hetsgd.errors import UserError
 from hetsgd.workers import expand
@@ -25,19 +23,6 @@ GROUPS = ["algo", "dataset", "devices", "model", "logger", "method"]
 
 def _choices(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def hydra_conf() -> Iterator[None]:
-    """Hydra initialized on the config tree; whatever Hydra held is given back after."""
-    register_configs()
-    held = GlobalHydra.instance().hydra
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            yield
-    finally:
-        GlobalHydra.instance().hydra = held
 
 
 def _checked(overrides: list[str]) -> RunConfig:
@@ -58,8 +43,9 @@ def _planned(cfg: RunConfig) -> None:
     assert algorithm.plan(cfg, specs).workers
 
 
+@pytest.mark.usefixtures("hydra_conf")
 @pytest.mark.parametrize("group, choice", [(g, c) for g in GROUPS for c in _choices(g)])
-def test_every_choice_of_every_group_composes(hydra_conf: None, group: str, choice: str) -> None:
+def test_every_choice_of_every_group_composes(group: str, choice: str) -> None:
     key = f"+{group}" if group == "method" else group  # a method is added, not chosen
     cfg = _checked([f"{key}={choice}", *NEEDS.get((group, choice), [])])
     if group != "dataset":  # a dataset's data is not loaded here
@@ -67,9 +53,9 @@ def test_every_choice_of_every_group_composes(hydra_conf: None, group: str, choi
 
 
 @pytest.mark.slow  # composes tens of jobs each: about a minute an experiment on a busy 2-core VM
+@pytest.mark.usefixtures("hydra_conf")
 @pytest.mark.parametrize("experiment", _choices("experiment"))
-def test_every_job_of_every_experiment_composes_and_plans(hydra_conf: None,
-                                                          experiment: str) -> None:
+def test_every_job_of_every_experiment_composes_and_plans(experiment: str) -> None:
     jobs = sweep_jobs([f"+experiment={experiment}"])
     assert jobs
     # a tuned comparison's jobs are started with its search taken out (hetsgd/tuning/phases.py)

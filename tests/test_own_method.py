@@ -16,16 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose_config, run_config
+from test_checkpoint import _final_model, _new_run
 from test_distributed import TWO_RANKS, _torchrun_nodes
 from test_doc_commands import SHELL, Command, blocks, commands, run_overrides, shown_files
 
-import hetsgd
 from hetsgd import algorithms
 from hetsgd.config import compose_run, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared.memory import SharedMaster
-from hetsgd.outputs.checkpoint import latest_checkpoint, read_checkpoint
 from hetsgd.outputs.index import read_summary
 from hetsgd.runs import runner
 from hetsgd.runs.setup import load_run_data
@@ -137,18 +136,6 @@ def test_each_example_trains_on_the_emulated_mix(package: Path, tmp_path: Path,
     assert set(summary["updates_by_group"]) == {"accel", "cpu"}
 
 
-def _checkpointed(*overrides: str) -> Path:
-    result = hetsgd.run(*overrides)
-    assert result.exit_code == 0 and result.status == "completed", result.summary.error
-    return result.run_dir
-
-
-def _final_model(run_dir: Path) -> torch.Tensor:
-    version = latest_checkpoint(run_dir)
-    assert version is not None
-    return read_checkpoint(version).params
-
-
 @pytest.mark.integration
 def test_diloco_resumed_from_its_checkpoint_ends_where_a_straight_run_ends(
         package: Path, results_dir: Path) -> None:
@@ -159,10 +146,10 @@ def test_diloco_resumed_from_its_checkpoint_ends_where_a_straight_run_ends(
            "dataset=digits", "model=mlp", "devices=cpu", "devices.groups.cpu.count=2",
            "devices.groups.cpu.batch_size=16", "optim.momentum=0.9", "optim.lr=0.05",
            "checkpoint.every_s=600", "progress=false")
-    straight = _checkpointed(*run, "budget.epochs=2")
-    first = _checkpointed(*run, "budget.epochs=1")
+    straight = _new_run(*run, "budget.epochs=2")
+    first = _new_run(*run, "budget.epochs=1")
     checkpointed = _final_model(first)
-    assert _checkpointed(f"resume={first}", *diloco, "budget.epochs=2", "progress=false") == first
+    assert _new_run(f"resume={first}", *diloco, "budget.epochs=2", "progress=false") == first
     assert torch.allclose(_final_model(first), _final_model(straight), atol=1e-6)
     assert not torch.equal(checkpointed, _final_model(straight))
     assert read_summary(first)["algo"] == "diloco"
