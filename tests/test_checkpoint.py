@@ -23,6 +23,9 @@ SYNC = ("algo=sync", "dataset=digits", "model=mlp", "optim.momentum=0.9", "optim
 LOCAL = ("algo=local_sgd", "dataset=digits", "model=mlp", "devices=cpu",
          "devices.groups.cpu.count=2", "devices.groups.cpu.batch_size=16", "algo.tau=3",
          "optim.momentum=0.9", "optim.lr=0.05")
+# local SGD by its target: an algorithm that declares CHECKPOINTS, not a name on a list
+LOCAL_BY_TARGET = ("algo=custom", "algo._target_=hetsgd.algorithms.local_sgd", "+algo.tau=3",
+                   *(o for o in LOCAL[1:] if not o.startswith("algo.")))
 # every_s longer than the run: the one checkpoint is the one taken at its end, a fixed point
 CHECKPOINTS = ("checkpoint.every_s=600", "progress=false")
 
@@ -50,7 +53,8 @@ def _final_model(run_dir: Path) -> torch.Tensor:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("algo", [SYNC, LOCAL], ids=["sync", "local_sgd"])
+@pytest.mark.parametrize("algo", [SYNC, LOCAL, LOCAL_BY_TARGET],
+                         ids=["sync", "local_sgd", "local_sgd_by_target"])
 def test_a_resumed_run_ends_where_a_straight_run_ends(results_dir: Path,
                                                       algo: tuple[str, ...]) -> None:
     straight = _new_run(*algo, *CHECKPOINTS, "budget.epochs=2")
@@ -58,7 +62,10 @@ def test_a_resumed_run_ends_where_a_straight_run_ends(results_dir: Path,
     old, before = read_summary(first), pd.read_csv(first / "convergence.csv")
     checkpointed = _final_model(first)
     runs = set((results_dir / "runs").iterdir())
-    assert _new_run(f"resume={first}", "budget.epochs=2", "progress=false") == first
+    named = [o for o in algo if o.startswith("algo._target_")]  # a target is called if named
+    if named:
+        named.insert(0, "algo=custom")
+    assert _new_run(f"resume={first}", *named, "budget.epochs=2", "progress=false") == first
     assert set((results_dir / "runs").iterdir()) == runs  # it continued in its own directory
 
     assert torch.allclose(_final_model(first), _final_model(straight), atol=1e-6)
@@ -127,12 +134,20 @@ def test_bad_resumes_are_one_line_errors(results_dir: Path, tmp_path: Path) -> N
     assert resume(with_checkpoint, ["budget.epochs=3"]).cfg.budget.epochs == 3
 
 
-def test_checkpoints_need_sync_or_local_sgd() -> None:
+@pytest.mark.parametrize("algo", [("algo=hogwild",), (
+    "algo=custom", "algo._target_=hetsgd.algorithms.hogbatch")])
+def test_checkpoints_need_an_algorithm_that_declares_them(algo: tuple[str, ...]) -> None:
+    from hetsgd import algorithms
     from hetsgd.config import ConfigError
     from tests.conftest import run_config
 
-    with pytest.raises(ConfigError, match="checkpoint.every_s"):
-        run_config("algo=hogwild", "checkpoint.every_s=5")
+    with pytest.raises(ConfigError, match=r"^checkpoint\.every_s=5: algo=hog\w+ does not "
+                                          r"checkpoint \(an algorithm declares CHECKPOINTS = True "
+                                          r"where .*: sync, local_sgd\)$"):
+        algorithms.choose(run_config(*algo, "checkpoint.every_s=5"))
+    for declared in (("algo=local_sgd",), ("algo=custom",
+                                           "algo._target_=hetsgd.algorithms.local_sgd")):
+        algorithms.choose(run_config(*declared, "checkpoint.every_s=5"))  # accepted
 
 
 def test_composing_inside_a_hydra_job_gives_the_job_its_hydra_back() -> None:

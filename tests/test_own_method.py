@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose_config, run_config
+from test_checkpoint import _final_model, _new_run
 from test_distributed import TWO_RANKS, _torchrun_nodes
 from test_doc_commands import SHELL, Command, blocks, commands, run_overrides, shown_files
 
@@ -24,6 +25,7 @@ from hetsgd.config import compose_run, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.shared.memory import SharedMaster
+from hetsgd.outputs.index import read_summary
 from hetsgd.runs import runner
 from hetsgd.runs.setup import load_run_data
 from hetsgd.workers import expand
@@ -132,6 +134,25 @@ def test_each_example_trains_on_the_emulated_mix(package: Path, tmp_path: Path,
                    "budget.epochs=3", "budget.seconds=null", "eval.every_s=0.2", "progress=false")
     assert summary["algo"] == example[0].rsplit(".", 1)[-1]
     assert set(summary["updates_by_group"]) == {"accel", "cpu"}
+
+
+@pytest.mark.integration
+def test_diloco_resumed_from_its_checkpoint_ends_where_a_straight_run_ends(
+        package: Path, results_dir: Path) -> None:
+    """Its outer model and Nesterov momentum go into the checkpoint (``state_dict``) and come
+    back (``load_state_dict``): without them the resumed run's outer steps would differ."""
+    diloco = ("algo=custom", "algo._target_=mymethods.diloco")
+    run = (*diloco, "+algo.tau=3", "+algo.outer_lr=0.7", "+algo.outer_momentum=0.9",
+           "dataset=digits", "model=mlp", "devices=cpu", "devices.groups.cpu.count=2",
+           "devices.groups.cpu.batch_size=16", "optim.momentum=0.9", "optim.lr=0.05",
+           "checkpoint.every_s=600", "progress=false")
+    straight = _new_run(*run, "budget.epochs=2")
+    first = _new_run(*run, "budget.epochs=1")
+    checkpointed = _final_model(first)
+    assert _new_run(f"resume={first}", *diloco, "budget.epochs=2", "progress=false") == first
+    assert torch.allclose(_final_model(first), _final_model(straight), atol=1e-6)
+    assert not torch.equal(checkpointed, _final_model(straight))
+    assert read_summary(first)["algo"] == "diloco"
 
 
 ROW = re.compile(r"^\| .* \| `(algo\._target_=(\S+): .*)` \|$")

@@ -16,6 +16,7 @@ from hetsgd.algorithms.base import Algorithm, Plan
 from hetsgd.algorithms.plugin import Plugin, settings_of
 from hetsgd.config import RunConfig
 from hetsgd.config.algorithms import CustomAlgoConfig
+from hetsgd.config.checks import ConfigError
 from hetsgd.errors import UserError
 
 ALGORITHMS: dict[str, Algorithm] = {m.NAME: m for m in (sync, hogwild, hogbatch, adaptive,
@@ -32,11 +33,21 @@ def get(name: str) -> Algorithm:
 
 def choose(cfg: RunConfig) -> tuple[Algorithm, RunConfig]:
     """The run's algorithm, and ``cfg`` with the algorithm's own typed settings (a custom one's
-    ``CONFIG``; a built-in's config is typed already)."""
+    ``CONFIG``; a built-in's config is typed already). Checkpoints are refused in one line for
+    an algorithm that does not declare ``CHECKPOINTS``."""
     if not isinstance(cfg.algo, CustomAlgoConfig):
-        return get(cfg.algo.name), cfg
-    plugin = Plugin.load(cfg.algo._target_)
-    return plugin, dataclasses.replace(cfg, algo=plugin.typed(cfg.algo))
+        algorithm: Algorithm = get(cfg.algo.name)
+    else:
+        plugin = Plugin.load(cfg.algo._target_)
+        cfg = dataclasses.replace(cfg, algo=plugin.typed(cfg.algo))
+        algorithm = plugin
+    if cfg.checkpoint.every_s is not None and not getattr(algorithm, "CHECKPOINTS", False):
+        checkpointing = ", ".join(name for name, m in ALGORITHMS.items()
+                                  if getattr(m, "CHECKPOINTS", False))
+        raise ConfigError(f"checkpoint.every_s={cfg.checkpoint.every_s:g}: algo={cfg.algo.name} "
+                          "does not checkpoint (an algorithm declares CHECKPOINTS = True where "
+                          f"every exchange ends in a state a checkpoint keeps: {checkpointing})")
+    return algorithm, cfg
 
 
 def handed_off(plan: Plan, algorithm: Algorithm) -> Plan:

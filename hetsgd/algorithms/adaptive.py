@@ -27,11 +27,15 @@ import dataclasses
 from collections import deque
 
 from hetsgd.algorithms import hogbatch
-from hetsgd.algorithms.base import Plan
-from hetsgd.config import AdaptiveConfig, RunConfig
-from hetsgd.engines.counters import WorkerCounters
-from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
-from hetsgd.workers import WorkerSpec
+from hetsgd.algorithms.api import (
+    AdaptiveConfig,
+    Hooks,
+    Plan,
+    RunConfig,
+    SharedMemoryHooks,
+    WorkerCounters,
+    WorkerSpec,
+)
 
 NAME = "adaptive"
 CONFIG = AdaptiveConfig

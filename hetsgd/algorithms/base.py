@@ -34,6 +34,10 @@ class Algorithm(Protocol):
 
     NAME: str  # what summaries and reports call it
     CONFIG: type[AlgoConfig] | None  # the dataclass its ``algo`` settings are typed as
+    # Whether every exchange ends in a state a checkpoint keeps (its workers' parts, a rank
+    # loop's ``state_dict``): ``checkpoint.every_s`` and ``resume`` need it. Optional for a
+    # plugin (default False).
+    CHECKPOINTS: bool
 
     def plan(self, cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
         """Pick the workers and settle derived values; a layout the algorithm cannot run is a

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hetsgd.engines.distributed.group import Group
+from hetsgd.algorithms.api import Group
 
 
 class LossTable:

@@ -9,13 +9,19 @@ from functools import partial
 
 import torch
 
-from hetsgd.algorithms.base import Plan
-from hetsgd.config import HogbatchConfig, RunConfig
-from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
-from hetsgd.engines.shared.links import InPlace, Link, Replica
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.errors import UserError
-from hetsgd.workers import WorkerSpec
+from hetsgd.algorithms.api import (
+    HogbatchConfig,
+    Hooks,
+    InPlace,
+    Link,
+    Plan,
+    Replica,
+    RunConfig,
+    SharedMemoryHooks,
+    SharedState,
+    UserError,
+    WorkerSpec,
+)
 
 NAME = "hogbatch"
 CONFIG = HogbatchConfig

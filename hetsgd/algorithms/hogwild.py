@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import logging
 
-from hetsgd.algorithms.base import Plan
-from hetsgd.config import RunConfig
-from hetsgd.config.algorithms import HogwildConfig
-from hetsgd.engines.hooks import Hooks, SharedMemoryHooks
-from hetsgd.engines.shared.links import default_link
-from hetsgd.errors import UserError
-from hetsgd.workers import WorkerSpec, renumber
+from hetsgd.algorithms.api import (
+    HogwildConfig,
+    Hooks,
+    Plan,
+    RunConfig,
+    SharedMemoryHooks,
+    UserError,
+    WorkerSpec,
+    default_link,
+    renumber,
+)
 
 NAME = "hogwild"
 CONFIG = HogwildConfig

@@ -42,29 +42,32 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
 
-from hetsgd.algorithms.base import Plan
+from hetsgd.algorithms.api import (
+    Batches,
+    DistributedHooks,
+    Hooks,
+    LocalSGDConfig,
+    Plan,
+    RankLoop,
+    RunConfig,
+    UserError,
+    Verdict,
+    WorkerSpec,
+    check_world,
+    choose_backend,
+    per_group,
+)
 from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
-from hetsgd.config import LocalSGDConfig, RunConfig
-from hetsgd.engines.batches import Batches
-from hetsgd.engines.checkpoint import WorkerState
-from hetsgd.engines.distributed.coordinator import per_group
-from hetsgd.engines.distributed.exchange import Verdict
-from hetsgd.engines.distributed.group import Group, check_world, choose_backend
-from hetsgd.engines.distributed.rank import Rank
-from hetsgd.engines.hooks import DistributedHooks, Hooks
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.errors import Diverged, UserError
-from hetsgd.model.problem import Problem
-from hetsgd.workers import WorkerSpec
 
 NAME = "local_sgd"
 CONFIG = LocalSGDConfig
+CHECKPOINTS = True  # after every aggregation the models agree; the rest is each rank's
 log = logging.getLogger("hetsgd")
 
 
@@ -140,14 +143,14 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
 
 
 def hooks(plan: Plan) -> Hooks:
-    return DistributedHooks(RankLoop, setup_summary, publishing=False)
+    return DistributedHooks(LocalSGDLoop, setup_summary, publishing=False)
 
 
 def setup_summary(world: list[WorkerSpec], columns: dict[str, list[float]]) -> dict:
     """summary.json's `local_sgd` entry: tau, aggregation weight and measured step time by group."""
     taus: dict[str, int] = {}
     for g, t in per_group(world, columns["tau"]).items():
-        assert t is not None, "taus are whole numbers (RankLoop.setup), never NaN"
+        assert t is not None, "taus are whole numbers (LocalSGDLoop.setup), never NaN"
         taus[g] = int(t)
     return {"local_sgd": {"tau": taus,
                           "aggregation_weight": per_group(world, columns["weight"]),
@@ -255,99 +258,80 @@ def warn_if_the_side_is_not_as_named(world: list[WorkerSpec], plan: RoundPlan,
                     "fast" if fast_on_side else "slow")
 
 
-class RankLoop:
-    """One rank of local SGD: rounds of tau local steps, then one aggregating all-reduce."""
+class LocalSGDLoop(RankLoop):
+    """One rank of local SGD: rounds of tau local steps, then one aggregating all-reduce. A
+    subclass may do more with the average (override :meth:`aggregate`: an outer optimizer's
+    step, as DiLoCo's)."""
 
     SETUP_COLUMNS: ClassVar[tuple[str, ...]] = ("tau", "weight", "step_s")
 
-    def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
-                 problem: Problem, state: SharedState, group: Group) -> None:
-        self.rank = Rank(spec, world, cfg, problem, state, group, linked=False,
-                         step_choice=cfg.optim.step)
-        self.batches = self.rank.batches(ShardBatches)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        rank = self.rank
+        cfg, world = rank.cfg, rank.world
+        self.batches = rank.batches(ShardBatches)
         algo = cfg.algo
         assert isinstance(algo, LocalSGDConfig)
-        saved = self.rank.restored_loop
+        saved = rank.restored_loop
         self.step_times: list[float] | None = None  # as measured by the run a checkpoint began
         if "step_times" in saved:
             self.step_times = saved["step_times"].tolist()
         elif needs_step_times(algo, _groups(world)):
-            self.step_times = self.rank.step_times(self.batches, cfg.optim.step)
-        self.plan = RoundPlan.build(cfg, world, self.rank.num_examples, self.step_times)
-        self.table = LossTable(self.rank.num_examples) if algo.biased.sampling else None
-        self.rounds = 0  # done
-        if self.rank.restored is not None:
-            self.rounds = self.rank.restored.position
-            self.batches.shard = saved["shard"]
-            if self.table is not None:
-                self.table.values = saved["loss_table"]
-        if self.table is not None and spec.rank == 0:
+            self.step_times = rank.step_times(self.batches, cfg.optim.step)
+        self.plan = RoundPlan.build(cfg, world, rank.num_examples, self.step_times)
+        self.table = LossTable(rank.num_examples) if algo.biased.sampling else None
+        if self.table is not None and rank.spec.rank == 0:
             warn_if_the_side_is_not_as_named(world, self.plan, algo.biased.side)
 
     def setup(self) -> dict[str, list[float]]:
         return {"tau": [float(t) for t in self.plan.taus], "weight": self.plan.weights,
                 "step_s": self.step_times or [math.nan] * len(self.plan.taus)}
 
-    def checkpoint(self) -> WorkerState:
-        """After an aggregation the models are equal; this rank's momentum, shard of the period
-        and loss table are its own. The round plan's measured step times go along, so a
-        resumed run keeps its taus."""
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """After an aggregation the models are equal; this rank's shard of the period and loss
+        table are its own. The round plan's measured step times go along, so a resumed run
+        keeps its taus."""
         loop = {"shard": self.batches.shard}
         if self.step_times is not None:
             loop["step_times"] = torch.tensor(self.step_times)
         if self.table is not None:
             loop["loss_table"] = self.table.values
-        return self.rank.checkpoint(self.rounds, loop)
+        return loop
 
-    def aggregate(self, weight: float, loss: float | None) -> Verdict:
-        """The round's aggregation, on every rank once per round: the replica becomes the
-        ``weight``-ed average of the ranks' (:meth:`Rank.average`), with the ranks' agreement
-        on stopping and checkpoints. A subclass may do more with the average (an outer
-        optimizer's step); the replica it leaves is the round's model."""
-        return self.rank.average(weight, loss)
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.batches.shard = state["shard"]
+        if self.table is not None:
+            self.table.values = state["loss_table"]
 
-    def run(self, on_checkpoint: Callable[[WorkerState], None]) -> None:
+    def aggregate(self) -> Verdict:
+        """The round's aggregation: the replica becomes the weighted average of the ranks'
+        (:meth:`Rank.average`), with the ranks' agreement on stopping and checkpoints."""
+        return self.rank.average(self.plan.weights[self.rank.spec.rank], self.loss)
+
+    def local_steps(self) -> bool:
+        """A round's tau local steps on this rank's shard (reshuffled every ``period`` rounds),
+        the loss read on the workers' cadence and at the round's last step, for the
+        exchange's divergence flag."""
         rank, plan, table = self.rank, self.plan, self.table
+        if plan.done(self.position):
+            return False
         me = rank.spec.rank
         tau, batch = plan.taus[me], plan.batches[me]
-        rank.restore()
-        while not plan.done(self.rounds):
-            round_ = self.rounds
-            period, offset = divmod(round_, plan.period)
-            if offset == 0:
-                if table is not None:
-                    table.merge(rank.group)
-                self.batches.shard = plan.shard(me, period, self.batches.permutation(period), table)
-            epoch = plan.epoch(round_)
-            loss = None
-            for step in range(tau):
-                started = rank.clock.now()
-                start = (offset * tau + step) * batch
-                x, y = self.batches.get(period, start, batch)
-                mean, losses = rank.train_step(x, y, epoch, batch, per_sample=table is not None)
-                if table is not None and losses is not None:
-                    table.record(self.batches.shard[start:start + batch], losses)
-                rank.clock.computed(batch)
-                # the loss on the workers' cadence, and the round's last one for the exchange's
-                # divergence flag: a read waits for a GPU, so not every step
-                read = rank.read_loss(mean) if step == tau - 1 or rank.loss_due() else None
-                busy = rank.clock.now() - started
-                rank.ledger.step(batch, busy)
-                rank.spec.emulate(busy, rank.sleeping)
-                if read is not None:
-                    loss = read
-                    rank.ledger.record_loss(read)
-                    if not math.isfinite(read):
-                        break
-            verdict = self.aggregate(plan.weights[me], loss)
-            rank.write_master()
-            if verdict.diverged:
-                raise Diverged(f"training loss became non-finite in round {round_} "
-                               f"(epoch {epoch:.3f})")
-            self.rounds += 1
-            if verdict.stop:
+        round_ = self.position
+        period, offset = divmod(round_, plan.period)
+        if offset == 0:
+            if table is not None:
+                table.merge(rank.group)
+            self.batches.shard = plan.shard(me, period, self.batches.permutation(period), table)
+        epoch = plan.epoch(round_)
+        self.loss, self.where = None, f"in round {round_} (epoch {epoch:.3f})"
+        for step in range(tau):
+            start = (offset * tau + step) * batch
+            x, y = self.batches.get(period, start, batch)
+            record = (None if table is None
+                      else partial(table.record, self.batches.shard[start:start + batch]))
+            if not self.finite(self.train(x, y, epoch, batch, read=step == tau - 1,
+                                          per_sample=record)):
                 break
-            if verdict.checkpoint:
-                on_checkpoint(self.checkpoint())
-        if rank.checkpointing:
-            on_checkpoint(self.checkpoint())
+        self.position += 1
+        return True

@@ -1,20 +1,23 @@
 """A user's algorithm, by ``algo=custom algo._target_=PKG.MODULE_OR_OBJECT``.
 
-The target (resolved as Hydra resolves a ``_target_``: its longest importable module prefix,
-then attributes) is a module or any object providing what a built-in module provides
+The target (resolved by :func:`hetsgd.targets.locate`, as a model's is: its longest importable
+module prefix, then attributes) is a module or any object providing what a built-in module provides
 (:class:`~hetsgd.algorithms.base.Algorithm`): ``plan(cfg, specs) -> Plan`` and
-``hooks(plan) -> Hooks``. Two attributes are optional:
+``hooks(plan) -> Hooks``. Three attributes are optional:
 
 - ``NAME``: what summaries and reports call it (default: the target's last component);
 - ``CONFIG``: a dataclass subclassing :class:`~hetsgd.config.algorithms.AlgoConfig` that types
   its settings (``+algo.NAME=VALUE`` or a user's YAML), built through OmegaConf's type checks and
   its own ``__post_init__``; without one, ``plan`` reads them untyped from
-  ``cfg.algo.settings``.
+  ``cfg.algo.settings``;
+- ``CHECKPOINTS``: ``True`` where it checkpoints (default ``False``; see
+  :mod:`hetsgd.algorithms.api`).
 
-Each built-in module declares both, so ``algo._target_=hetsgd.algorithms.hogbatch`` is Hogbatch
-itself. What cannot be loaded, has the wrong shape or raises in ``plan`` or ``hooks`` is one
-:class:`UserError` line naming the target; what raises in a worker or rank fails the run as any
-worker's error does. The target comes from the run's own config only: a run folder or
+Each built-in module declares the first two (and ``CHECKPOINTS`` where it does), so
+``algo._target_=hetsgd.algorithms.hogbatch`` is Hogbatch itself. What cannot be loaded, has
+the wrong shape or raises in ``plan`` or ``hooks`` is one :class:`UserError` line naming the
+target, as is a link that lacks a member of the link protocol; what raises in a worker or rank
+fails the run as any worker's error does. The target comes from the run's own config only: a run folder or
 torchrun's store that names one is trusted only where the user's command names it too
 (:mod:`hetsgd.runs.trust`).
 """
@@ -29,7 +32,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from hydra._internal.utils import _locate  # hydra.utils.get_object, less its multi-line log
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -39,9 +41,10 @@ from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.plain import plain
 from hetsgd.engines.hooks import DistributedHooks, Hooks, SharedMemoryHooks
-from hetsgd.engines.shared.links import Link, LinkFactory
+from hetsgd.engines.shared.links import Link, LinkFactory, check_link
 from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import UserError, one_line
+from hetsgd.targets import locate, raised
 from hetsgd.workers import WorkerSpec
 
 KEY = "algo._target_"
@@ -56,8 +59,7 @@ def _naming(target: str, doing: str) -> Iterator[None]:
     except UserError as exc:
         raise UserError(f"{KEY}={target}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the user's code
-        said = f": {one_line(exc)}" if str(exc) else ""
-        raise UserError(f"{KEY}={target}: {doing} raised {type(exc).__name__}{said}") from None
+        raise raised(KEY, target, exc, doing) from None
 
 
 @dataclass
@@ -69,20 +71,11 @@ class Plugin:
     NAME: str
     provider: Any  # the module or object that provides plan and hooks
     CONFIG: type[AlgoConfig] | None
+    CHECKPOINTS: bool = False
 
     @classmethod
     def load(cls, target: str) -> Plugin:
-        if target.split(".")[0] in ("__main__", "__mp_main__"):
-            raise UserError(f"{KEY}={target}: worker processes cannot import the script or "
-                            "notebook that starts the run; put the algorithm in a module of its "
-                            "own and name that")
-        with _naming(target, "importing it"):  # whatever the user's module raises on import
-            try:
-                provider = _locate(target)
-            except ImportError as exc:
-                cause = exc.__cause__ if exc.__cause__ is not None else exc
-                raise UserError(f"cannot be imported ({type(cause).__name__}: {one_line(cause)}); "
-                                "is its package on PYTHONPATH?") from None
+        provider = locate(KEY, target)
         missing = [name for name in ("plan", "hooks") if not callable(getattr(provider, name, None))]
         if missing:
             raise UserError(f"{KEY}={target}: a {type(provider).__name__} without "
@@ -96,7 +89,11 @@ class Plugin:
                                        and issubclass(config, AlgoConfig)):
             raise UserError(f"{KEY}={target}: its CONFIG is {config!r}, not a dataclass "
                             "subclassing hetsgd.algorithms.api.AlgoConfig")
-        return cls(target, name, provider, config)
+        checkpoints = getattr(provider, "CHECKPOINTS", False)
+        if not isinstance(checkpoints, bool):
+            raise UserError(f"{KEY}={target}: its CHECKPOINTS is {checkpoints!r}, not True or "
+                            "False")
+        return cls(target, name, provider, config, checkpoints)
 
     def typed(self, algo: CustomAlgoConfig) -> AlgoConfig:
         """``algo``'s settings as the algorithm's own ``CONFIG`` (range checks included), named
@@ -143,7 +140,8 @@ def _link(target: str, factory: LinkFactory, spec: WorkerSpec, module: torch.nn.
     fails the run in one line naming the target, as a worker's :class:`UserError` does."""
     with _naming(target, f"its link for worker {spec.rank} ({spec.group})"):
         link = factory(spec, module, state)
-    return link
+    with _naming(target, "its link"):
+        return check_link(link, spec)
 
 
 def settings_of(plan: Plan, target: str) -> Plan:

@@ -20,28 +20,33 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 
-from hetsgd.algorithms.base import Plan
-from hetsgd.config import RunConfig, SyncConfig
-from hetsgd.engines.checkpoint import WorkerState
-from hetsgd.engines.distributed.coordinator import per_group
-from hetsgd.engines.distributed.group import Group, check_world, choose_backend
-from hetsgd.engines.distributed.rank import Rank
-from hetsgd.engines.hooks import DistributedHooks, Hooks, SharedMemoryHooks
-from hetsgd.engines.shared.cursor import EpochCursor
-from hetsgd.engines.shared.links import default_link
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.errors import Diverged, UserError
-from hetsgd.model.problem import Problem
-from hetsgd.model.step import AutogradStep
-from hetsgd.workers import WorkerSpec
+from hetsgd.algorithms.api import (
+    AutogradStep,
+    DistributedHooks,
+    EpochCursor,
+    Hooks,
+    Pending,
+    Plan,
+    RankLoop,
+    RunConfig,
+    SharedMemoryHooks,
+    SyncConfig,
+    UserError,
+    Verdict,
+    WorkerSpec,
+    check_world,
+    choose_backend,
+    default_link,
+    per_group,
+)
 
 NAME = "sync"
 CONFIG = SyncConfig
+CHECKPOINTS = True  # after every step all replicas and momenta agree
 
 
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
@@ -64,7 +69,7 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
 def hooks(plan: Plan) -> Hooks:
     if len(plan.workers) == 1:
         return SharedMemoryHooks(default_link)
-    return DistributedHooks(RankLoop, setup_summary, publishing=plan.workers[0].accel)
+    return DistributedHooks(SyncLoop, setup_summary, publishing=plan.workers[0].accel)
 
 
 def setup_summary(world: list[WorkerSpec], columns: dict[str, list[float]]) -> dict:
@@ -90,75 +95,82 @@ def split(size: int, shares: list[float]) -> list[int]:
     return sizes
 
 
-class RankLoop:
-    """One rank of synchronous data-parallel SGD."""
+class SyncLoop(RankLoop):
+    """One rank of synchronous data-parallel SGD: each step's gradient, computed on this rank's
+    shard of the global batch, is all-reduced between the step's two halves."""
 
     SETUP_COLUMNS: ClassVar[tuple[str, ...]] = ("batch_share", "step_s")
+    LINKED = True
+    STEP = "autograd"
 
-    def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
-                 problem: Problem, state: SharedState, group: Group) -> None:
-        self.rank = Rank(spec, world, cfg, problem, state, group, linked=True,
-                         step_choice="autograd")
-        assert isinstance(self.rank.train_step, AutogradStep)  # the gradient is all-reduced
-        self.step = self.rank.train_step
-        self.batches = self.rank.batches()
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        rank = self.rank
+        assert isinstance(rank.train_step, AutogradStep)  # the gradient is all-reduced
+        self.step = rank.train_step
+        self.batches = rank.batches()
+        cfg, world = rank.cfg, rank.world
         assert isinstance(cfg.algo, SyncConfig) and cfg.algo.global_batch is not None, "see plan()"
         self.global_batch = cfg.algo.global_batch
         self.shares = [1.0] * len(world)
         self.step_times = [math.nan] * len(world)
-        saved = self.rank.restored_loop
+        saved = rank.restored_loop
         if cfg.algo.split == "proportional":  # examples per second at each rank's batch size
             self.step_times = (saved["step_times"].tolist() if "step_times" in saved
-                               else self.rank.step_times(self.batches, "autograd"))
+                               else rank.step_times(self.batches, "autograd"))
             self.shares = [s.batch_size / t for s, t in zip(world, self.step_times)]
         # Every rank walks the same cursor, so all agree on every step and on the last one.
-        self.cursor = EpochCursor(self.rank.num_examples, cfg.budget.epochs, threading.Lock())
-        if self.rank.restored is not None:
-            self.cursor.handed_out = self.rank.restored.position
+        self.cursor = EpochCursor(rank.num_examples, cfg.budget.epochs, threading.Lock())
+        self.cursor.handed_out = self.position
+        self.pending: Pending | None = None
+        self.size = 0  # the step's global batch; this rank's share of it is ``self.mine``
+        self.mine = 0
+        self.busy = 0.0  # the step's compute time so far
 
     def setup(self) -> dict[str, list[float]]:
         return {"batch_share": [share / sum(self.shares) for share in self.shares],
                 "step_s": self.step_times}
 
-    def checkpoint(self) -> WorkerState:
-        """After a step every replica and momentum is the same: the cursor says where we are
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """After a step every replica and momentum is the same: ``position`` says where we are
         (and a proportional split keeps the step times it was measured with)."""
-        return self.rank.checkpoint(self.cursor.handed_out,
-                                    {"step_times": torch.tensor(self.step_times)})
+        return {"step_times": torch.tensor(self.step_times)}
 
-    def run(self, on_checkpoint: Callable[[WorkerState], None]) -> None:
+    def local_steps(self) -> bool:
+        """The step's first half on this rank's shard, at the global batch's learning rate; its
+        loss is read every step, since the step's all-reduce waits for the device anyway."""
         rank = self.rank
-        me, n = rank.spec.rank, rank.num_examples
-        rank.restore()
-        while (claim := self.cursor.claim(self.global_batch)) is not None:
-            epoch, start, size = claim
-            sizes = split(size, self.shares)
-            started = rank.clock.now()
-            loss = None
-            # the step's first half on this rank's shard, at the global batch's learning rate;
-            # its loss is read every step, since the step's all-reduce waits for the device anyway
-            if sizes[me]:
-                x, y = self.batches.get(epoch, start + sum(sizes[:me]), sizes[me])
-                pending = self.step.compute(x, y, epoch + start / n, size)
-                loss = rank.read_loss(pending.loss)
-                rank.clock.computed(sizes[me])  # the update's time counts in the profile's step
-            else:
-                pending = self.step.on_no_examples(epoch + start / n, size)
-            computed = rank.clock.now()
-            rank.spec.emulate(computed - started, rank.sleeping)
-            verdict = rank.exchange(rank.flat.grads, rank.flat.buffers, sizes[me] / size, loss)
-            stepped = rank.clock.now()
-            self.step.land(pending)  # the all-reduced gradient, the same on every rank
-            rank.ledger.step(sizes[me], computed - started + rank.clock.now() - stepped)
-            if loss is not None:
-                rank.ledger.record_loss(loss)
-            if rank.link is not None:  # rank 0: publish when the coordinator asks
-                rank.ledger.add("comm_s", rank.link.after_step())
-            if verdict.diverged:
-                raise Diverged(f"training loss became non-finite at epoch {epoch + start / n:.3f}")
-            if verdict.stop:
-                break
-            if verdict.checkpoint:
-                on_checkpoint(self.checkpoint())
-        if rank.checkpointing:
-            on_checkpoint(self.checkpoint())
+        claim = self.cursor.claim(self.global_batch)
+        self.position = self.cursor.handed_out
+        if claim is None:
+            return False
+        epoch, start, size = claim
+        n, me = rank.num_examples, rank.spec.rank
+        sizes = split(size, self.shares)
+        self.size, self.mine, self.loss = size, sizes[me], None
+        self.where = f"at epoch {epoch + start / n:.3f}"
+        started = rank.clock.now()
+        if sizes[me]:
+            x, y = self.batches.get(epoch, start + sum(sizes[:me]), sizes[me])
+            self.pending = self.step.compute(x, y, epoch + start / n, size)
+            self.loss = rank.read_loss(self.pending.loss)
+            rank.clock.computed(sizes[me])  # the update's time counts in the profile's step
+        else:
+            self.pending = self.step.on_no_examples(epoch + start / n, size)
+        self.busy = rank.clock.now() - started
+        rank.spec.emulate(self.busy, rank.sleeping)
+        return True
+
+    def aggregate(self) -> Verdict:
+        """The gradients' weighted all-reduce, then the step's second half, the same on every
+        rank."""
+        rank = self.rank
+        assert self.pending is not None, "local_steps() computed the step's first half"
+        verdict = rank.exchange(rank.flat.grads, rank.flat.buffers, self.mine / self.size,
+                                self.loss)
+        stepped = rank.clock.now()
+        self.step.land(self.pending)
+        rank.ledger.step(self.mine, self.busy + rank.clock.now() - stepped)
+        if self.loss is not None:
+            rank.ledger.record_loss(self.loss)
+        return verdict

@@ -309,17 +309,16 @@ class DistConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Checkpoints for long runs of `sync` and `local_sgd`: every `every_s` seconds of training
-    and at the end, the workers' whole state (model, momentum, RNG streams, counters, position in
-    the data) goes to `checkpoint/` in the run directory; `resume=RUN_DIR` continues from it."""
+    """Checkpoints for long runs of an algorithm that declares ``CHECKPOINTS`` (`sync`,
+    `local_sgd`, a plugin; :func:`hetsgd.algorithms.choose` refuses the others): every
+    `every_s` seconds of training and at the end, the workers' whole state (model, momentum, RNG
+    streams, counters, position in the data, a rank loop's ``state_dict``) goes to
+    `checkpoint/` in the run directory; `resume=RUN_DIR` continues from it."""
 
     every_s: float | None = None  # null: no checkpoints
 
     def __post_init__(self) -> None:
         seconds("checkpoint.every_s", self.every_s, nullable=True)
-
-
-CHECKPOINTING_ALGOS = ("sync", "local_sgd")  # every step or round ends in a consistent state
 
 
 @dataclass
@@ -349,9 +348,6 @@ class RunConfig:
         if self.tuning is not None:
             raise ConfigError("this config tunes before it compares (tuning: ...), which only a "
                               "sweep does: start it with `hetsgd run -m` (or hetsgd.sweep)")
-        require(self.checkpoint.every_s is None or self.algo.name in CHECKPOINTING_ALGOS,
-                "checkpoint.every_s", "null for algo=" + self.algo.name + " (checkpoints need "
-                + " or ".join(CHECKPOINTING_ALGOS) + ")", self.checkpoint.every_s)
         # numpy and torch seed generators from 32 bits; a larger seed fails deep in a library
         require(0 <= self.seed < 2**32, "seed", "0 <= seed < 2**32", self.seed)
 

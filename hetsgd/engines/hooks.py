@@ -12,16 +12,29 @@ algorithm.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hetsgd.engines.distributed.rank import RankLoop
+from hetsgd.engines.distributed.loop import RankLoop
 from hetsgd.engines.shared.links import LinkFactory
 from hetsgd.engines.training import Controller
 from hetsgd.workers import WorkerSpec
 
 # summary.json entries from what rank 0 settled at setup: (world, {column: value per rank}).
 SetupSummary = Callable[[list[WorkerSpec], dict[str, list[float]]], dict]
+
+
+def per_group(world: list[WorkerSpec], values: list[float], total: bool = False
+              ) -> dict[str, float | None]:
+    """Per-rank values by group, for a :data:`SetupSummary`: their mean (or their sum); None
+    where they are NaN."""
+    out: dict[str, float | None] = {}
+    for group in dict.fromkeys(spec.group for spec in world):
+        mine = [v for spec, v in zip(world, values) if spec.group == group]
+        value = sum(mine) if total else sum(mine) / len(mine)
+        out[group] = None if math.isnan(value) else value
+    return out
 
 
 @dataclass(frozen=True)

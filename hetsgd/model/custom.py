@@ -31,7 +31,6 @@ named, in whichever process builds the model (the coordinator, each worker, the 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import threading
 from collections.abc import Callable, Mapping
@@ -44,6 +43,9 @@ from torch import nn
 
 from hetsgd.config.problem import CustomModelConfig
 from hetsgd.errors import UserError
+from hetsgd.targets import locate, raised
+
+KEY = "model._target_"
 
 PROBE_BATCH = 2
 
@@ -56,35 +58,6 @@ def data_arguments(num_features: int, num_outputs: int, image_shape: tuple[int, 
             "num_classes": 2 if task == "binary" else num_outputs,
             "num_outputs": num_outputs,
             "task": task}
-
-
-def _locate(target: str) -> Any:
-    """The object ``target`` names: its longest importable module prefix, then attributes (as
-    Hydra resolves a ``_target_``), or a one-line error saying why it cannot be found."""
-    parts = target.split(".")
-    if len(parts) < 2 or not all(parts):
-        raise UserError(f"model._target_={target}: not a dotted path PKG.MODULE.FACTORY")
-    if parts[0] in ("__main__", "__mp_main__"):  # a worker never runs the script or notebook
-        raise UserError(f"model._target_={target}: worker processes cannot import the script or "
-                        "notebook that starts the run; put the factory in a module of its own "
-                        "(e.g. mynets.py beside the script) and name that")
-    for i in range(len(parts) - 1, 0, -1):
-        name = ".".join(parts[:i])
-        try:
-            obj = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and f"{name}.".startswith(f"{exc.name}."):
-                continue  # this prefix is no module: a shorter one may be
-            raise _raised(target, exc, f"importing {name}") from None
-        except Exception as exc:
-            raise _raised(target, exc, f"importing {name}") from None
-        for attribute in parts[i:]:
-            if not hasattr(obj, attribute):
-                raise UserError(f"model._target_={target}: {name} has no attribute {attribute!r}")
-            obj, name = getattr(obj, attribute), f"{name}.{attribute}"
-        return obj
-    raise UserError(f"model._target_={target}: no module named {parts[0]!r}; is its package on "
-                    "PYTHONPATH?")
 
 
 def _given(cfg: CustomModelConfig, factory: Any, offered: dict[str, Any]) -> dict[str, Any]:
@@ -185,9 +158,7 @@ def _probe(target: str, module: nn.Module, num_features: int, num_outputs: int,
 
 
 def _raised(target: str, exc: BaseException, doing: str = "building it") -> UserError:
-    said = f": {exc}" if str(exc) else ""
-    return UserError(f"model._target_={target}: {doing} raised {type(exc).__name__}{said}"
-                     .replace("\n", " "))
+    return raised(KEY, target, exc, doing)
 
 
 def _bounded(target: str, timeout_s: float, build: Callable[[], nn.Module]) -> nn.Module:
@@ -233,7 +204,7 @@ def build_custom(cfg: CustomModelConfig, num_features: int, num_outputs: int,
 def _checked(cfg: CustomModelConfig, num_features: int, num_outputs: int,
              image_shape: tuple[int, ...] | None, task: str, input_dtype: torch.dtype) -> nn.Module:
     target = cfg._target_
-    factory = _locate(target)
+    factory = locate(KEY, target)
     given = _given(cfg, factory, data_arguments(num_features, num_outputs, image_shape, task))
     try:  # the user's kwargs go through Hydra (nested _target_s are built too); ours stay tuples
         build = instantiate({"_target_": target, "_partial_": True, "_convert_": "all",

@@ -19,24 +19,14 @@ from hetsgd.config import RunConfig
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.distributed.group import check_port, torchrun, with_free_port
-from hetsgd.engines.distributed.rank import RankLoop, rank_process
+from hetsgd.engines.distributed.loop import RankLoop
+from hetsgd.engines.distributed.rank import rank_process
 from hetsgd.engines.hooks import SetupSummary
 from hetsgd.engines.shared.coordinator import FAILURE_GRACE_S, Coordinator
 from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
-
-
-def per_group(world: list[WorkerSpec], values: list[float], total: bool = False
-              ) -> dict[str, float | None]:
-    """Per-rank values by group: their mean (or their sum); None where they are NaN."""
-    out: dict[str, float | None] = {}
-    for group in dict.fromkeys(spec.group for spec in world):
-        mine = [v for spec, v in zip(world, values) if spec.group == group]
-        value = sum(mine) if total else sum(mine) / len(mine)
-        out[group] = None if math.isnan(value) else value
-    return out
 
 
 class DistributedCoordinator(Coordinator):

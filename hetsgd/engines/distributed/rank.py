@@ -14,17 +14,16 @@ unchanged. Two rules keep every rank out of a collective that will never come:
 A checkpoint request travels the same way, so every rank takes its part of a checkpoint after
 the same exchange (:meth:`Rank.checkpoint`), and of a resumed run every rank starts from it.
 
-The algorithm provides the per-rank loop (a :class:`RankLoop`), bound into the process entry
-by the coordinator, so this module never looks an algorithm up.
+The algorithm provides the per-rank loop (a :class:`~.loop.RankLoop`), bound into the process
+entry by the coordinator, so this module never looks an algorithm up.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from functools import partial
-from typing import ClassVar, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, TypeVar, overload
 
 import torch
 
@@ -49,6 +48,9 @@ from hetsgd.model.flat import FlatModel
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step
 from hetsgd.workers import WorkerSpec
+
+if TYPE_CHECKING:  # the loop is built on a Rank
+    from hetsgd.engines.distributed.loop import RankLoop
 
 B = TypeVar("B", bound=Batches)
 
@@ -207,26 +209,6 @@ class Rank:
         table = torch.zeros(len(self.world), len(COUNTERS), dtype=torch.float64)
         table[self.spec.rank] = self.ledger.row
         self.ledger.publish(self.group.all_reduce_(table))
-
-
-class RankLoop(Protocol):
-    """An algorithm's loop on one rank: built on every rank after the group forms, then run.
-
-    ``SETUP_COLUMNS`` names what rank 0 settles at setup, one number per rank each (say the tau
-    that ``tau: auto`` chose); :meth:`setup` returns them by name, for summary.json."""
-
-    SETUP_COLUMNS: ClassVar[tuple[str, ...]]
-    rank: Rank
-
-    def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
-                 problem: Problem, state: SharedState, group: Group) -> None: ...
-
-    def setup(self) -> dict[str, list[float]]: ...
-
-    def run(self, on_checkpoint: Callable[[WorkerState], None]) -> None:
-        """Train; hand ``on_checkpoint`` this rank's part after each exchange that agreed on a
-        checkpoint and, with checkpoints on, at the end."""
-        ...
 
 
 def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,

@@ -41,6 +41,7 @@ from hetsgd.engines.processes import (
     settle,
     start_deadline,
 )
+from hetsgd.engines.shared.links import UNANSWERED_STEPS
 from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
@@ -200,13 +201,24 @@ class Coordinator(EngineBase):
 
     # -- snapshots ---------------------------------------------------------------------------
 
-    def _publish(self, running: Callable[[], list[int]]) -> None:
-        """Ask the publishers to bring the master up to date, and wait for the running ones."""
+    def _publish(self, running: Callable[[], list[int]]) -> dict[int, str]:
+        """Ask the publishers to bring the master up to date, and wait for the running ones.
+        Returns those whose link broke its contract: it stepped on without answering."""
         signals = self.state.signals
         signals.publish_request += 1
+        updates = self.state.counters.column("updates")
+        asked_at = {rank: float(updates[rank]) for rank in running()}
         deadline = time.perf_counter() + min(PUBLISH_TIMEOUT_S, self.stall_s)
         while not signals.answered(running()) and time.perf_counter() < deadline:
+            stepped = {r: float(updates[r]) - asked_at.get(r, 0.0) for r in running()}
+            broken = {r: (f"{self._name(r)} took {s:g} steps after a publish request without "
+                          "answering it: its link's after_step() must answer one "
+                          "(state.signals.answer(rank); see hetsgd.algorithms.api.Link)")
+                      for r, s in stepped.items() if s >= UNANSWERED_STEPS and signals.asked(r)}
+            if broken:
+                return broken
             time.sleep(PUBLISH_POLL_S)
+        return {}
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -315,7 +327,8 @@ class Coordinator(EngineBase):
                 epoch = float(examples.sum()) / n
                 if snapshots.due(now - t0, epoch) and len(finished) < len(procs):
                     if self.publishers:
-                        self._publish(lambda: [r for r in self.publishers if r not in finished])
+                        hung.update(self._publish(
+                            lambda: [r for r in self.publishers if r not in finished]))
                     self._take_snapshot(time.perf_counter() - t0, snapshots)
                 if every_s is not None and now - last_request >= every_s:
                     signals.request_checkpoint()

@@ -11,19 +11,83 @@ What a step computes (the worker) is kept apart from how its result lands (the l
 algorithm chooses only the link of each worker (a :data:`LinkFactory`). Each link says how many
 copies of the model it makes per step (``COPIES_PER_STEP``, which the virtual-clock engine times
 with the device's link) and can ``publish``: bring the master up to date between two steps.
+The contract each member keeps is :class:`Link`'s; a user's link is checked against it when it
+is built (:func:`check_link`), and the shared-memory coordinator names the member of a link
+that leaves its publish requests unanswered.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from hetsgd.engines import device_ops
 from hetsgd.engines.shared.state import SharedState
+from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel
 from hetsgd.workers import WorkerSpec
+
+
+@runtime_checkable
+class Link(Protocol):
+    """How one worker's steps reach the master (``state.master``), between the worker's steps.
+
+    A worker calls, per step: ``before_step()``, the step on ``flat``, ``after_step()``; once
+    when it leaves its loop, ``finish()``. Each returns the seconds it spent copying (counted
+    as the worker's ``comm_s``, not its busy time). The engines rely on each member:
+
+    - ``flat``: the :class:`~hetsgd.model.flat.FlatModel` the worker's step trains (the
+      master's own tensors for a link that steps in place, a replica's otherwise).
+    - ``COPIES_PER_STEP``: how many copies of the model a step makes (0, or 2 for a replica
+      copied in and merged back); the virtual clock charges each one the device's copy time.
+    - ``before_step()``: make ``flat`` ready for the next step (a replica loads the master).
+    - ``after_step()``: the step's result reaches the master as the method wants (a merge), and
+      the worker **answers any publish request** raised before it (``state.signals.asked(rank)``
+      then ``state.signals.answer(rank)``) once the master holds every step it has taken: the
+      coordinator waits for that answer before each snapshot of an accelerator worker (one
+      with ``spec.accel``), and fails the run, naming this member, when the worker takes
+      :data:`UNANSWERED_STEPS` steps without answering.
+    - ``publish()``: bring the master up to date now, between two steps (the virtual clock
+      calls it before each snapshot; the shared-memory engine, through ``after_step``).
+    - ``finish()``: the worker's last word: the master holds all its steps afterwards.
+    """
+
+    COPIES_PER_STEP: int  # a class constant
+    flat: FlatModel
+
+    def before_step(self) -> float: ...
+
+    def after_step(self) -> float: ...
+
+    def publish(self) -> float: ...
+
+    def finish(self) -> float: ...
+
+
+# An accelerator worker whose link took this many steps after a publish request without
+# answering it breaks the contract (a step under way when the request came answers at the next).
+UNANSWERED_STEPS = 2
+
+
+def check_link(link: object, spec: WorkerSpec) -> Link:
+    """``link`` if it has every member of :class:`Link`, else one line naming the first it
+    lacks or gets wrong (a user's link factory, before the worker's first step)."""
+    name = f"the link of worker {spec.rank} ({spec.group}), a {type(link).__name__},"
+    for member in ("before_step", "after_step", "publish", "finish"):
+        if not callable(getattr(link, member, None)):
+            raise UserError(f"{name} has no {member}() (see hetsgd.algorithms.api.Link)")
+    if not isinstance(getattr(link, "flat", None), FlatModel):
+        raise UserError(f"{name} has no flat: the FlatModel its steps train "
+                        "(see hetsgd.algorithms.api.Link)")
+    copies = getattr(link, "COPIES_PER_STEP", None)
+    if not isinstance(copies, int) or isinstance(copies, bool) or copies < 0:
+        raise UserError(f"{name} has COPIES_PER_STEP={copies!r}, not a count of copies "
+                        "(see hetsgd.algorithms.api.Link)")
+    assert isinstance(link, Link)
+    return link
 
 
 class InPlace:
@@ -128,7 +192,6 @@ class Replica:
         return 0.0
 
 
-Link = InPlace | Replica | Resident
 # Chooses each worker's link; algorithms with a replica path pass their own. Must be picklable.
 LinkFactory = Callable[[WorkerSpec, torch.nn.Module, SharedState], Link]
 

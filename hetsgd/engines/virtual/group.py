@@ -1,7 +1,7 @@
 """A simulated torch.distributed world: ranks as threads of one process, meeting at a barrier,
 each with a virtual clock.
 
-Each rank runs the algorithm's own loop (:class:`~hetsgd.engines.distributed.rank.RankLoop`)
+Each rank runs the algorithm's own loop (:class:`~hetsgd.engines.distributed.loop.RankLoop`)
 against a :class:`VirtualGroup`, which has the real group's collectives. A rank's clock advances
 by its step's time (:class:`~.step_times.StepTimes`: the profile's, jittered) whenever it has
 computed a step; a collective ends for every rank

@@ -15,7 +15,7 @@ import threading
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import EngineBase
 from hetsgd.engines.distributed.group import RankLost
-from hetsgd.engines.distributed.rank import RankLoop
+from hetsgd.engines.distributed.loop import RankLoop
 from hetsgd.engines.hooks import SetupSummary
 from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training

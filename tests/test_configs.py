@@ -1,0 +1,69 @@
+"""Every choice of every config group, and every job of every experiment, composes into a checked
+config that its algorithm can plan (as lightning-hydra-template's tests/test_configs.py does:
+Hydra's compose API, nothing trained)."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose
+from test_sweeps import hydra_conf  # noqa: F401 - the fixture: Hydra on the config tree
+
+from hetsgd import algorithms
+from hetsgd.config import CONF_DIR, RunConfig, to_run_config
+from hetsgd.config.compose import sweep_jobs
+from hetsgd.errors import UserError
+from hetsgd.workers import expand
+
+# what a choice needs besides itself to make a run (a custom algorithm names its target; a
+# dataset read from the user's files names them)
+NEEDS = {("algo", "custom"): ["algo._target_=hetsgd.algorithms.hogwild"],
+         ("model", "custom"): ["model._target_=torch.nn.Identity"]}
+GROUPS = ["algo", "dataset", "devices", "model", "logger", "method"]
+
+
+def _choices(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _checked(overrides: list[str]) -> RunConfig:
+    cfg = to_run_config(compose("config", overrides=["progress=false", *overrides]))
+    assert isinstance(cfg, RunConfig)
+    return cfg
+
+
+def _planned(cfg: RunConfig) -> None:
+    """The run's algorithm plans its mix: the layout a choice brings is one it can run (a mix
+    this machine cannot build, such as GPUs here, is a one-line refusal of its own)."""
+    try:
+        specs = expand(cfg.devices)
+    except UserError as refused:
+        assert "\n" not in str(refused)
+        return
+    algorithm, cfg = algorithms.choose(cfg)
+    assert algorithm.plan(cfg, specs).workers
+
+
+@pytest.mark.usefixtures("hydra_conf")
+@pytest.mark.parametrize("group, choice", [(g, c) for g in GROUPS for c in _choices(g)])
+def test_every_choice_of_every_group_composes(group: str, choice: str) -> None:
+    key = f"+{group}" if group == "method" else group  # a method is added, not chosen
+    cfg = _checked([f"{key}={choice}", *NEEDS.get((group, choice), [])])
+    if group != "dataset":  # a dataset's data is not loaded here
+        _planned(cfg)
+
+
+@pytest.mark.slow  # composes tens of jobs each: about a minute an experiment on a busy 2-core VM
+@pytest.mark.usefixtures("hydra_conf")
+@pytest.mark.parametrize("experiment", _choices("experiment"))
+def test_every_job_of_every_experiment_composes_and_plans(experiment: str) -> None:
+    jobs = sweep_jobs([f"+experiment={experiment}"])
+    assert jobs
+    # a tuned comparison's jobs are started with its search taken out (hetsgd/tuning/phases.py)
+    tuned = ["tuning=null"] if experiment == "tuned_comparison" else []
+    seen: set[tuple[str, ...]] = set()
+    for job in jobs:
+        shape = tuple(o for o in job if not o.startswith("seed="))  # seeds compose alike
+        if shape in seen:
+            continue
+        seen.add(shape)
+        _planned(_checked([*job, *tuned]))
