@@ -21,13 +21,19 @@ from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments, sweep_jobs
 from hetsgd.config.keys import missing_config
 from hetsgd.data.cache import existing_file
+from hetsgd.data.embedded import Digits
 from hetsgd.data.folder import Folder
 from hetsgd.data.libsvm import LibsvmFile
 from hetsgd.data.registry import _check_task, get_source
+from hetsgd.data.synthetic import Synthetic
 from hetsgd.data.tables import Files
 from hetsgd.errors import UserError
 from hetsgd.invocation import _settle_sweep_dir, composition_error
 from hetsgd.workers import expand
+
+#: The sources that read the file or folder that ``dataset.path`` names, and those that read none.
+NEEDS_PATH = (LibsvmFile, Files, Folder)
+NO_PATH = (Digits, Synthetic)
 
 
 @dataclass(frozen=True)
@@ -80,8 +86,10 @@ def check_job(cfg: RunConfig) -> str | None:
     algorithm.plan(cfg, specs)
     source = get_source(cfg.dataset.name)
     _check_task(cfg.dataset.task, source.task, source.name)
-    if isinstance(source, (LibsvmFile, Files, Folder)) and not cfg.dataset.path:
+    if isinstance(source, NEEDS_PATH) and not cfg.dataset.path:
         raise UserError(f"dataset={source.name} needs dataset.path (the file or folder it reads)")
+    if isinstance(source, NO_PATH):
+        source.no_path(cfg.dataset)
     for path in (cfg.dataset.path, getattr(cfg.dataset, "test_path", None)):
         if path:
             existing_file(path)
