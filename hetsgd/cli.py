@@ -19,6 +19,7 @@ from rich.text import Text
 
 from hetsgd.completion import complete_override
 from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
+from hetsgd.config.compose import hydra_arguments
 from hetsgd.errors import UserError
 from hetsgd.invocation import composition_error, invoke
 from hetsgd.machine import machine_facts, process_started_at
@@ -68,7 +69,7 @@ def _options(version: bool = typer.Option(False, "--version", is_eager=True, cal
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(ctx: typer.Context,
         overrides: list[str] = typer.Argument(
-            None, metavar="[ARGS]...", autocompletion=complete_override, show_default=False,
+            None, metavar="ARGS", autocompletion=complete_override, show_default=False,
             help="Hydra's overrides (key=value, group=choice) and flags (-m, --cfg job)."),
         dry_run: bool = typer.Option(False, "--dry-run", help=(
             "Compose every job (every job of a sweep with -m) and run the checks that need no "
@@ -80,6 +81,8 @@ def run(ctx: typer.Context,
 
     hetsgd run -m seed=0,1,2    (a sweep, one job after another)
 
+    hetsgd run -m algo=sync,hogbatch devices=auto --dry-run    (check every job, train none)
+
     hetsgd run -m hydra/launcher=submitit_slurm seed=0,1,2    (a sweep on a Slurm cluster)
 
     hetsgd run --cfg job    (print the composed config and exit)
@@ -88,14 +91,25 @@ def run(ctx: typer.Context,
 
     Common keys: budget.epochs, budget.seconds, optim.lr, eval.every_s, seed.
 
-    hetsgd run -m algo=sync,hogbatch devices=auto --dry-run    (check every job first)
-
     Results go to results/runs/ (or $HETSGD_RESULTS); sweeps to results/sweeps/.
     """
     args = [*(overrides or []), *ctx.args]
+    _refuse_hydra_completion(args)
     code = _dry_run(args) if dry_run else invoke(args, ctx.obj).code
     if code:
         raise typer.Exit(code)
+
+
+def _refuse_hydra_completion(args: list[str]) -> None:
+    """Hydra's own completion script (`-sc install=bash`) would call `hetsgd -sc query=...`,
+    which is no command of hetsgd's: Typer's completes `hetsgd run`'s overrides instead."""
+    try:
+        _, parsed = hydra_arguments(args)
+    except UserError:  # said by the run itself, as it parses them again
+        return
+    if parsed.shell_completion:
+        _fail("hetsgd run: Hydra's shell completion does not know hetsgd's commands: "
+              "`hetsgd --install-completion` installs hetsgd's (`--show-completion` prints it)")
 
 
 def _dry_run(args: list[str]) -> int:
@@ -112,7 +126,8 @@ def _dry_run(args: list[str]) -> int:
         if job.failure is not None:
             print_error(f"{label} would fail: {job.failure}")
         elif job.note is not None:
-            err.print(shown(f"hetsgd: {label}: {job.note}"), highlight=False, soft_wrap=True)
+            err.print(shown(f"hetsgd: {label}: {job.note}" if len(jobs) > 1
+                            else f"hetsgd: {job.note}"), soft_wrap=True)
     console.print(shown(f"dry run: {len(jobs)} job(s) composed and checked, {len(failed)} would "
                         "fail; nothing trained"), highlight=False)
     return 1 if failed else 0

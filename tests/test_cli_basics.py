@@ -80,6 +80,14 @@ def test_completion_through_the_shells_protocol() -> None:
     assert "=local_sgd" in equals.stdout.split(), equals.stderr
 
 
+def test_hydras_own_completion_is_refused_for_hetsgds() -> None:
+    result = CliRunner().invoke(app, ["run", "-sc", "install=bash"])
+    assert result.exit_code == 1 and not result.stdout
+    assert errors(result.stderr) == [
+        "hetsgd: error: hetsgd run: Hydra's shell completion does not know hetsgd's commands: "
+        "`hetsgd --install-completion` installs hetsgd's (`--show-completion` prints it)"]
+
+
 # -- dry run -------------------------------------------------------------------------------------
 
 
@@ -122,6 +130,13 @@ def test_dry_run_checks_every_job_without_training(results_dir: Path, tmp_path: 
     assert code == 1 and errors(stderr) == [
         "hetsgd: error: the run would fail: the config has no key budget.second (did you mean "
         "budget.seconds?)"]
+    assert not results_dir.exists()
+
+
+def test_dry_run_of_a_tuned_comparison_checks_its_comparisons_jobs(results_dir: Path) -> None:
+    code, stdout, stderr = dry_run("-m", "+experiment=tuned_comparison")
+    assert code == 0 and errors(stderr) == [], stderr
+    assert "12 job(s) composed and checked, 0 would fail" in stdout  # 4 methods x 3 seeds
     assert not results_dir.exists()
 
 

@@ -29,6 +29,7 @@ from hetsgd.data.synthetic import Synthetic
 from hetsgd.data.tables import Files
 from hetsgd.errors import UserError
 from hetsgd.invocation import _settle_sweep_dir, composition_error
+from hetsgd.tuning.spec import NODE
 from hetsgd.workers import expand
 
 #: The sources that read the file or folder that ``dataset.path`` names, and those that read none.
@@ -53,9 +54,12 @@ def dry_run(args: Sequence[str]) -> list[Job]:
     if parsed.config_dir is not None:
         raise UserError("hetsgd run --dry-run composes from hetsgd's own configs: "
                         "--config-dir is not supported with it")
-    sweep_dir, _ = _settle_sweep_dir(parsed.overrides, parsed.multirun)
+    sweep_dir, tuning = _settle_sweep_dir(parsed.overrides, parsed.multirun)
+    overrides = parsed.overrides
+    if tuning is not None:  # the comparison's jobs: each method on each seed (hetsgd/tuning/)
+        overrides = [*overrides, f"{NODE}=null", f"+method={','.join(tuning.method_names)}"]
     try:
-        jobs = sweep_jobs(parsed.overrides) if parsed.multirun or sweep_dir else [parsed.overrides]
+        jobs = sweep_jobs(overrides) if parsed.multirun or sweep_dir else [overrides]
     except MissingConfigException as exc:
         raise UserError(missing_config(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - Hydra's parse of a sweep: its message
