@@ -6,27 +6,31 @@ import atexit
 import contextlib
 import json
 import os
+import platform
 import sys
 import threading
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 import typer
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from hetsgd.completion import complete_override
 from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
+from hetsgd.config.compose import hydra_arguments
 from hetsgd.errors import UserError
 from hetsgd.invocation import composition_error, invoke
 from hetsgd.machine import machine_facts, process_started_at
-from hetsgd.outputs.safe_text import guard_logging
+from hetsgd.outputs.safe_text import guard_logging, shown
 from hetsgd.outputs.terminal import console, err, print_error, summary_table
 
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
          "Start with `hetsgd run` (the defaults: sync SGD on the embedded digits set), "
          "`hetsgd run --help` for overrides, `hetsgd data list` and `hetsgd machine`.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    no_args_is_help=True, pretty_exceptions_enable=False)
 data_app = typer.Typer(help="Datasets and the data cache ($HETSGD_DATA or ~/.cache/hetsgd).",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -37,13 +41,47 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _version(shown: bool) -> None:
+    """`hetsgd --version`: the installed package's version, and torch's (what results depend on),
+    read from the installed distributions, without loading torch."""
+    if not shown:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    console.print(f"hetsgd {installed('hetsgd')} (torch {installed('torch')}, "
+                  f"Python {platform.python_version()})", highlight=False)
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                          help="Print hetsgd's and torch's versions and exit.")
+             ) -> None:
+    """The options before any command."""
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def run(ctx: typer.Context) -> None:
+def run(ctx: typer.Context,
+        overrides: list[str] = typer.Argument(
+            None, metavar="ARGS", autocompletion=complete_override, show_default=False,
+            help="Hydra's overrides (key=value, group=choice) and flags (-m, --cfg job)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help=(
+            "Compose every job (every job of a sweep with -m) and run the checks that need no "
+            "training; print one line per job that would fail, exit 1 if any would. Trains "
+            "nothing, writes nothing."))) -> None:
     """Train once, or sweep with -m. Arguments are Hydra overrides, e.g.
 
     hetsgd run algo=sync dataset=w8a model=mlp_paper budget.epochs=5
 
     hetsgd run -m seed=0,1,2    (a sweep, one job after another)
+
+    hetsgd run -m algo=sync,hogbatch devices=auto --dry-run    (check every job, train none)
 
     hetsgd run -m hydra/launcher=submitit_slurm seed=0,1,2    (a sweep on a Slurm cluster)
 
@@ -55,9 +93,44 @@ def run(ctx: typer.Context) -> None:
 
     Results go to results/runs/ (or $HETSGD_RESULTS); sweeps to results/sweeps/.
     """
-    code = invoke(ctx.args, ctx.obj).code
+    args = [*(overrides or []), *ctx.args]
+    _refuse_hydra_completion(args)
+    code = _dry_run(args) if dry_run else invoke(args, ctx.obj).code
     if code:
         raise typer.Exit(code)
+
+
+def _refuse_hydra_completion(args: list[str]) -> None:
+    """Hydra's own completion script (`-sc install=bash`) would call `hetsgd -sc query=...`,
+    which is no command of hetsgd's: Typer's completes `hetsgd run`'s overrides instead."""
+    try:
+        _, parsed = hydra_arguments(args)
+    except UserError:  # said by the run itself, as it parses them again
+        return
+    if parsed.shell_completion:
+        _fail("hetsgd run: Hydra's shell completion does not know hetsgd's commands: "
+              "`hetsgd --install-completion` installs hetsgd's (`--show-completion` prints it)")
+
+
+def _dry_run(args: list[str]) -> int:
+    """`hetsgd run --dry-run ARGS`: one error line per job that would fail; the exit status."""
+    from hetsgd.runs.dry_run import dry_run
+
+    try:
+        jobs = dry_run(args)
+    except (UserError, ConfigError) as exc:
+        _fail(str(exc))
+    failed = [job for job in jobs if job.failure is not None]
+    for job in jobs:
+        label = f"job {job.number} ({' '.join(job.overrides)})" if len(jobs) > 1 else "the run"
+        if job.failure is not None:
+            print_error(f"{label} would fail: {job.failure}")
+        elif job.note is not None:
+            err.print(shown(f"hetsgd: {label}: {job.note}" if len(jobs) > 1
+                            else f"hetsgd: {job.note}"), soft_wrap=True)
+    console.print(shown(f"dry run: {len(jobs)} job(s) composed and checked, {len(failed)} would "
+                        "fail; nothing trained"), highlight=False)
+    return 1 if failed else 0
 
 
 # -- report and plot ---------------------------------------------------------------------------
@@ -84,6 +157,33 @@ def report(paths: list[Path] = typer.Argument(
                       soft_wrap=True)
     except UserError as exc:
         _fail(str(exc))
+
+
+@app.command("runs")
+def runs_(path: Path = typer.Argument(None, show_default=False, help=(
+              "A folder of runs or sweeps, searched all the way down; default: $HETSGD_RESULTS, "
+              "else results/.")),
+          status: str = typer.Option(None, help="Only runs that ended so: completed, failed, "
+                                                "diverged, interrupted, crashed, running."),
+          algo: str = typer.Option(None, help="Only runs of this algorithm, e.g. hogbatch."),
+          devices: str = typer.Option(None, help="Only runs on this device mix, e.g. emulated."),
+          dataset: str = typer.Option(None, help="Only runs on this dataset."),
+          model: str = typer.Option(None, help="Only runs of this model.")) -> None:
+    """List the runs under PATH: status, algorithm, mix, final loss and training time each,
+    read from their run folders."""
+    from hetsgd.outputs.listing import UNLIMITED, results_folder, runs_table, select_runs
+
+    root = results_folder() if path is None else path
+    if not root.exists():
+        _fail(f"no such results folder: {root}")
+    try:
+        runs = select_runs(root, {"status": status, "algo": algo, "devices": devices,
+                                  "dataset": dataset, "model": model})
+    except UserError as exc:
+        _fail(str(exc))
+    # a pipe or a file gets each run on one line, however long (for grep and scripts)
+    out = console if console.is_terminal else Console(markup=False, width=UNLIMITED)
+    out.print(runs_table(runs, root))
 
 
 @app.command()
@@ -168,7 +268,7 @@ def _compose(overrides: list[str]) -> RunConfig:
     try:
         return to_run_config(compose_run(overrides))
     except Exception as exc:  # composition and validation errors: bad overrides
-        _fail(composition_error(exc))
+        _fail(composition_error(exc, overrides))
 
 
 def _print_calibration(overrides: list[str], seconds: float) -> None:
@@ -294,7 +394,7 @@ def main() -> None:
     _lasting_output()
     guard_logging()  # warnings quote run folders' names
     try:
-        app(obj=started_at)  # for its first run's timing (`hetsgd run`: ctx.obj)
+        app(obj=started_at, prog_name="hetsgd")  # for its first run's timing (`hetsgd run`: ctx.obj)
     except SystemExit as exc:
         _end(exc.code)
     _end(0)

@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from hetsgd.config import CONF_DIR, ConfigError, compose_run, register_configs
 from hetsgd.config.compose import hydra_arguments, quoted
+from hetsgd.config.keys import missing_config, mistyped_key
 from hetsgd.engines.distributed.torchrun import follower
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.outputs.safe_text import guard_logging
@@ -166,15 +167,13 @@ def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
     except (UserError, ConfigError) as exc:
         invocation.fail(exc)
     except MissingConfigException as exc:  # e.g. algo=nope (an OSError too, for Hydra)
-        options = ", ".join(exc.options or [])
-        invocation.fail(f"no config '{exc.missing_cfg_file}'" +
-                        (f": choose one of {options}" if options else ""))
+        invocation.fail(missing_config(exc))
     except OSError as exc:  # a write of Hydra's own (a job's .hydra/ files) failed: a full disk
         invocation.fail(_stopped_by(invocation, exc))
     except Exception as exc:  # Hydra's and OmegaConf's composition errors: bad overrides
         if os.environ.get("HETSGD_DEBUG"):
             raise
-        invocation.fail(composition_error(exc))
+        invocation.fail(composition_error(exc, args))
     finally:
         _detach_log_handlers(keep=handlers)
         logging.setLogRecordFactory(record_factory)
@@ -297,12 +296,14 @@ def _take_stop_signals(arrived: list[int]) -> dict[signal.Signals, Any]:
     return previous
 
 
-def composition_error(exc: Exception) -> str:
-    """What a bad override did, with its cause, or that memory ran out. Hydra raises some errors
-    without a message (an assertion deep in its defaults list, e.g. for `algo=${x}`): those
-    still get a line that says what failed."""
+def composition_error(exc: Exception, arguments: Sequence[str] = ()) -> str:
+    """What a bad override among ``arguments`` did, with its cause and the nearest valid key, or
+    that memory ran out. Hydra raises some errors without a message (an assertion deep in its
+    defaults list, e.g. for `algo=${x}`): those still get a line that says what failed."""
     if (memory := out_of_memory(exc)) is not None:  # not the overrides' fault
         return memory
+    if (typo := mistyped_key(exc, arguments)) is not None:
+        return typo
     message = str(exc) or f"the overrides cannot be composed into a config ({type(exc).__name__})"
     return message + (f": {exc.__cause__}" if exc.__cause__ is not None else "")
 

@@ -129,6 +129,8 @@ def run_overrides(args: tuple[str, ...]) -> list[list[str]]:
             sweep = True
         elif arg in ("-c", "--cfg"):
             rest.pop(0)
+        elif arg == "--dry-run":  # the same jobs, checked only
+            continue
         elif arg in ("-cd", "--config-dir"):
             overrides.append(f"hydra.searchpath=[file://{Path(rest.pop(0)).resolve()}]")
         else:
@@ -184,6 +186,9 @@ def _subcommand(args: tuple[str, ...]) -> tuple[list[str], Any]:
 @pytest.mark.parametrize("command", OTHERS, ids=lambda c: f"{c.where} {' '.join(c.args[:2])}")
 def test_another_line_names_a_subcommand_and_its_options(command: Command, scratch: Path) -> None:
     path, found = _subcommand(command.args)
+    if not path and all(arg.startswith("--") for arg in command.args):  # the command's own
+        assert set(command.args) <= {opt for param in found.params for opt in param.opts}
+        return
     assert path and not hasattr(found, "commands"), f"no such subcommand: {command.args}"
     options = {opt for param in found.params for opt in (*param.opts, *param.secondary_opts)}
     unknown = [arg for arg in command.args if arg.startswith("-") and arg not in options]

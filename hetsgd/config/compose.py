@@ -201,7 +201,10 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     """Turn a composed config into typed objects, running every range check."""
     unknown = _unknown_keys(cfg)
     if unknown:
-        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: no schema has them")
+        from hetsgd.config.keys import unknown_keys_hint  # it composes configs itself
+
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: no schema has them"
+                          + unknown_keys_hint(unknown, cfg))
     try:
         run = OmegaConf.to_object(cfg)
         if isinstance(run, RunConfig) and isinstance(run.model, CustomModelConfig):

@@ -1,0 +1,74 @@
+"""`hetsgd runs`: the runs under a folder, one row each (status, algorithm, mix, final loss, time),
+from their run folders alone (:func:`~hetsgd.outputs.index.index_runs`), filtered by their
+values. A run folder may be someone else's: every cell is escaped before it is shown."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from hetsgd.outputs.index import index_runs
+from hetsgd.outputs.report import mix_label
+from hetsgd.outputs.safe_text import shown
+
+#: The width to print at where the output is no terminal: any row on one line.
+UNLIMITED = 100_000
+#: What ``--status``, ``--algo``, ... select on: the summary's fields of those names.
+FILTERS = ("status", "algo", "devices", "dataset", "model")
+#: The columns shown: heading, and how a run's row gives it.
+COLUMNS = ("run", "status", "algo", "mix", "dataset", "model", "train loss", "test acc",
+           "time s")
+
+
+def results_folder() -> Path:
+    """Where runs go unless told otherwise: ``$HETSGD_RESULTS``, else ``results`` (as the
+    primary config's ``results_dir``)."""
+    return Path(os.environ.get("HETSGD_RESULTS", "results"))
+
+
+def select_runs(path: Path, wanted: Mapping[str, str | None]) -> pd.DataFrame:
+    """The index of the runs under ``path`` whose fields equal every value given in
+    ``wanted`` (keys of :data:`FILTERS`; None: any); a path without runs is a UserError."""
+    runs = index_runs(path)
+    for field, value in wanted.items():
+        if value is not None:
+            runs = runs[runs[field].astype(str) == value]
+    return runs
+
+
+def _number(value: Any, digits: str) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return format(value, digits)
+    return "—"
+
+
+def _text(value: Any) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _row(run: Mapping[str, Any], root: Path) -> list[str]:
+    folder = Path(str(run["run_dir"]))
+    name = str(folder.relative_to(root)) if folder.is_relative_to(root) else str(folder)
+    return [name, *(_text(run.get(key)) for key in ("status", "algo")), mix_label(run),
+            *(_text(run.get(key)) for key in ("dataset", "model")),
+            _number(run.get("final.train_loss"), ".4g"), _number(run.get("final.test_acc"), ".4f"),
+            _number(run.get("time_s"), ".1f")]
+
+
+def runs_table(runs: pd.DataFrame, root: Path) -> Table:
+    """``runs`` (:func:`select_runs`) as a table, every cell escaped (:func:`shown`) and taken as
+    plain text, never as rich's markup."""
+    table = Table(title=Text(shown(f"{len(runs)} run(s) under {root}")), box=box.SIMPLE_HEAD)
+    for heading in COLUMNS:  # a narrow terminal wraps a cell, never cuts it
+        table.add_column(heading, overflow="fold")
+    for run in runs.to_dict("records"):
+        table.add_row(*(Text(shown(cell)) for cell in _row(run, root)))
+    return table
