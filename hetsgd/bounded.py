@@ -7,7 +7,8 @@ process's exit. The thread also tells the code's own ``SystemExit`` or ``Keyboar
 from the user's Ctrl-C: signals reach the main thread only, so whatever the thread catches was
 raised by the code, while a Ctrl-C interrupts the wait and stops the run as ever. An
 ``os._exit`` in the code, which ends the process before anything can be written, is taken for
-the call's duration as a ``SystemExit`` the code raised (:class:`ProcessExit`).
+the call's duration as a ``SystemExit`` the code raised (:class:`ProcessExit`), as it is for a
+whole run (:func:`exits_caught`, which the runner holds).
 
 What the engines call many times a second in the main thread (a link's steps on the virtual
 clock) cannot each get a thread: there :func:`own_interrupt` tells the code's
@@ -88,7 +89,7 @@ def _exit_raised(code: int) -> NoReturn:
 
 
 @contextmanager
-def _exits_caught() -> Iterator[None]:
+def exits_caught() -> Iterator[None]:
     """``os._exit`` raising :class:`ProcessExit` in this process while the block runs (a child
     forked meanwhile still exits: the guard is this process's only)."""
     global _guards
@@ -124,7 +125,7 @@ def bounded(call: Callable[[], T], timeout_s: float, late: str, name: str,
         except BaseException as exc:  # noqa: BLE001 - the user's code's own, exits included
             outcome.append(exc)
 
-    with _exits_caught():
+    with exits_caught():
         thread = threading.Thread(target=run, name=name, daemon=True)
         thread.start()
         thread.join(timeout_s)

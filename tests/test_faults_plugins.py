@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +33,17 @@ import sys
 import threading
 import time
 
-from hetsgd.algorithms.api import InPlace, SharedMemoryHooks, hogwild
+from pathlib import Path
+
+from hetsgd.algorithms.api import (
+    DistributedHooks,
+    InPlace,
+    LocalSGDLoop,
+    SharedMemoryHooks,
+    hogwild,
+    local_sgd,
+    local_sgd_summary,
+)
 
 
 class Forger:
@@ -114,6 +126,16 @@ def _leaves_a_thread(cfg, specs):
     return hogwild.plan(cfg, specs)
 
 
+class HangsInRank1(LocalSGDLoop):
+    """Rank 1 never comes back from its first aggregation; the others wait for it."""
+
+    def aggregate(self, weight, loss):
+        if self.rank.spec.rank == 1:
+            Path(os.environ["EVIL_HUNG"]).touch()
+            time.sleep(3600)
+        return super().aggregate(weight, loss)
+
+
 class Namespace:
     def __init__(self, **attributes):
         self.__dict__.update(attributes)
@@ -134,6 +156,8 @@ reports_nan = Namespace(plan=hogwild.plan, hooks=lambda plan: SharedMemoryHooks(
 nan_budget = Namespace(plan=_planned(_nan_budget), hooks=hogwild.hooks)
 replans = Namespace(plan=_planned(_replanned), hooks=hogwild.hooks)
 leaves_a_thread = Namespace(plan=_leaves_a_thread, hooks=hogwild.hooks)
+hung_rank = Namespace(plan=local_sgd.plan, CONFIG=local_sgd.CONFIG, hooks=lambda plan:
+                      DistributedHooks(HangsInRank1, local_sgd_summary, publishing=False))
 '''
 # the virtual clock: a run in the test's own process, in well under a second
 SIMULATED = ("devices=paper_hogbatch_v100", "devices.groups.cpu.count=2",
@@ -264,3 +288,32 @@ def test_a_thread_left_running_fails_the_run_and_the_command_ends(
     assert f"hetsgd: error: {error}" in proc.stderr
     (summary,) = [json.loads(p.read_text()) for p in results_dir.rglob("summary.json")]
     assert (summary["status"], summary["error"]) == ("failed", error)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
+        evil: Path, results_dir: Path, tmp_path: Path, signum: int, code: int) -> None:
+    """The other ranks wait for the hung one at a barrier, which the signal releases."""
+    hung = tmp_path / "hung"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsgd", "run", "algo=custom", f"algo._target_={PACKAGE}.hung_rank",
+         "devices=paper_biased_local", "model=mlp", "budget.seconds=1", "budget.epochs=null",
+         "progress=false"], env={**os.environ, "EVIL_HUNG": str(hung)}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_default_signals)
+    try:
+        while not hung.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        output, _ = proc.communicate(timeout=120)  # a hang guard, not a measure
+    finally:
+        proc.kill()
+    assert proc.returncode == code, output
+    assert "Traceback" not in output, output
+    (summary,) = [json.loads(p.read_text()) for p in results_dir.rglob("summary.json")]
+    assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by the user")
+
+
+def _default_signals() -> None:
+    """Ctrl-C as a terminal's command gets it, even where the tests run under nohup."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import track
 
 from hetsgd import algorithms
-from hetsgd.bounded import own_interrupt, stops_marked
+from hetsgd.bounded import exits_caught, own_interrupt, stops_marked
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.plain import plain
@@ -312,7 +312,7 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         resumed_from=resumption.summary() if resumption is not None else None))
     threads = set(threading.enumerate())  # those the run leaves behind are the user's code's
     try:
-        with stops_marked():
+        with stops_marked(), exits_caught():  # the user's code's os._exit is its SystemExit
             _train(attempt, cfg, resolved_config, resumption)
     except (SystemExit, KeyboardInterrupt) as exc:  # Ctrl-C during setup or evaluation: the
         if own_interrupt(exc):  # files written so far stay; else the code's own end
