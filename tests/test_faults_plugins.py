@@ -23,6 +23,7 @@ import yaml
 
 import hetsgd
 from hetsgd.api import RunResult
+from hetsgd.outputs.summary import RunSummary
 
 PACKAGE = "evilalgos"
 EVIL = '''
@@ -199,6 +200,13 @@ def test_a_controllers_summary_cannot_stand_for_the_runs_own(evil: Path) -> None
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["plugin"] == {"status": "completed", "error": None, "final": "fake"}
     assert set(summary["final"]) == {"train_loss", "test_loss", "test_acc"}  # the run's own
+
+
+def test_no_summary_entry_can_overwrite_the_runs_own() -> None:
+    with pytest.raises(ValueError, match=r"summary entries \['final', 'status'\] would "
+                                         r"overwrite the run's own"):
+        RunSummary("completed", None, "x", "digits", "mlp", "cpu", 0,
+                   extra={"status": "completed", "final": "fake", "mine": 1})
 
 
 def test_a_forged_completion_beside_a_failure_stays_failed(
