@@ -196,8 +196,8 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     algorithm, cfg = algorithms.choose(cfg)  # a custom algorithm's typed settings, its name
     attempt.note(algo=cfg.algo.name)
     plan = algorithm.plan(cfg, specs)
-    if plan.cfg != cfg:  # the values it trains with, as a rerun or resume reads them back
-        out.write_config(_as_planned(resolved_config, cfg, plan.cfg))
+    if (planned := _as_planned(resolved_config, cfg, plan.cfg)) is not None:
+        out.write_config(planned)  # the values it trains with, as a rerun or resume reads them
     cfg, specs = plan.cfg, plan.workers
     attempt.note(plan=plan.settled, mix=_mix(specs), launch=Launch.of(torchrun(), len(specs)))
     hooks = algorithm.hooks(plan)
@@ -259,16 +259,17 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
 
 
 def _as_planned(recorded: Any, before: RunConfig, planned: RunConfig) -> Any:
-    """The recorded config with what the plan changed: every other part, and a built-in
-    algorithm's settled values (summary.json's ``plan``), as recorded; a custom algorithm's
-    settings as the keys of ``algo`` they were given as."""
+    """The recorded config with what the plan changed, None where it changed nothing to
+    record: a built-in algorithm's settled values stay in summary.json's ``plan``; a custom
+    algorithm's settings go in as the keys of ``algo`` they are given as."""
     changed = {f.name: plain(getattr(planned, f.name)) for f in fields(RunConfig)
                if f.name != "algo" and getattr(planned, f.name) != getattr(before, f.name)}
-    if isinstance(recorded.algo, DictConfig) and OmegaConf.select(recorded, "algo._target_"):
+    custom = isinstance(recorded.algo, DictConfig) and OmegaConf.select(recorded, "algo._target_")
+    if custom and planned.algo != before.algo:
         algo = planned.algo
         values = algo.settings if isinstance(algo, CustomAlgoConfig) else plain(algo)
         changed["algo"] = {key: value for key, value in values.items() if key != "name"}
-    return OmegaConf.merge(recorded, changed)
+    return OmegaConf.merge(recorded, changed) if changed else None
 
 
 def _keep_traceback(run_dir: Path, trace: str) -> None:
