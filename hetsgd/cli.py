@@ -9,6 +9,7 @@ import os
 import platform
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -300,6 +301,7 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
                   soft_wrap=True)
 
 
+THREADS_GRACE_S = 5.0  # how long the command waits for threads other than its own to end
 _MACHINE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
@@ -404,14 +406,20 @@ def _end(code: int | str | None) -> NoReturn:
     """End the console command without the interpreter's teardown: with torch loaded, freeing
     its modules and libraries one by one takes about a second after the command's last line
     (0.7-0.9 s on the development VMs). What teardown does that matters runs first: the other
-    threads finish, the exit handlers run (logging's flush, multiprocessing's cleanup), the
-    standard streams are flushed."""
+    threads finish (a thread that has not within ``THREADS_GRACE_S``, a user's code's, is named
+    and ends with the process, which then exits non-zero), the exit handlers run (logging's
+    flush, multiprocessing's cleanup), the standard streams are flushed."""
     if isinstance(code, str):  # SystemExit("message"): Python prints it and exits 1
         print(code, file=sys.stderr)
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    deadline = time.monotonic() + THREADS_GRACE_S  # a user's code's thread may never end
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if names := [repr(t.name) for t in left if t.is_alive()]:
+        print_error(f"thread(s) {', '.join(names)} still running at the end: ended with the "
+                    "process")
+        code = code or 1
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream

@@ -27,6 +27,7 @@ from hydra.errors import MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from hetsgd.bounded import Stopped
 from hetsgd.config import CONF_DIR, ConfigError, compose_run, register_configs
 from hetsgd.config.compose import hydra_arguments, quoted
 from hetsgd.config.keys import missing_config, mistyped_key
@@ -56,7 +57,7 @@ MODE_SETTERS = frozenset({"experiment", "hydra.mode"})
 register_configs()
 
 
-class Terminated(KeyboardInterrupt):
+class Terminated(Stopped):
     """SIGTERM or SIGHUP, taken like Ctrl-C: stop the workers, keep what was measured, write
     everything."""
 

@@ -119,7 +119,7 @@ def test_the_proportional_controller_steers_a_simulated_paper_machine(package: P
     summary = _run(tmp_path, "algo=custom", "algo._target_=mymethods.proportional",
                    "+algo.period_s=0.005", "+algo.target_share=0.5", *SIMULATED)
     assert summary["algo"] == "proportional" and summary["simulated"]
-    assert summary["proportional"]["accel_batch"] < 64  # too few accelerator updates: smaller
+    assert summary["plugin"]["proportional"]["accel_batch"] < 64  # too few accelerator updates
     assert summary["staleness"] is not None and summary["utilization"]["gpu_util_mean"] > 0
 
 

@@ -24,42 +24,28 @@ torchrun's store that names one is trusted only where the user's command names i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hetsgd.algorithms.base import Plan
+from hetsgd.algorithms.watched import KEY, CheckedLink, Watched, bounded_call, namespaced, naming
 from hetsgd.config import AlgoConfig, RunConfig
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.plain import plain
-from hetsgd.engines.hooks import DistributedHooks, Hooks, SharedMemoryHooks
+from hetsgd.engines.hooks import DistributedHooks, Hooks, SetupSummary, SharedMemoryHooks
 from hetsgd.engines.shared.links import Link, LinkFactory, check_link
 from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import UserError, one_line
-from hetsgd.targets import locate, raised
+from hetsgd.targets import locate
 from hetsgd.workers import WorkerSpec
-
-KEY = "algo._target_"
-
-
-@contextmanager
-def _naming(target: str, doing: str) -> Iterator[None]:
-    """What the user's code raises while ``doing`` as one line naming the target: its own
-    refusal (a :class:`UserError`) after the target, anything else with its type."""
-    try:
-        yield
-    except UserError as exc:
-        raise UserError(f"{KEY}={target}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the user's code
-        raise raised(KEY, target, exc, doing) from None
 
 
 @dataclass
@@ -116,32 +102,54 @@ class Plugin:
         return typed
 
     def plan(self, cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
-        with _naming(self.target, "its plan"):
-            plan = self.provider.plan(cfg, specs)
+        # on a copy: the run's config changes only as the Plan returned says (config.yaml's)
+        plan = bounded_call(self.target, "its plan", cfg.workers.stall_s,
+                            lambda: self.provider.plan(copy.deepcopy(cfg), list(specs)))
         if not isinstance(plan, Plan):
             raise UserError(f"{KEY}={self.target}: its plan returned a {type(plan).__name__}, "
                             "not a Plan")
-        return plan
+        if not isinstance(plan.cfg, RunConfig):
+            raise UserError(f"{KEY}={self.target}: its plan returned a Plan whose cfg is a "
+                            f"{type(plan.cfg).__name__}, not a RunConfig")
+        return dataclasses.replace(plan, cfg=self._checked(plan.cfg))
+
+    def _checked(self, cfg: RunConfig) -> RunConfig:
+        """The config a plan returned, through the checks the command's went through (types,
+        then each schema's ranges): a plan may change any value, never to one a run refuses."""
+        try:
+            checked = OmegaConf.to_object(OmegaConf.structured(cfg))
+        except (ConfigError, OmegaConfBaseException, ValueError, TypeError) as exc:
+            key = getattr(exc, "full_key", None)
+            said = one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise UserError(f"{KEY}={self.target}: the config its plan returned is refused: "
+                            f"{f'{key}: ' if key else ''}{said}") from None
+        assert isinstance(checked, RunConfig)
+        return checked
 
     def hooks(self, plan: Plan) -> Hooks:
-        with _naming(self.target, "its hooks"):
-            hooks = self.provider.hooks(plan)
+        hooks = bounded_call(self.target, "its hooks", plan.cfg.workers.stall_s,
+                         lambda: self.provider.hooks(plan))
         if isinstance(hooks, SharedMemoryHooks):  # its links are built in the workers
-            return dataclasses.replace(hooks, link=partial(_link, self.target, hooks.link))
+            controller = (None if hooks.controller is None else
+                          Watched(self.target, hooks.controller, plan.cfg.workers.stall_s))
+            return SharedMemoryHooks(partial(_link, self.target, hooks.link), controller)
         if not isinstance(hooks, DistributedHooks):
             raise UserError(f"{KEY}={self.target}: its hooks returned a {type(hooks).__name__}, "
                             "not SharedMemoryHooks or DistributedHooks")
-        return hooks
+        return dataclasses.replace(hooks, setup_summary=partial(_setup_summary, self.target,
+                                                                hooks.setup_summary))
 
 
 def _link(target: str, factory: LinkFactory, spec: WorkerSpec, module: torch.nn.Module,
           state: SharedState) -> Link:
-    """A worker's link from the algorithm's factory, in the worker: what the factory raises
-    fails the run in one line naming the target, as a worker's :class:`UserError` does."""
-    with _naming(target, f"its link for worker {spec.rank} ({spec.group})"):
+    """A worker's link from the algorithm's factory, in the worker: what the factory and the
+    link raise fail the run in one line naming the target, as a worker's :class:`UserError`
+    does, and the seconds it reports are checked (:class:`CheckedLink`)."""
+    worker = f"worker {spec.rank} ({spec.group})"
+    with naming(target, f"its link for {worker}"):
         link = factory(spec, module, state)
-    with _naming(target, "its link"):
-        return check_link(link, spec)
+        link = check_link(link, spec)
+    return cast(Link, CheckedLink(target, worker, link))  # a Link's attributes, each checked
 
 
 def settings_of(plan: Plan, target: str) -> Plan:
@@ -155,3 +163,10 @@ def settings_of(plan: Plan, target: str) -> Plan:
     values.pop("name")
     untyped = CustomAlgoConfig(_target_=target, settings=values)
     return dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, algo=untyped))
+
+
+def _setup_summary(target: str, summary: SetupSummary, world: list[WorkerSpec],
+                   columns: dict[str, list[float]]) -> dict:
+    """A distributed algorithm's own summary entries, under ``plugin`` (:func:`namespaced`)."""
+    with naming(target, "its setup_summary"):
+        return namespaced(target, summary(world, columns))

@@ -120,7 +120,9 @@ class WorkersConfig:
     """Liveness: a worker process that makes no progress (no step, no heartbeat) for `stall_s`
     seconds of training is hung (a stopped process, a CUDA call or a lock that never returns):
     the run ends `failed`, naming it. A worker's first step may take a few times longer (a first
-    CUDA step compiles and tunes its kernels). Distributed ranks use `dist.timeout_s` instead,
+    CUDA step compiles and tunes its kernels). A custom algorithm's `plan`, `hooks` and
+    controller calls that do not return within `stall_s` fail the run too (hetsgd/bounded.py).
+    Distributed ranks use `dist.timeout_s` instead,
     the limit of their collectives. `start`: how worker and rank processes start
     (hetsgd/engines/processes.py): forked from a forkserver that imported torch once, or each a
     fresh interpreter (`spawn`, which imports torch again per process). A forkserver that has

@@ -32,7 +32,6 @@ named, in whichever process builds the model (the coordinator, each worker, the 
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,6 +40,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from torch import nn
 
+from hetsgd.bounded import bounded
 from hetsgd.config.problem import CustomModelConfig
 from hetsgd.errors import UserError
 from hetsgd.targets import locate, raised
@@ -162,33 +162,13 @@ def _raised(target: str, exc: BaseException, doing: str = "building it") -> User
 
 
 def _bounded(target: str, timeout_s: float, build: Callable[[], nn.Module]) -> nn.Module:
-    """``build()``, run in a daemon thread and waited on for at most ``timeout_s``.
-
-    Python cannot interrupt a call that does not return, so the user's code gets a thread of its
-    own: one that hangs is left behind, and as a daemon it never holds up the process's exit.
-    The thread also tells the code's own ``SystemExit`` or ``KeyboardInterrupt`` from the user's
-    Ctrl-C: signals reach the main thread only, so whatever the thread catches was raised by the
-    code, and fails the run, while a Ctrl-C interrupts the wait and stops the run as ever."""
-    outcome: list[nn.Module | BaseException] = []
-
-    def call() -> None:
-        try:
-            outcome.append(build())
-        except BaseException as exc:  # noqa: BLE001 - the user's code's own, exits included
-            outcome.append(exc)
-
-    thread = threading.Thread(target=call, name=f"building {target}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if not outcome:
-        raise UserError(f"model._target_={target}: importing it, calling it and a first forward "
-                        f"did not end within model.build_timeout_s={timeout_s:g} s (raise it if "
-                        "building the model is only slow)")
-    if isinstance(outcome[0], UserError):
-        raise outcome[0]
-    if isinstance(outcome[0], BaseException):
-        raise _raised(target, outcome[0]) from None
-    return outcome[0]
+    """``build()`` run bounded (:func:`hetsgd.bounded.bounded`: a thread of its own, waited on
+    for at most ``timeout_s``, its exits its own); whatever it raises, one line naming the
+    target."""
+    return bounded(build, timeout_s, f"model._target_={target}: importing it, calling it and a "
+                   f"first forward did not end within model.build_timeout_s={timeout_s:g} s "
+                   "(raise it if building the model is only slow)", f"building {target}",
+                   lambda exc: exc if isinstance(exc, UserError) else _raised(target, exc))
 
 
 def build_custom(cfg: CustomModelConfig, num_features: int, num_outputs: int,

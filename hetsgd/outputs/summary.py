@@ -267,6 +267,13 @@ class RunSummary:
     coordinator: dict[str, Any] | None = None  # the process writing it, while it runs
     run_dir: str | None = None  # where the run was written (it may have moved since)
 
+    def __post_init__(self) -> None:
+        """``extra`` never stands for the run's own entries (a user's algorithm's go under
+        ``plugin``: :mod:`hetsgd.algorithms.watched`)."""
+        clash = set(self.extra) & {f.name for f in dataclasses.fields(self)}
+        if clash:
+            raise ValueError(f"summary entries {sorted(clash)} would overwrite the run's own")
+
     @classmethod
     def starting(cls, cfg: RunConfig | DictConfig) -> RunSummary:
         """The summary of a run that has just started: its identity, from its config (the

@@ -10,21 +10,25 @@ measured (:class:`RunJournal`), so that a run whose process is killed can still 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.progress import track
 
 from hetsgd import algorithms
+from hetsgd.bounded import exits_caught, own_interrupt, stops_marked
 from hetsgd.config import ConfigError, RunConfig, to_run_config
+from hetsgd.config.algorithms import CustomAlgoConfig
+from hetsgd.config.plain import plain
 from hetsgd.engines.distributed.handoff import hand_off
 from hetsgd.engines.distributed.torchrun import check_distributed, torchrun
 from hetsgd.engines.factory import build_engine
@@ -75,6 +79,7 @@ from hetsgd.runs.setup import Handoff, RunData, load_run_data
 from hetsgd.workers import WorkerSpec, expand
 
 log = logging.getLogger("hetsgd")
+LEFT_THREAD_GRACE_S = 1.0  # how long threads the run's code left running get to end
 
 
 def _convergence(snapshots: list[Snapshot], metrics: list, workers: list[dict[str, Any]],
@@ -207,6 +212,8 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     algorithm, cfg = algorithms.choose(cfg)  # a custom algorithm's typed settings, its name
     attempt.note(algo=cfg.algo.name)
     plan = algorithm.plan(cfg, specs)
+    if (planned := _as_planned(resolved_config, cfg, plan.cfg)) is not None:
+        out.write_config(planned)  # the values it trains with, as a rerun or resume reads them
     cfg, specs = plan.cfg, plan.workers
     attempt.note(plan=plan.settled, mix=_mix(specs), launch=Launch.of(torchrun(), len(specs)))
     hooks = algorithm.hooks(plan)
@@ -267,6 +274,20 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         attempt.evaluated = True
 
 
+def _as_planned(recorded: Any, before: RunConfig, planned: RunConfig) -> Any:
+    """The recorded config with what the plan changed, None where it changed nothing to
+    record: a built-in algorithm's settled values stay in summary.json's ``plan``; a custom
+    algorithm's settings go in as the keys of ``algo`` they are given as."""
+    changed = {f.name: plain(getattr(planned, f.name)) for f in fields(RunConfig)
+               if f.name != "algo" and getattr(planned, f.name) != getattr(before, f.name)}
+    custom = isinstance(recorded.algo, DictConfig) and OmegaConf.select(recorded, "algo._target_")
+    if custom and planned.algo != before.algo:
+        algo = planned.algo
+        values = algo.settings if isinstance(algo, CustomAlgoConfig) else plain(algo)
+        changed["algo"] = {key: value for key, value in values.items() if key != "name"}
+    return OmegaConf.merge(recorded, changed) if changed else None
+
+
 def _keep_traceback(run_dir: Path, trace: str) -> None:
     """The summary says why a run failed; where it failed goes to error.log, if it can."""
     with suppress(OSError, MemoryError):
@@ -306,10 +327,15 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
     attempt = _Attempt(RunDirectory(run_dir), replace(
         RunSummary.starting(cfg),
         resumed_from=resumption.summary() if resumption is not None else None))
+    threads = set(threading.enumerate())  # those the run leaves behind are the user's code's
     try:
-        _train(attempt, cfg, resolved_config, resumption)
-    except KeyboardInterrupt:  # during setup or evaluation: the files written so far stay
-        attempt.note(status="interrupted", error="interrupted by the user")
+        with stops_marked(), exits_caught():  # the user's code's os._exit is its SystemExit
+            _train(attempt, cfg, resolved_config, resumption)
+    except (SystemExit, KeyboardInterrupt) as exc:  # Ctrl-C during setup or evaluation: the
+        if own_interrupt(exc):  # files written so far stay; else the code's own end
+            attempt.note(status="failed", error=_ended_by_code(cfg, exc))
+        else:
+            attempt.note(status="interrupted", error="interrupted by the user")
     except (UserError, ConfigError) as exc:
         attempt.note(status="failed", error=str(exc))
     except WriteError as exc:  # what is on disk stays: snapshots, counters, utilization
@@ -320,8 +346,38 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         attempt.note(status="failed", error=out_of_memory(exc) or f"{type(exc).__name__}: {exc}")
         _keep_traceback(run_dir, traceback.format_exc())
     finally:
+        _left_running(attempt, cfg, threads)
         _end(attempt, cfg, started_at)
     return attempt.summary
+
+
+def _user_code(cfg: RunConfig | DictConfig) -> str:
+    """The targets of the user's code a run calls, for a line about what that code did."""
+    targets = [f"{part}._target_={target}" for part in ("algo", "model")
+               if isinstance(target := getattr(getattr(cfg, part), "_target_", None), str)]
+    return ", ".join(targets) or "the run's code"
+
+
+def _ended_by_code(cfg: RunConfig | DictConfig, exc: BaseException) -> str:
+    """Why a run that its own code ended (``sys.exit``, a ``KeyboardInterrupt`` no Ctrl-C
+    raised) failed, where no bound around the call named it."""
+    said = f": {exc}" if str(exc) else ""
+    return f"{_user_code(cfg)}: raised {type(exc).__name__}{said} during the run"
+
+
+def _left_running(attempt: _Attempt, cfg: RunConfig | DictConfig,
+                  before: set[threading.Thread]) -> None:
+    """A thread the run's code started and left running that is not a daemon would keep the
+    process alive after the run: the run fails naming it (the thread cannot be stopped)."""
+    left = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+    for thread in left:
+        thread.join(LEFT_THREAD_GRACE_S / len(left))
+    names = [repr(t.name) for t in left if t.is_alive()]
+    if names and attempt.summary.status in ("completed", "diverged"):
+        attempt.note(status="failed", error=(
+            f"{_user_code(cfg)}: left {len(names)} non-daemon thread(s) running after the run "
+            f"({', '.join(names)}), which would keep the process alive: end them with the run, "
+            "or make them daemons"))
 
 
 def _end(attempt: _Attempt, cfg: RunConfig | DictConfig, started_at: float) -> None:

@@ -28,8 +28,6 @@ import time
 from collections.abc import Callable
 from multiprocessing import resource_tracker
 
-import psutil
-
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
@@ -43,6 +41,7 @@ from hetsgd.engines.processes import (
 )
 from hetsgd.engines.shared.links import UNANSWERED_STEPS
 from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.watch import Watch, cpu_s, ended
 from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
@@ -59,93 +58,8 @@ FAILURE_GRACE_S = 5.0
 # and tunes its kernels; a first collective waits for the slowest rank's).
 FIRST_STEP_FACTOR = 4.0
 KILL_TIMEOUT_S = 5.0  # how long a SIGKILLed worker's exit is waited for
-# A tick longer than its wait and its own CPU time by this much: the coordinator was not
-# scheduled (stopped, or starved of CPU), and said so in the summary.
-STARVED_S = 1.0
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 LEFT_TO_COORDINATOR = {signal.SIGINT, signal.SIGHUP}  # what a worker ignores (see guarded)
-
-
-class Watch:
-    """The coordinator's watch over the workers' progress and over its own scheduling.
-
-    A worker progresses when its counted updates or its heartbeat (``Signals.beats``) change;
-    one that does neither for ``window_s`` seconds (``first_window_s`` before it first did) is
-    hung. A tick that came late (the coordinator stopped, starved of CPU, or slow to write a
-    snapshot) is not held against the workers: it could not look. A tick's wait longer than
-    asked and than its CPU time is time the coordinator was not scheduled at all; it is kept
-    for the summary, as a stopped or starved coordinator cannot end training on time either.
-    """
-
-    def __init__(self, ranks: list[int], window_s: float, first_window_s: float) -> None:
-        self.ranks, self.window_s, self.first_window_s = ranks, window_s, first_window_s
-        self.seen: dict[int, tuple[float, float]] = {}  # rank -> (progress, when it last changed)
-        self.stepped: set[int] = set()
-        self.last = 0.0  # the previous tick
-        self.unscheduled_s = 0.0
-        self.longest: tuple[float, float] = (0.0, 0.0)  # (seconds, from what time of training)
-
-    def start(self, now: float, progress: dict[int, float]) -> None:
-        self.seen = {rank: (progress[rank], now) for rank in self.ranks}
-        self.last = now
-
-    def waited(self, wall_s: float, cpu_s: float, elapsed: float) -> None:
-        """A tick's wait for reports took ``wall_s``, of which ``cpu_s`` on the CPU."""
-        off = wall_s - cpu_s - TICK_S
-        if off > STARVED_S:
-            self.unscheduled_s += off
-            self.longest = max(self.longest, (off, elapsed - off))
-
-    def hung(self, now: float, progress: dict[int, float], ended: set[int]) -> list[int]:
-        """The workers not in ``ended`` that are hung now."""
-        late = now - self.last - TICK_S
-        self.last = now
-        if late > STARVED_S:
-            self.seen = {rank: (value, when + late) for rank, (value, when) in self.seen.items()}
-        hung = []
-        for rank in self.ranks:
-            value, when = self.seen[rank]
-            if progress[rank] != value:
-                self.seen[rank] = (progress[rank], now)
-                self.stepped.add(rank)
-            elif rank not in ended and now - when > self.window(rank):
-                hung.append(rank)
-        return hung
-
-    def window(self, rank: int) -> float:
-        return self.window_s if rank in self.stepped else self.first_window_s
-
-    def warnings(self, time_s: float, budget_s: float | None) -> list[str]:
-        if self.unscheduled_s == 0.0:
-            return []
-        seconds, at = self.longest
-        note = (f"the coordinator was not scheduled for {self.unscheduled_s:.1f} s (longest "
-                f"{seconds:.1f} s, from {at:.1f} s of training): it could not watch the workers, "
-                "take snapshots or end training then")
-        if budget_s is not None and time_s > budget_s + STARVED_S:
-            note += f"; the {budget_s:g} s budget overran by {time_s - budget_s:.1f} s"
-        return [note]
-
-
-def _cpu_s(pid: int) -> float:
-    """A process's CPU seconds so far (0 once it is gone)."""
-    try:
-        times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return 0.0
-    return times.user + times.system
-
-
-def ended(exitcode: int) -> str:
-    """How a process that sent no report ended, in words: multiprocessing gives a process that
-    a signal killed the signal's number, negated, as its exit code (the OOM killer's: -9)."""
-    if exitcode >= 0:
-        return f"exited with code {exitcode}"
-    try:
-        name = signal.Signals(-exitcode).name
-    except ValueError:
-        return f"was killed by signal {-exitcode}"
-    return f"was killed by {name} (signal {-exitcode})"
 
 
 def guarded(target: Callable, environment: dict[str, str], *args) -> None:
@@ -403,7 +317,7 @@ class Coordinator(EngineBase):
 
         def alive() -> dict[int, float]:
             progress = self._progress()
-            return {s.rank: progress[s.rank] + _cpu_s(p.pid) for s, p in zip(self.specs, procs)}
+            return {s.rank: progress[s.rank] + cpu_s(p.pid) for s, p in zip(self.specs, procs)}
 
         ready: set[int] = set()
         now = time.perf_counter()
@@ -443,7 +357,22 @@ class Coordinator(EngineBase):
 
     def _collect(self, procs: list, finished: dict[int, tuple[str, str]],
                  timeout: float) -> set[int]:
-        """Read worker reports; a worker that died without one counts as failed."""
+        """Read worker reports; a worker that ended without one, whatever its exit code, counts
+        as failed (a worker's reports reach the queue's pipe before its process ends: those of
+        one that exited are read once more first)."""
+        ready = self._read(finished, timeout)
+        for spec, p in zip(self.specs, procs):
+            if spec.rank in finished or p.exitcode is None:
+                continue
+            ready |= self._read(finished, 0.0)
+            if spec.rank not in finished:
+                finished[spec.rank] = ("failed", self._died(spec.rank, p.exitcode))
+                self.died = True
+                self.state.signals.stop.set()
+        return ready
+
+    def _read(self, finished: dict[int, tuple[str, str]], timeout: float) -> set[int]:
+        """The reports queued, the first waited for up to ``timeout``; returns who set up."""
         ready: set[int] = set()
         try:
             while True:
@@ -459,9 +388,4 @@ class Coordinator(EngineBase):
                         self.state.signals.stop.set()
         except queue.Empty:
             pass
-        for spec, p in zip(self.specs, procs):
-            if spec.rank not in finished and p.exitcode is not None and p.exitcode != 0:
-                finished[spec.rank] = ("failed", self._died(spec.rank, p.exitcode))
-                self.died = True
-                self.state.signals.stop.set()
         return ready

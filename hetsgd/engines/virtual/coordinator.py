@@ -33,6 +33,7 @@ import math
 import threading
 from dataclasses import dataclass
 
+from hetsgd.bounded import own_interrupt
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.counters import CounterRow
@@ -166,7 +167,9 @@ class VirtualCoordinator(EngineBase):
                     self._start(rank, now)
         except Diverged as exc:
             training.status, training.error = "diverged", str(exc)
-        except KeyboardInterrupt:  # Ctrl-C: keep what was simulated
+        except KeyboardInterrupt as exc:  # Ctrl-C: keep what was simulated
+            if own_interrupt(exc):  # the user's code's own (a model's forward): it failed
+                raise
             training.status, training.error = "interrupted", "interrupted by the user"
         stop.set()
         training.time_s = now

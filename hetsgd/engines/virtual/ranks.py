@@ -11,6 +11,7 @@ first rank's error, as a real run does.
 from __future__ import annotations
 
 import threading
+import time
 
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import EngineBase
@@ -29,6 +30,7 @@ from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
 
 JOIN_POLL_S = 0.1  # how often the coordinator's thread wakes while the ranks train (Ctrl-C)
+STOP_GRACE_S = 5.0  # how long ranks have to stop at their next exchange after Ctrl-C
 
 
 class VirtualRanks(EngineBase):
@@ -109,19 +111,31 @@ class VirtualRanks(EngineBase):
         return training
 
     def _join(self, ranks: list[threading.Thread], training: Training) -> None:
-        """Wait for the ranks; Ctrl-C stops them at their next exchange, keeping what ran."""
+        """Wait for the ranks. Ctrl-C (or SIGTERM) stops them at their next exchange, keeping
+        what ran; ranks that have not stopped within ``STOP_GRACE_S`` of it (one hung in the
+        user's code, the others waiting for it at a barrier), or at a second one, are released
+        from the barriers and left behind: daemon threads, they end with the process."""
+        stopping: float | None = None
         for thread in ranks:
             while thread.is_alive():
                 try:
                     thread.join(JOIN_POLL_S)
+                    if stopping is not None and time.monotonic() - stopping > STOP_GRACE_S:
+                        self.meeting.abort()
+                        return
                 except KeyboardInterrupt:
+                    if stopping is not None:
+                        self.meeting.abort()
+                        return
                     training.status, training.error = "interrupted", "interrupted by the user"
                     self.state.signals.stop.set()
+                    stopping = time.monotonic()
 
     def _raise_failure(self, training: Training) -> None:
         """Divergence ends the run as diverged; any other failure is raised, the first rank's
         own error rather than the others' release from the barrier."""
-        if not self.errors:
+        if not self.errors or (training.status == "interrupted" and all(
+                isinstance(e, RankLost) for e in self.errors.values())):  # released by _join
             return
         first = next((e for e in self.errors.values() if not isinstance(e, RankLost)),
                      next(iter(self.errors.values())))

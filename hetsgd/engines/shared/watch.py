@@ -1,0 +1,96 @@
+"""The coordinator's watch over its workers' progress and its own scheduling (:class:`Watch`),
+and how a worker process that sent no report ended, in words (:func:`ended`)."""
+
+from __future__ import annotations
+
+import signal
+
+import psutil
+
+from hetsgd.engines.base import TICK_S
+
+# A tick longer than its wait and its own CPU time by this much: the coordinator was not
+# scheduled (stopped, or starved of CPU), and said so in the summary.
+STARVED_S = 1.0
+
+
+class Watch:
+    """The coordinator's watch over the workers' progress and over its own scheduling.
+
+    A worker progresses when its counted updates or its heartbeat (``Signals.beats``) change;
+    one that does neither for ``window_s`` seconds (``first_window_s`` before it first did) is
+    hung. A tick that came late (the coordinator stopped, starved of CPU, or slow to write a
+    snapshot) is not held against the workers: it could not look. A tick's wait longer than
+    asked and than its CPU time is time the coordinator was not scheduled at all; it is kept
+    for the summary, as a stopped or starved coordinator cannot end training on time either.
+    """
+
+    def __init__(self, ranks: list[int], window_s: float, first_window_s: float) -> None:
+        self.ranks, self.window_s, self.first_window_s = ranks, window_s, first_window_s
+        self.seen: dict[int, tuple[float, float]] = {}  # rank -> (progress, when it last changed)
+        self.stepped: set[int] = set()
+        self.last = 0.0  # the previous tick
+        self.unscheduled_s = 0.0
+        self.longest: tuple[float, float] = (0.0, 0.0)  # (seconds, from what time of training)
+
+    def start(self, now: float, progress: dict[int, float]) -> None:
+        self.seen = {rank: (progress[rank], now) for rank in self.ranks}
+        self.last = now
+
+    def waited(self, wall_s: float, cpu_s: float, elapsed: float) -> None:
+        """A tick's wait for reports took ``wall_s``, of which ``cpu_s`` on the CPU."""
+        off = wall_s - cpu_s - TICK_S
+        if off > STARVED_S:
+            self.unscheduled_s += off
+            self.longest = max(self.longest, (off, elapsed - off))
+
+    def hung(self, now: float, progress: dict[int, float], ended: set[int]) -> list[int]:
+        """The workers not in ``ended`` that are hung now."""
+        late = now - self.last - TICK_S
+        self.last = now
+        if late > STARVED_S:
+            self.seen = {rank: (value, when + late) for rank, (value, when) in self.seen.items()}
+        hung = []
+        for rank in self.ranks:
+            value, when = self.seen[rank]
+            if progress[rank] != value:
+                self.seen[rank] = (progress[rank], now)
+                self.stepped.add(rank)
+            elif rank not in ended and now - when > self.window(rank):
+                hung.append(rank)
+        return hung
+
+    def window(self, rank: int) -> float:
+        return self.window_s if rank in self.stepped else self.first_window_s
+
+    def warnings(self, time_s: float, budget_s: float | None) -> list[str]:
+        if self.unscheduled_s == 0.0:
+            return []
+        seconds, at = self.longest
+        note = (f"the coordinator was not scheduled for {self.unscheduled_s:.1f} s (longest "
+                f"{seconds:.1f} s, from {at:.1f} s of training): it could not watch the workers, "
+                "take snapshots or end training then")
+        if budget_s is not None and time_s > budget_s + STARVED_S:
+            note += f"; the {budget_s:g} s budget overran by {time_s - budget_s:.1f} s"
+        return [note]
+
+
+def cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (0 once it is gone)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system
+
+
+def ended(exitcode: int) -> str:
+    """How a process that sent no report ended, in words: multiprocessing gives a process that
+    a signal killed the signal's number, negated, as its exit code (the OOM killer's: -9)."""
+    if exitcode >= 0:
+        return f"exited with code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        return f"was killed by signal {-exitcode}"
+    return f"was killed by {name} (signal {-exitcode})"

@@ -1,0 +1,327 @@
+"""A user's algorithm cannot forge or hide a run's outcome: its summary entries stay under
+``plugin``; every way its code ends (``sys.exit`` of any code, its own ``KeyboardInterrupt``,
+``os._exit``, a thread left running) fails the run naming it, through ``hetsgd.run`` too,
+which returns; a worker that exits 0 before its report is named; the config its plan returns
+is checked and recorded; what it reports (batch sizes, times) is checked; what the coordinator
+calls of it is bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+import hetsgd
+from hetsgd.api import RunResult
+from hetsgd.outputs.summary import RunSummary
+
+PACKAGE = "evilalgos"
+EVIL = '''
+import dataclasses
+import math
+import os
+import sys
+import threading
+import time
+
+from pathlib import Path
+
+from hetsgd.algorithms.api import (
+    DistributedHooks,
+    InPlace,
+    LocalSGDLoop,
+    SharedMemoryHooks,
+    hogwild,
+    local_sgd,
+    local_sgd_summary,
+)
+
+
+class Forger:
+    """Claims the run completed, with a final loss of its own."""
+
+    log = []
+
+    def tick(self, elapsed, counters):
+        pass
+
+    def summary(self):
+        return {"status": "completed", "error": None, "final": "fake"}
+
+
+class Ticks(Forger):
+    def __init__(self, act):
+        self.act = act
+
+    def tick(self, elapsed, counters):
+        self.act(counters)
+
+
+def _zero(counters):
+    counters.column("batch_size")[0] = 0
+
+
+def _with(controller):
+    def hooks(plan):
+        return SharedMemoryHooks(hogwild.hooks(plan).link, controller)
+    return hooks
+
+
+class LandsBroken(InPlace):
+    def after_step(self):
+        raise RuntimeError("step broke")
+
+
+class ExitsInWorker(InPlace):
+    def after_step(self):
+        os._exit(0)
+
+
+class ReportsNaN(InPlace):
+    def after_step(self):
+        super().after_step()
+        return math.nan
+
+
+def _planned(change):
+    def plan(cfg, specs):
+        planned = hogwild.plan(cfg, specs)
+        change(planned.cfg)
+        return planned
+    return plan
+
+
+def _nan_budget(cfg):
+    cfg.budget.seconds = math.nan
+
+
+def _replanned(cfg):
+    cfg.budget.seconds = 0.04
+    cfg.seed = 7
+
+
+def _exits(*args):
+    sys.exit(0)
+
+
+def _interrupts(*args):
+    raise KeyboardInterrupt
+
+
+def _os_exits(*args):
+    os._exit(0)
+
+
+def _leaves_a_thread(cfg, specs):
+    threading.Thread(target=time.sleep, args=(3600,), name="evil-poller", daemon=False).start()
+    return hogwild.plan(cfg, specs)
+
+
+class HangsInRank1(LocalSGDLoop):
+    """Rank 1 never comes back from its first aggregation; the others wait for it."""
+
+    def aggregate(self, weight, loss):
+        if self.rank.spec.rank == 1:
+            Path(os.environ["EVIL_HUNG"]).touch()
+            time.sleep(3600)
+        return super().aggregate(weight, loss)
+
+
+class Namespace:
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
+forges = Namespace(plan=hogwild.plan, hooks=_with(Forger()))
+forges_and_fails = Namespace(plan=hogwild.plan,
+                             hooks=lambda plan: SharedMemoryHooks(LandsBroken, Forger()))
+exits_in_plan = Namespace(plan=_exits, hooks=hogwild.hooks)
+interrupts_in_plan = Namespace(plan=_interrupts, hooks=hogwild.hooks)
+os_exits_in_plan = Namespace(plan=_os_exits, hooks=hogwild.hooks)
+exits_in_hooks = Namespace(plan=hogwild.plan, hooks=_exits)
+exits_in_tick = Namespace(plan=hogwild.plan, hooks=_with(Ticks(_exits)))
+hangs_in_tick = Namespace(plan=hogwild.plan, hooks=_with(Ticks(lambda c: time.sleep(3600))))
+zero_batch = Namespace(plan=hogwild.plan, hooks=_with(Ticks(_zero)))
+worker_exits_0 = Namespace(plan=hogwild.plan, hooks=lambda plan: SharedMemoryHooks(ExitsInWorker))
+reports_nan = Namespace(plan=hogwild.plan, hooks=lambda plan: SharedMemoryHooks(ReportsNaN))
+nan_budget = Namespace(plan=_planned(_nan_budget), hooks=hogwild.hooks)
+replans = Namespace(plan=_planned(_replanned), hooks=hogwild.hooks)
+leaves_a_thread = Namespace(plan=_leaves_a_thread, hooks=hogwild.hooks)
+hung_rank = Namespace(plan=local_sgd.plan, CONFIG=local_sgd.CONFIG, hooks=lambda plan:
+                      DistributedHooks(HangsInRank1, local_sgd_summary, publishing=False))
+'''
+# the virtual clock: a run in the test's own process, in well under a second
+SIMULATED = ("devices=paper_hogbatch_v100", "devices.groups.cpu.count=2",
+             "devices.groups.accel.batch_size=64", "model=mlp", "budget.seconds=0.05",
+             "budget.epochs=null", "eval.every_s=0.01", "progress=false")
+# worker processes
+EMULATED = ("devices=emulated", "budget.seconds=1", "budget.epochs=null", "progress=false")
+
+
+@pytest.fixture
+def evil(tmp_path: Path, results_dir: Path) -> Iterator[Path]:
+    """The module ``evilalgos`` in a folder on sys.path and PYTHONPATH (workers import it)."""
+    root = tmp_path / "user_code"
+    root.mkdir()
+    (root / f"{PACKAGE}.py").write_text(textwrap.dedent(EVIL))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(root))
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root),
+                                                               os.environ.get("PYTHONPATH")])))
+        yield root
+        sys.modules.pop(PACKAGE, None)
+
+
+def _run(plugin: str, *overrides: str) -> RunResult:
+    return hetsgd.run("algo=custom", f"algo._target_={PACKAGE}.{plugin}", *overrides)
+
+
+def _failed(capsys: pytest.CaptureFixture[str], result: RunResult, error: str) -> None:
+    """The run failed with exit status 1, its summary and the command's one line saying
+    ``error``."""
+    assert (result.exit_code, result.status) == (1, "failed"), result.summary.error
+    assert result.summary.error == error
+    assert f"hetsgd: error: {error} (details in" in capsys.readouterr().err
+
+
+def test_a_controllers_summary_cannot_stand_for_the_runs_own(evil: Path) -> None:
+    result = _run("forges", *SIMULATED)
+    assert (result.exit_code, result.status) == (0, "completed")
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["plugin"] == {"status": "completed", "error": None, "final": "fake"}
+    assert set(summary["final"]) == {"train_loss", "test_loss", "test_acc"}  # the run's own
+
+
+def test_no_summary_entry_can_overwrite_the_runs_own() -> None:
+    with pytest.raises(ValueError, match=r"summary entries \['final', 'status'\] would "
+                                         r"overwrite the run's own"):
+        RunSummary("completed", None, "x", "digits", "mlp", "cpu", 0,
+                   extra={"status": "completed", "final": "fake", "mine": 1})
+
+
+def test_a_forged_completion_beside_a_failure_stays_failed(
+        evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = _run("forges_and_fails", *SIMULATED)
+    assert (result.exit_code, result.status) == (1, "failed")
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("RuntimeError: step broke")
+    assert "hetsgd: error: RuntimeError: step broke" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("plugin, doing, raised", [
+    ("exits_in_plan", "its plan", "SystemExit: 0"),
+    ("exits_in_hooks", "its hooks", "SystemExit: 0"),
+    ("exits_in_tick", "its controller's tick", "SystemExit: 0"),
+    ("interrupts_in_plan", "its plan", "KeyboardInterrupt"),  # its own, not the user's Ctrl-C
+    ("os_exits_in_plan", "its plan", "ProcessExit: os._exit(0)"),
+])
+def test_a_plugin_that_ends_its_own_code_fails_the_run_naming_it(
+        evil: Path, capsys: pytest.CaptureFixture[str], plugin: str, doing: str,
+        raised: str) -> None:
+    """Through hetsgd.run, which returns: this test goes on to read what it returned."""
+    result = _run(plugin, *SIMULATED)
+    _failed(capsys, result, f"algo._target_={PACKAGE}.{plugin}: {doing} raised {raised}")
+
+
+def test_a_plan_returning_an_out_of_range_config_is_refused(
+        evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _failed(capsys, _run("nan_budget", *SIMULATED),
+            f"algo._target_={PACKAGE}.nan_budget: the config its plan returned is refused: "
+            "budget.seconds=nan is not allowed: a positive number of seconds, at most 2,592,000 "
+            "(30 days), or null")
+
+
+def test_the_config_a_plan_returns_is_the_one_recorded(evil: Path) -> None:
+    result = _run("replans", *SIMULATED)
+    assert result.status == "completed", result.summary.error
+    recorded = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert (recorded["budget"]["seconds"], recorded["seed"]) == (0.04, 7)
+    assert result.summary.seed == 0  # the run as the command named it; it trained with seed 7
+    assert result.summary.time_s is not None and result.summary.time_s < 0.05
+
+
+def test_a_controllers_batch_size_below_one_is_refused(
+        evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _failed(capsys, _run("zero_batch", *SIMULATED),
+            f"algo._target_={PACKAGE}.zero_batch: its controller set worker 0's batch size to "
+            "0; a batch size is a whole number >= 1")
+
+
+def test_a_link_reporting_a_nan_time_is_refused(
+        evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = _run("reports_nan", *SIMULATED)
+    assert (result.exit_code, result.status) == (1, "failed")
+    assert re.fullmatch(rf"algo\._target_={PACKAGE}\.reports_nan: its link's after_step for "
+                        r"worker \d \(cpu\) reported nan s spent copying; it took \S+ s \(a "
+                        r"time is finite, >= 0 and within the call\)", str(result.summary.error))
+
+
+def test_a_hung_controller_tick_is_bounded(
+        evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _failed(capsys, _run("hangs_in_tick", *SIMULATED, "workers.stall_s=1"),
+            f"algo._target_={PACKAGE}.hangs_in_tick: its controller's tick did not return "
+            "within workers.stall_s=1 s (raise it if it is only slow)")
+
+
+@pytest.mark.integration
+def test_a_worker_that_exits_0_before_its_report_is_named(
+        evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = _run("worker_exits_0", *EMULATED)
+    assert (result.exit_code, result.status) == (1, "failed")
+    assert result.summary.error is not None
+    assert result.summary.error.endswith("exited with code 0"), result.summary.error
+    assert result.summary.error.startswith("worker ")
+
+
+@pytest.mark.integration
+def test_a_thread_left_running_fails_the_run_and_the_command_ends(
+        evil: Path, results_dir: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "hetsgd", "run", "algo=custom",
+                           f"algo._target_={PACKAGE}.leaves_a_thread", *SIMULATED],
+                          text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    error = (f"algo._target_={PACKAGE}.leaves_a_thread: left 1 non-daemon thread(s) running "
+             "after the run ('evil-poller'), which would keep the process alive: end them with "
+             "the run, or make them daemons")
+    assert f"hetsgd: error: {error}" in proc.stderr
+    (summary,) = [json.loads(p.read_text()) for p in results_dir.rglob("summary.json")]
+    assert (summary["status"], summary["error"]) == ("failed", error)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
+        evil: Path, results_dir: Path, tmp_path: Path, signum: int, code: int) -> None:
+    """The other ranks wait for the hung one at a barrier, which the signal releases."""
+    hung = tmp_path / "hung"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsgd", "run", "algo=custom", f"algo._target_={PACKAGE}.hung_rank",
+         "devices=paper_biased_local", "model=mlp", "budget.seconds=1", "budget.epochs=null",
+         "progress=false"], env={**os.environ, "EVIL_HUNG": str(hung)}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_default_signals)
+    try:
+        while not hung.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        output, _ = proc.communicate(timeout=120)  # a hang guard, not a measure
+    finally:
+        proc.kill()
+    assert proc.returncode == code, output
+    assert "Traceback" not in output, output
+    (summary,) = [json.loads(p.read_text()) for p in results_dir.rglob("summary.json")]
+    assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by the user")
+
+
+def _default_signals() -> None:
+    """Ctrl-C as a terminal's command gets it, even where the tests run under nohup."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
