@@ -3,16 +3,18 @@
 The factory (a function or an ``nn.Module`` class) gets ``model.kwargs``, and what the data
 says: ``in_features``, ``input_shape`` (the image's ``(C, H, W)`` on image sets, else
 ``(in_features,)``), ``num_classes``, ``num_outputs`` (the width of the last layer: 1 for a binary
-task, else the classes) and ``task`` (``binary``, ``multiclass`` or ``multilabel``). Each goes
-only to a parameter its signature names so (a kwarg the user gives wins; a ``**kwargs`` catches
-none, as it cannot say what it takes); ``model.data_args`` passes them under the factory's own
+task, else the classes; a binary model may return 2 logits too, :class:`LogitsOf`) and ``task``
+(``binary``, ``multiclass`` or ``multilabel``). Each goes only to a parameter its signature
+names so (a kwarg the user gives wins; a ``**kwargs`` catches none, as it cannot say what it
+takes); ``model.data_args`` passes them under the factory's own
 names (``{d_in: in_features, d_out: num_outputs}``) and keeps one from a parameter
 (``{in_features: null}``).
 
 Like every model here, a custom one receives a flat batch ``[B, in_features]`` (a sparse CSR
 tensor on a sparse dataset; int64 where the data is a file's integers, token ids for an
 ``nn.Embedding``, which only a custom model gets as they are: :mod:`hetsgd.data.prepare`; its
-probe below is then an int64 batch) and must return logits ``[B, num_outputs]``, or an output object
+probe below is then an int64 batch) and must return logits ``[B, num_outputs]`` (``[B, 2]`` also
+for a binary task), or an output object
 holding them as ``logits`` (HuggingFace's ``ModelOutput``, a dataclass, a dict), which
 :class:`LogitsOf` unwraps for every engine. An image model reshapes the batch itself, e.g. with
 ``nn.Unflatten(1, input_shape)`` as its first layer, as the in-tree ones do. Every process
@@ -138,14 +140,20 @@ def logits_of(out: Any) -> Any:
 
 class LogitsOf(nn.Module):
     """A model whose forward returns an output object holding ``logits``, returning the logits
-    alone: so that the step, the evaluation and the cost model, on every engine, read a tensor."""
+    alone: so that the step, the evaluation and the cost model, on every engine, read a tensor.
+    With ``pair``, a binary model's two logits ``[B, 2]`` (a factory written for ``num_classes``
+    outputs, as torchvision's and timm's are) become the one ``[B, 1]`` the binary loss takes:
+    their difference, whose sigmoid is the softmax's probability of class 1, so the loss is the
+    two-class cross-entropy the factory was written for."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, pair: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.pair = pair
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return logits_of(self.model(x))
+        logits = logits_of(self.model(x))
+        return logits[:, 1:] - logits[:, :1] if self.pair else logits
 
 
 def _probe(target: str, module: nn.Module, num_features: int, num_outputs: int,
@@ -171,12 +179,16 @@ def _probe(target: str, module: nn.Module, num_features: int, num_outputs: int,
                 buffer.copy_(value)
     expected = (PROBE_BATCH, num_outputs)
     logits = logits_of(out)
-    if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected:
+    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else None
+    if shape == expected:
         return module if logits is out else LogitsOf(module)
+    if task == "binary" and shape == (PROBE_BATCH, 2):
+        return LogitsOf(module, pair=True)
     held = "" if logits is out else f"a {type(out).__name__} whose logits are "
     got = held + (f"[{', '.join(map(str, logits.shape))}] logits"
                   if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}")
-    needs = ("the task is binary, so the model must return 1 logit per example, [B, 1]"
+    needs = ("the task is binary, so the model must return 1 logit per example, [B, 1], or "
+             "one per class, [B, 2]"
              if task == "binary" else
              f"the data has {num_outputs} {'labels' if task == 'multilabel' else 'classes'}, "
              f"so the model must return [B, {num_outputs}]")
