@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -194,6 +194,23 @@ def _probe(target: str, module: nn.Module, num_features: int, num_outputs: int,
              f"so the model must return [B, {num_outputs}]")
     raise UserError(f"model._target_={target}: on a batch [{PROBE_BATCH}, {num_features}] it "
                     f"returns {got}; {needs}")
+
+
+def check_token_ids(module: nn.Module, features: Sequence[torch.Tensor | None]) -> None:
+    """Integer features are token ids that the model's ``nn.Embedding`` looks up: an id outside
+    its rows would fail every worker's first step with torch's bare ``index out of range in
+    self``, so the data's ids are checked once, as it loads, against the largest embedding
+    (a smaller one may be another lookup, positions say: its misses still fail in the step)."""
+    sizes = [m.num_embeddings for m in module.modules()
+             if isinstance(m, nn.Embedding | nn.EmbeddingBag)]
+    ids = [x for x in features if x is not None and not x.is_floating_point() and x.numel()]
+    if not sizes or not ids:
+        return
+    low, high, rows = min(int(x.min()) for x in ids), max(int(x.max()) for x in ids), max(sizes)
+    if low < 0 or high >= rows:
+        raise UserError(f"the data's token ids run from {low} to {high}, but the model's largest "
+                        f"embedding has {rows} rows (ids 0 to {rows - 1}): build it with "
+                        f"num_embeddings of at least {high + 1}, or map the ids into its range")
 
 
 def _raised(target: str, exc: BaseException, doing: str = "building it") -> UserError:
