@@ -21,6 +21,7 @@ from rich.text import Text
 from hetsgd.completion import complete_override
 from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments
+from hetsgd.config.labels import dataset_label, model_label
 from hetsgd.errors import UserError
 from hetsgd.invocation import composition_error, invoke
 from hetsgd.machine import machine_facts, process_started_at
@@ -283,7 +284,8 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
         _fail(str(exc))
     table = Table("group", "device", "label", "threads", "batch", "examples/s", "ms/step",
                   "comm ms/step",
-                  title=f"{cfg.model.name} on {cfg.dataset.name}, devices={cfg.devices.name}")
+                  title=shown(f"{model_label(cfg.model)} on {dataset_label(cfg.dataset)}, "
+                              f"devices={cfg.devices.name}"))
     for row in rows:
         table.add_row(row["group"], row["device"], row["label"], str(row["threads"]),
                       str(row["batch_size"]), f"{row['examples_per_s']:,.0f}",

@@ -218,7 +218,8 @@ def _run_hydra(invocation: Invocation, args: list[str]) -> None:
 def _settle_sweep_dir(overrides: list[str], multirun: bool
                       ) -> tuple[Path | None, Tuning | None]:
     """The folder the sweep of ``overrides`` writes into, as Hydra resolves it (from everything
-    but the swept values), refused if an earlier sweep is there (:func:`check_unused`), and the
+    but the swept values), refused if an earlier sweep is there (:func:`check_unused`) or
+    another claimed it (:func:`claim_folder`), and the
     tuning it asks for, checked; None for a single run (neither ``-m`` nor an experiment's
     ``hydra.mode: MULTIRUN``) and where the overrides do not compose, which Hydra then reports
     itself. A launcher that runs the jobs at once is warned of here, once: their measured times
@@ -237,7 +238,7 @@ def _settle_sweep_dir(overrides: list[str], multirun: bool
     hydra = config.hydra
     if not multirun and hydra.mode != RunMode.MULTIRUN:
         return None, None
-    from hetsgd.outputs.sweep import check_unused
+    from hetsgd.outputs.sweep import check_unused, claim_folder
     from hetsgd.tuning import Tuning
     from hetsgd.tuning.phases import check_knobs
 
@@ -250,6 +251,7 @@ def _settle_sweep_dir(overrides: list[str], multirun: bool
     tuning = Tuning.of(config)
     if tuning is not None:
         check_knobs(tuning, fixed)
+    claim_folder(sweep_dir)  # the last check: a refused sweep leaves no claim behind
     return sweep_dir, tuning
 
 

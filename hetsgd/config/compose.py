@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hetsgd.config.algorithms import ALGO_SCHEMAS, CustomAlgoConfig
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.group_names import recorded_config, recorded_groups, recorded_override
+from hetsgd.config.labels import dataset_label
 from hetsgd.config.paths import safe_component
 from hetsgd.config.problem import (
     MODEL_SCHEMAS,
@@ -47,6 +48,7 @@ def register_configs() -> None:
     (all cores but one, left to a GPU worker's host thread), `${hetsgd.gpus:}`, and
     `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes);
     `${hetsgd.safe:...}`, which makes any value a safe directory name (run and sweep-job folders);
+    `${hetsgd.dataset_label:${dataset}}`, what a run folder calls its dataset (a file's stem);
     and `${hetsgd.swept:}`, a sweep job's overrides of the keys its sweep varies (its folder's)."""
     resolvers: dict[str, Callable[..., Any]] = {
         "hetsgd.cores": usable_cores,
@@ -54,6 +56,7 @@ def register_configs() -> None:
         "hetsgd.cores_but": lambda n: max(1, usable_cores() - int(n)),
         "hetsgd.gpus": lambda: max(1, len(cuda_devices())),
         "hetsgd.safe": safe_component,
+        "hetsgd.dataset_label": dataset_label,
         "hetsgd.swept": _swept}
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
@@ -243,6 +246,21 @@ def _recorded_choices(recorded: DictConfig) -> list[str]:
     return choices
 
 
+def recomposable(recorded: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """The overrides that compose a recorded run again from hetsgd's own config: the groups it
+    chose (:func:`_recorded_choices`), then its ``overrides`` less the choices of options that
+    hetsgd's config groups lack (a ``--config-dir``'s ``model=mynet``). The recorded config
+    holds every value such an option gave, and recovery needs no config directory."""
+    return [*_recorded_choices(recorded), *(o for o in overrides if not _chosen_elsewhere(o))]
+
+
+def _chosen_elsewhere(override: str) -> bool:
+    key, sep, value = str(override).partition("=")
+    group = key.lstrip("+~")
+    return (bool(sep) and "." not in group and (CONF_DIR / group).is_dir()
+            and not (CONF_DIR / group / f"{value.strip()}.yaml").is_file())
+
+
 def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failure: str,
                    now: Sequence[str] = ()) -> tuple[DictConfig, RunConfig]:
     """A past run's config, for recovery and resuming: composed from the groups it chose and its
@@ -257,7 +275,8 @@ def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failur
             raise ConfigError("the recorded config is not a mapping")
         names = recorded_groups(loaded)
         loaded = recorded_config(loaded)
-        overrides = [*_recorded_choices(loaded), *(recorded_override(o, names) for o in overrides)]
+        overrides = [*_recorded_choices(loaded), *(recorded_override(o, names) for o in overrides
+                                                   if not _chosen_elsewhere(o))]
         config = OmegaConf.merge(compose_run(overrides), loaded)
         assert isinstance(config, DictConfig)  # a merge onto a mapping is a mapping
         run = to_run_config(config)

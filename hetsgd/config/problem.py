@@ -28,6 +28,10 @@ class DatasetConfig:
     # files (published already scaled) except covtype_binary (raw), standard for the others
     scale: str = "auto"
     limit: int | None = None  # keep a seeded, stratified subset of this many training examples
+    # the seed of the data a run sees (the test split, the `limit` subset, generated data),
+    # apart from the run's seed, so that a sweep's seeds train and test on the same rows (and
+    # share one copy in shared memory); null: the run's seed draws them too
+    split_seed: int | None = 0
 
     def __post_init__(self) -> None:
         one_of("dataset.task", self.task, ("auto", *TASKS))
@@ -36,6 +40,8 @@ class DatasetConfig:
                 self.test_fraction)
         require(self.limit is None or self.limit > 0, "dataset.limit", "a positive count",
                 self.limit)
+        require(self.split_seed is None or 0 <= self.split_seed < 2**32, "dataset.split_seed",
+                "a seed 0 <= x < 2**32, or null for the run's seed", self.split_seed)
 
 
 @dataclass

@@ -69,6 +69,7 @@ def complete_rows(frame: pd.DataFrame, columns: Sequence[str], cfg: FilesConfig,
     """The positions of the rows with a value in every one of ``columns`` (the features and the
     label); under ``dataset.missing=error``, a row without one is a UserError naming it. Rows
     are named by ``frame``'s index, which the caller makes their positions in the file."""
+    _check_flat(frame, columns, path)
     missing = frame[list(columns)].isna().to_numpy()
     incomplete = missing.any(axis=1)
     if incomplete.any() and cfg.missing == "error":
@@ -80,6 +81,26 @@ def complete_rows(frame: pd.DataFrame, columns: Sequence[str], cfg: FilesConfig,
                         "dataset.missing=drop leaves them out"
                         + ("" if name == cfg.label else f", dataset.drop=[{name}] the column"))
     return np.flatnonzero(~incomplete)
+
+
+#: What a Parquet column of structs, maps or lists reads as, cell by cell: no one feature.
+_NESTED = (dict, list, tuple, np.ndarray)
+
+
+def _check_flat(frame: pd.DataFrame, columns: Sequence[str], path: Path) -> None:
+    """Every one of ``columns`` holds one value per cell: a Parquet struct, map or list column
+    is refused, naming it, where pandas would fail on it unnamed (``unhashable type``)."""
+    for name in columns:
+        column = frame[name]
+        if column.dtype != object:
+            continue
+        nested = column.map(lambda cell: isinstance(cell, _NESTED)).to_numpy(dtype=bool)
+        if nested.any():
+            cell = column.iloc[int(np.argmax(nested))]
+            raise UserError(f"{path}: column {short(str(name))!r} holds a "
+                            f"{'struct' if isinstance(cell, dict) else 'map or list'} in each "
+                            "cell, not one value: leave it out (dataset.drop=[" + str(name)
+                            + "]) or flatten it into columns of its own")
 
 
 def _coerced(column: pd.Series) -> tuple[pd.Series, np.ndarray]:

@@ -11,6 +11,7 @@ from hetsgd.config import DatasetConfig
 from hetsgd.config.problem import FilesConfig
 from hetsgd.data import covtype, embedded, folder, images, libsvm, synthetic, tables, xc
 from hetsgd.data.dataset import Allocate, Dataset, Parsed, row_blocks
+from hetsgd.data.freed import give_back_freed
 from hetsgd.data.prepare import prepare
 from hetsgd.data.source import Source, SourceInfo
 from hetsgd.errors import UserError
@@ -37,18 +38,28 @@ def _check_task(wanted: str, task: str, name: str) -> None:
 
 def load_dataset(cfg: DatasetConfig, seed: int, progress: bool = True,
                  allocate: Allocate = np.empty, integers: bool = False) -> Dataset:
-    """Load, split, subset and scale ``cfg.name`` (fetching it into the cache if needed);
+    """Load, split, subset and scale ``cfg.name`` (fetching it into the cache if needed), with the
+    split and subset (and generated data) seeded by :func:`data_seed`;
     ``dataset.scale=auto`` is the source's own default (``Dataset.scaling`` says what applied).
     Dense features and labels are written into arrays from ``allocate``. ``integers``: the
     model takes integer features as they are, so a file's integer array stays one (see
     :mod:`hetsgd.data.prepare`)."""
     source = get_source(cfg.name)
     _check_task(cfg.task, source.task, source.name)
+    seed = data_seed(cfg, seed)
     parsed = source.load(cfg, seed, progress)
     _check_task(cfg.task, parsed.task, source.name)
-    if integers and cfg.scale in ("auto", "none") and integer_array(cfg, parsed):
-        return prepare(parsed, cfg, seed, "none", allocate, np.int64)
-    return prepare(parsed, cfg, seed, resolve_scale(cfg.scale, source, cfg), allocate)
+    kept = integers and cfg.scale in ("auto", "none") and integer_array(cfg, parsed)
+    dataset = prepare(parsed, cfg, seed, "none" if kept else resolve_scale(cfg.scale, source, cfg),
+                      allocate, np.int64 if kept else np.float32)
+    del parsed  # the parser's arrays (a table's frame among them): given back just below
+    give_back_freed()
+    return dataset
+
+
+def data_seed(cfg: DatasetConfig, seed: int) -> int:
+    """The seed of the data a run of seed ``seed`` sees: ``dataset.split_seed``, unless null."""
+    return seed if cfg.split_seed is None else cfg.split_seed
 
 
 def integer_array(cfg: DatasetConfig, parsed: Parsed) -> bool:

@@ -3,16 +3,18 @@
 The factory (a function or an ``nn.Module`` class) gets ``model.kwargs``, and what the data
 says: ``in_features``, ``input_shape`` (the image's ``(C, H, W)`` on image sets, else
 ``(in_features,)``), ``num_classes``, ``num_outputs`` (the width of the last layer: 1 for a binary
-task, else the classes) and ``task`` (``binary``, ``multiclass`` or ``multilabel``). Each goes
-only to a parameter its signature names so (a kwarg the user gives wins; a ``**kwargs`` catches
-none, as it cannot say what it takes); ``model.data_args`` passes them under the factory's own
+task, else the classes; a binary model may return 2 logits too, :class:`LogitsOf`) and ``task``
+(``binary``, ``multiclass`` or ``multilabel``). Each goes only to a parameter its signature
+names so (a kwarg the user gives wins; a ``**kwargs`` catches none, as it cannot say what it
+takes); ``model.data_args`` passes them under the factory's own
 names (``{d_in: in_features, d_out: num_outputs}``) and keeps one from a parameter
 (``{in_features: null}``).
 
 Like every model here, a custom one receives a flat batch ``[B, in_features]`` (a sparse CSR
 tensor on a sparse dataset; int64 where the data is a file's integers, token ids for an
 ``nn.Embedding``, which only a custom model gets as they are: :mod:`hetsgd.data.prepare`; its
-probe below is then an int64 batch) and must return logits ``[B, num_outputs]``, or an output object
+probe below is then an int64 batch) and must return logits ``[B, num_outputs]`` (``[B, 2]`` also
+for a binary task), or an output object
 holding them as ``logits`` (HuggingFace's ``ModelOutput``, a dataclass, a dict), which
 :class:`LogitsOf` unwraps for every engine. An image model reshapes the batch itself, e.g. with
 ``nn.Unflatten(1, input_shape)`` as its first layer, as the in-tree ones do. Every process
@@ -32,7 +34,7 @@ named, in whichever process builds the model (the coordinator, each worker, the 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -111,14 +113,20 @@ def logits_of(out: Any) -> Any:
 
 class LogitsOf(nn.Module):
     """A model whose forward returns an output object holding ``logits``, returning the logits
-    alone: so that the step, the evaluation and the cost model, on every engine, read a tensor."""
+    alone: so that the step, the evaluation and the cost model, on every engine, read a tensor.
+    With ``pair``, a binary model's two logits ``[B, 2]`` (a factory written for ``num_classes``
+    outputs, as torchvision's and timm's are) become the one ``[B, 1]`` the binary loss takes:
+    their difference, whose sigmoid is the softmax's probability of class 1, so the loss is the
+    two-class cross-entropy the factory was written for."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, pair: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.pair = pair
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return logits_of(self.model(x))
+        logits = logits_of(self.model(x))
+        return logits[:, 1:] - logits[:, :1] if self.pair else logits
 
 
 def _probe(target: str, module: nn.Module, num_features: int, num_outputs: int,
@@ -144,17 +152,38 @@ def _probe(target: str, module: nn.Module, num_features: int, num_outputs: int,
                 buffer.copy_(value)
     expected = (PROBE_BATCH, num_outputs)
     logits = logits_of(out)
-    if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected:
+    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else None
+    if shape == expected:
         return module if logits is out else LogitsOf(module)
+    if task == "binary" and shape == (PROBE_BATCH, 2):
+        return LogitsOf(module, pair=True)
     held = "" if logits is out else f"a {type(out).__name__} whose logits are "
     got = held + (f"[{', '.join(map(str, logits.shape))}] logits"
                   if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}")
-    needs = ("the task is binary, so the model must return 1 logit per example, [B, 1]"
+    needs = ("the task is binary, so the model must return 1 logit per example, [B, 1], or "
+             "one per class, [B, 2]"
              if task == "binary" else
              f"the data has {num_outputs} {'labels' if task == 'multilabel' else 'classes'}, "
              f"so the model must return [B, {num_outputs}]")
     raise UserError(f"model._target_={target}: on a batch [{PROBE_BATCH}, {num_features}] it "
                     f"returns {got}; {needs}")
+
+
+def check_token_ids(module: nn.Module, features: Sequence[torch.Tensor | None]) -> None:
+    """Integer features are token ids that the model's ``nn.Embedding`` looks up: an id outside
+    its rows would fail every worker's first step with torch's bare ``index out of range in
+    self``, so the data's ids are checked once, as it loads, against the largest embedding
+    (a smaller one may be another lookup, positions say: its misses still fail in the step)."""
+    sizes = [m.num_embeddings for m in module.modules()
+             if isinstance(m, nn.Embedding | nn.EmbeddingBag)]
+    ids = [x for x in features if x is not None and not x.is_floating_point() and x.numel()]
+    if not sizes or not ids:
+        return
+    low, high, rows = min(int(x.min()) for x in ids), max(int(x.max()) for x in ids), max(sizes)
+    if low < 0 or high >= rows:
+        raise UserError(f"the data's token ids run from {low} to {high}, but the model's largest "
+                        f"embedding has {rows} rows (ids 0 to {rows - 1}): build it with "
+                        f"num_embeddings of at least {high + 1}, or map the ids into its range")
 
 
 def _raised(target: str, exc: BaseException, doing: str = "building it") -> UserError:

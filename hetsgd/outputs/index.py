@@ -22,12 +22,15 @@ import yaml
 
 from hetsgd.config.group_names import by_group_name, group_name
 from hetsgd.errors import UserError
-from hetsgd.liveness import is_alive
+from hetsgd.liveness import is_alive, this_process
 from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY
 
 log = logging.getLogger(__name__)
 
 MULTIRUN = "multirun.yaml"
+#: The file whose exclusive creation claims a sweep folder for one sweep, naming its process
+#: (:func:`hetsgd.outputs.sweep.claim_folder`).
+CLAIM = ".hetsgd-claim.json"
 CONFIG = "config.yaml"
 HYDRA = ".hydra"
 OVERRIDES = Path(HYDRA) / "overrides.yaml"
@@ -160,6 +163,8 @@ def _read_summary(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     """:func:`read_summary`, and why the file is unreadable (None when it is not)."""
     file = Path(run_dir) / SUMMARY
     if not file.exists():
+        if _starting(Path(run_dir)):
+            return {**_identity_from_config(run_dir), "status": RUNNING, "error": None}, None
         return {**_identity_from_config(run_dir), "status": CRASHED,
                 "error": _crashed(run_dir, f"no {SUMMARY}: the run was killed or crashed "
                                            "before writing it")}, None
@@ -177,6 +182,22 @@ def _read_summary(run_dir: Path) -> tuple[dict[str, Any], str | None]:
             run_dir, f"{SUMMARY} still says '{RUNNING}' but its process is gone: the run was "
                      "killed or crashed before it ended"))
     return summary, None
+
+
+def _starting(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is the job a sweep is starting: Hydra has made its folder, its run has
+    not yet written a summary, and it is the newest job of a sweep whose process (its claim)
+    still runs, another than this one: the sweep itself knows that its job has ended. An
+    earlier job without a summary did crash."""
+    try:
+        process = json.loads((run_dir.parent / CLAIM).read_text())
+        if not is_alive(process) or process == this_process():
+            return False
+        jobs = [(int(m.group()), path.name) for path in run_dir.parent.iterdir()
+                if path.is_dir() and (m := re.match(r"\d+", path.name))]
+    except (OSError, ValueError):
+        return False
+    return bool(jobs) and max(jobs)[1] == run_dir.name
 
 
 def _named_as_today(summary: dict[str, Any]) -> None:

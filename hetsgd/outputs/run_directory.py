@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from hetsgd import atomic
 from hetsgd.errors import UserError
 from hetsgd.machine import cpu_model, cuda_devices, usable_cores
-from hetsgd.outputs.safe_text import redacted
+from hetsgd.outputs.safe_text import redacted, spreadsheet_cell
 
 SUMMARY = "summary.json"
 #: The raw snapshots of a run that has not evaluated them yet (:mod:`hetsgd.outputs.journal`).
@@ -100,7 +100,12 @@ def redact_files(paths: Iterable[Path]) -> None:
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    """``frame.to_csv(path, index=False)``, atomically (:func:`replace_file`)."""
+    """``frame.to_csv(path, index=False)``, atomically (:func:`replace_file`), its texts kept from
+    being read as formulas (:func:`spreadsheet_cell`)."""
+    texts = frame.select_dtypes(include=["object", "string"]).columns
+    if len(texts):
+        frame = frame.copy()
+        frame[texts] = frame[texts].map(spreadsheet_cell)
     replace_file(path, lambda handle: frame.to_csv(handle, index=False))
 
 
@@ -113,7 +118,7 @@ def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
     if not path.exists() or path.stat().st_size == 0:
         writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({key: spreadsheet_cell(value) for key, value in row.items()} for row in rows)
     with writing(path), open(path, "a", encoding="utf-8", newline="") as handle:
         handle.write(text.getvalue())  # one write: a killed process leaves whole rows
         handle.flush()

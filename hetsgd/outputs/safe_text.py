@@ -1,11 +1,13 @@
-"""Text hetsgd shows but did not write itself: control characters escaped, secrets redacted.
+"""Text hetsgd shows but did not write itself: control characters escaped, secrets redacted,
+formulas kept out of CSV cells.
 
 A run folder's name, a summary's ``error`` or an exception's message may come from someone
 else's folder and hold terminal escape sequences (``ESC ]52;c;...`` writes the clipboard,
 ``ESC [2J`` clears the screen); a tracking URI may hold a password. :func:`shown` writes every
 control character as ``\\xNN`` before such text reaches a terminal, a log or a report;
 :func:`redacted` puts ``***`` in place of the secrets of the URIs in a text before hetsgd writes
-or prints it (the run itself keeps the real URI).
+or prints it (the run itself keeps the real URI); :func:`spreadsheet_cell` keeps a text that a
+spreadsheet would evaluate (``=HYPERLINK(...)``) out of the CSVs hetsgd writes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 #: C0, DEL and C1: ESC (0x1b) starts every terminal escape sequence, 0x9b is the C1 form of CSI.
 _CONTROL = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
+#: Unicode's bidirectional controls (marks, embeddings, overrides, isolates): U+202E shows the
+#: text after it right to left, so that a name reads as another (``exe.txt`` as ``txt.exe``).
+_CONTROL.update({code: f"\\u{code:04x}" for code in (0x200E, 0x200F, *range(0x202A, 0x202F),
+                                                     *range(0x2066, 0x206A))})
 #: A text's own layout, which moves no cursor back: line breaks and tabs (Hydra's sweep log).
 _CONTROL_BUT_LINES = {code: text for code, text in _CONTROL.items() if chr(code) not in "\n\t"}
 
@@ -36,9 +42,26 @@ _LOOSE_PARAM = re.compile(
 
 def shown(text: object, *, lines: bool = False) -> str:
     """``text`` as it may be shown: every C0 and C1 control character and DEL (ESC included)
-    written as ``\\xNN``; with ``lines``, line breaks and tabs are kept (a report's own
-    lines, a log's)."""
+    written as ``\\xNN``, and every bidirectional control as ``\\uNNNN``; with ``lines``, line
+    breaks and tabs are kept (a report's own lines, a log's)."""
     return str(text).translate(_CONTROL_BUT_LINES if lines else _CONTROL)
+
+
+#: What makes a spreadsheet read a cell as a formula (or, tab and CR, hide one behind them).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_cell(value: Any) -> Any:
+    """A CSV cell that no spreadsheet evaluates: a text that starts like a formula (``=``,
+    ``+``, ``-``, ``@``, a tab or CR) behind a ``'``, as OWASP advises; numbers, and texts that
+    read as one (``-0.5``), are left as they are (a negative number is not a formula)."""
+    if not isinstance(value, str) or not value.startswith(_FORMULA_START):
+        return value
+    try:
+        float(value)
+    except ValueError:
+        return "'" + value
+    return value
 
 
 def is_secret(param: str) -> bool:

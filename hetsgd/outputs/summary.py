@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hetsgd.config.labels import dataset_label, model_label
 from hetsgd.outputs.index import RUNNING, read_summary
 
 if TYPE_CHECKING:
@@ -278,8 +279,9 @@ class RunSummary:
     def starting(cls, cfg: RunConfig | DictConfig) -> RunSummary:
         """The summary of a run that has just started: its identity, from its config (the
         composed one or the checked one)."""
-        return cls(status=RUNNING, error=None, algo=cfg.algo.name, dataset=cfg.dataset.name,
-                   model=cfg.model.name, devices=cfg.devices.name, seed=cfg.seed)
+        return cls(status=RUNNING, error=None, algo=cfg.algo.name,
+                   dataset=dataset_label(cfg.dataset), model=model_label(cfg.model),
+                   devices=cfg.devices.name, seed=cfg.seed)
 
     def to_dict(self) -> dict[str, Any]:
         """What ``summary.json`` holds: each field that is not None, ``extra`` in its place; the

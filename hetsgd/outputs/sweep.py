@@ -18,7 +18,9 @@ and the report as crashed. Every file is replaced atomically.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,10 +31,13 @@ from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from hetsgd.atomic import writing_path
 from hetsgd.errors import UserError
+from hetsgd.liveness import is_alive, this_process
 from hetsgd.outputs.figure_formats import check_formats
-from hetsgd.outputs.index import MULTIRUN, index_dirs, is_run_dir, read_summary
+from hetsgd.outputs.index import CLAIM, MULTIRUN, index_dirs, is_run_dir, read_summary
 from hetsgd.outputs.run_directory import write_csv, write_text
+from hetsgd.outputs.safe_text import shown
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +85,38 @@ def check_unused(sweep_dir: Path) -> None:
         raise UserError(f"hydra.sweep.dir {sweep_dir} already holds a sweep, whose jobs this one "
                         "would overwrite: choose another hydra.sweep.dir (or leave it out for a "
                         "new folder under results/sweeps/), or move that sweep away first")
+
+
+def claim_folder(folder: Path, what: str = "hydra.sweep.dir") -> None:
+    """Claim ``folder`` for this process's sweep before its first job: create it if need be and
+    create its claim file exclusively (a hard link of the whole file, which fails where the
+    name exists: one process alone can make it), so that of two sweeps started together into
+    one folder the second is refused in one line rather than both running and one's results
+    being lost. The claim names this process, so
+    the refusal can say whose it is; a folder whose claimant is gone stays claimed (its jobs may
+    be there) until it is moved away. ``what`` names the folder's setting in the refusal."""
+    folder.mkdir(parents=True, exist_ok=True)
+    claim = folder / CLAIM
+    written = writing_path(claim)  # whole before it is linked: a rival reads the claimant
+    written.write_text(json.dumps(this_process()))
+    try:
+        os.link(written, claim)  # the exclusive create: it fails where the claim exists
+    except FileExistsError:
+        raise UserError(f"{what} {shown(folder)} is claimed by another sweep "
+                        f"({_claimant(claim)}): choose another folder (or leave it out for a new "
+                        "one under results/), or move that one away first") from None
+    finally:
+        written.unlink()
+
+
+def _claimant(claim: Path) -> str:
+    """Who holds a claim, for the refusal: the process, and whether it still runs."""
+    try:
+        process = json.loads(claim.read_text())
+        alive = "running" if is_alive(process) else "ended"
+        return f"process {int(process['pid'])} on {shown(str(process['host']))}, {alive}"
+    except (OSError, ValueError, TypeError, KeyError):
+        return f"its {CLAIM} cannot be read"
 
 
 def sweep_summary(jobs: pd.DataFrame) -> pd.DataFrame:

@@ -30,6 +30,7 @@ import torch
 
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig
+from hetsgd.config.labels import dataset_label, model_label
 from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.group import Group, with_free_port
 from hetsgd.engines.distributed.rank import Rank
@@ -41,6 +42,7 @@ from hetsgd.engines.shared.worker import Worker
 from hetsgd.engines.step_timing import StepTimer
 from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, measured_profiles
 from hetsgd.model.problem import Problem
+from hetsgd.outputs.run_directory import write_csv
 from hetsgd.runs.setup import load_run_data
 from hetsgd.workers import WorkerSpec, expand
 
@@ -258,7 +260,7 @@ def save(rows: list[dict], cfg: RunConfig) -> Path:
 
     folder = Path(cfg.results_dir) / "calibration"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / (f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{cfg.model.name}_{cfg.dataset.name}_"
-                     f"{cfg.devices.name}.csv")
-    pd.DataFrame(rows).to_csv(path, index=False)
+    path = folder / (f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{model_label(cfg.model)}_"
+                     f"{dataset_label(cfg.dataset)}_{cfg.devices.name}.csv")
+    write_csv(path, pd.DataFrame(rows))
     return path

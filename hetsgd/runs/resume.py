@@ -20,8 +20,8 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig
 
-from hetsgd.config import ConfigError, to_run_config
-from hetsgd.config.compose import changed_keys, rebuild_config
+from hetsgd.config import ConfigError, RunConfig, to_run_config
+from hetsgd.config.compose import changed_keys, rebuild_config, recomposable
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.counters import COUNTERS
 from hetsgd.errors import UserError
@@ -67,6 +67,33 @@ class Resumption:
         remove_snapshots(run_dir)
 
 
+def _rebuilt(source: Path, config: DictConfig, recorded: list[str], now: list[str]
+             ) -> tuple[DictConfig, RunConfig]:
+    """The checkpointed run's config with this command's ``now`` on top, and as it was
+    (:func:`rebuild_config`), refused where ``now`` changes a key in :data:`KEPT`. Compositions
+    are compared first (another model's schema cannot take the recorded model's values), then
+    the values themselves where they differ: a run composed with a ``--config-dir`` is composed
+    again without it (:func:`recomposable`), its own values coming from its recorded config."""
+    failure = f"resume={source}: cannot rebuild the config to resume"
+    made = recomposable(config, [])  # its groups' choices: a `model=custom` here changes nothing
+    now = [override for override in now if override not in made]
+    changed = changed_keys(recomposable(config, recorded), now, KEPT, failure)
+    try:
+        cfg, recorded_cfg = rebuild_config(config, recorded, failure, now)
+        if changed:
+            resumed = to_run_config(cfg)
+            changed = [key for key in changed
+                       if getattr(resumed, key) != getattr(recorded_cfg, key)]
+    except (ConfigError, UserError):
+        if not changed:
+            raise
+    if changed:
+        raise UserError(f"resume={source}: a resumed run trains what its checkpoint did, so "
+                        f"{changed[0]} cannot change (only budget, eval, checkpoint, monitor, "
+                        "dist, workers and progress can)")
+    return cfg, recorded_cfg
+
+
 def resume(source: Path, overrides: Sequence[str]) -> Resumption:
     """Check that ``source`` can be resumed with this command's ``overrides`` and read its
     checkpoint; a one-line :class:`UserError` says why not. Nothing is written: a refused resume
@@ -89,13 +116,7 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
     check_recorded_overrides(recorded, version)
     # the checkpointed run's overrides never name resume: start_in wrote them without it
     now = [str(o) for o in overrides if override_key(str(o)) != "resume"]
-    failure = "cannot rebuild the config to resume"
-    changed = changed_keys(recorded, now, KEPT, f"resume={source}: {failure}")
-    if changed:
-        raise UserError(f"resume={source}: a resumed run trains what its checkpoint did, so "
-                        f"{changed[0]} cannot change (only budget, eval, checkpoint, monitor, "
-                        "dist, workers and progress can)")
-    cfg, recorded_cfg = rebuild_config(config, recorded, f"resume={source}: {failure}", now)
+    cfg, recorded_cfg = _rebuilt(source, config, recorded, now)
     check_targets(recorded_cfg, source, override_targets(now),
                   "add model=custom model._target_={}")
     cfg.resume = str(source)

@@ -40,6 +40,7 @@ from hetsgd.engines.training import Training
 from hetsgd.engines.virtual.cost import CostProbe
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.liveness import this_process
+from hetsgd.model.custom import check_token_ids
 from hetsgd.model.step import resolved_step
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
@@ -228,13 +229,14 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
              ", ".join(f"{group}: {count} x {kind}"
                        for (group, kind), count in _worker_groups(specs).items()))
     master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
+    model = data.problem.build_model(cfg.model, cfg.seed)
+    check_token_ids(model, [part.x.dense for part in (data.train, data.test)])
     attempt.note(
         dataset_source=data.source, synthetic=data.synthetic, scaling=data.scaling,
         features=data.features,
         classes=None if data.class_names is None else list(data.class_names),  # sorted, numbered
         # which step the workers take: fused only where it computes the model's own forward
-        plan={**plan.settled, "step": resolved_step(data.problem.build_model(cfg.model, cfg.seed),
-                                                cfg.optim.step)})
+        plan={**plan.settled, "step": resolved_step(model, cfg.optim.step)})
     out.write_summary(replace(attempt.summary, coordinator=running).to_dict())  # for recovery
     with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
           RunJournal(out, specs) as journal):
@@ -388,8 +390,9 @@ def _end(attempt: _Attempt, cfg: RunConfig | DictConfig, started_at: float) -> N
     try:
         attempt.out.write_summary(attempt.summary.to_dict())
     except WriteError as exc:  # summary.json still names this process: it reads as crashed
-        log.error("%s", exc)
-        attempt.note(status=CRASHED, error=str(exc))
+        if attempt.summary.status != CRASHED:  # else a full disk: the first file it refused says
+            log.error("%s", exc)
+            attempt.note(status=CRASHED, error=str(exc))
         attempt.evaluated = False  # its snapshots stay, for recovery
     if attempt.evaluated and not cfg.eval.keep_snapshots:
         remove_snapshots(attempt.out.path)

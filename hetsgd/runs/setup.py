@@ -18,6 +18,7 @@ from hetsgd.config.plain import config_from_plain, config_to_plain, plain
 from hetsgd.data import load_dataset
 from hetsgd.data.augment import check_augment
 from hetsgd.data.columns import listing
+from hetsgd.data.registry import data_seed
 from hetsgd.engines.shared.memory import SharedArena, SharedData
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
@@ -58,8 +59,9 @@ class RunData:
                 f"{self.problem.num_features} features{''.join('; ' + n for n in notes)})")
 
 
-#: A sweep's jobs that load the same data (the dataset config and the seed, which draws the
-#: split) share one prepared copy in shared memory. Each copy holds a file descriptor per array
+#: A sweep's jobs that load the same data (the dataset config and the seed that draws its split,
+#: ``dataset.split_seed``, fixed by default whatever the run's seed) share one prepared copy in
+#: shared memory. Each copy holds a file descriptor per array
 #: for as long as it is kept, so the copies kept are bounded by count as well as by bytes: a
 #: sweep over methods and a few seeds finds each seed's copy again, and a sweep of any length
 #: holds at most REUSE_COPIES of them.
@@ -103,7 +105,7 @@ def load_run_data(cfg: RunConfig, progress: bool,
     sweep takes the copy an earlier job of it prepared of the same data: workers only read it."""
     sweep = (str(HydraConfig.get().sweep.dir) if HydraConfig.initialized()
              and HydraConfig.get().mode == RunMode.MULTIRUN else None)
-    key = repr((cfg.dataset, cfg.seed, takes_integers(cfg)))
+    key = repr((cfg.dataset, data_seed(cfg.dataset, cfg.seed), takes_integers(cfg)))
     data = _prepared.get(sweep, key) if sweep is not None else None
     if data is None:
         data = _prepare(cfg, progress)

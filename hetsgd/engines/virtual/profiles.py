@@ -230,7 +230,7 @@ def load_calibration(path: Path) -> dict[str, MeasuredProfile]:
     source = f"calibration file {path}"
     try:
         with open_data(path, decompress=False, text=True) as raw:
-            reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
+            reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8-sig", newline=""))
             if reader.fieldnames is None:
                 raise UserError(f"{source} is empty (measure one with `hetsgd machine --calibrate`)")
             missing = [c for c in CALIBRATION_COLUMNS if c not in reader.fieldnames]

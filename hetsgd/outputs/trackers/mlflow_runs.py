@@ -5,12 +5,14 @@ artifacts; it ends FINISHED, KILLED (interrupted) or FAILED as the run did."""
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, redirect_stdout, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -18,6 +20,7 @@ from urllib.parse import urlparse
 from hetsgd.config.schema import MlflowConfig
 from hetsgd.outputs.index import CONFIG
 from hetsgd.outputs.run_directory import SUMMARY
+from hetsgd.outputs.safe_text import redacted, shown
 from hetsgd.outputs.trackers.record import RunRecord
 
 SINGLE_RUNS = "hetsgd"  # the experiment of runs outside a sweep
@@ -55,18 +58,22 @@ STORE_LOGGERS = ("mlflow", "sqlalchemy", "alembic")
 @contextmanager
 def quiet() -> Iterator[None]:
     """MLflow's own log lines and warnings held back while a run is logged: a failure is the
-    exception MLflow raises, which the tracker reports on one line."""
+    exception MLflow raises, which the tracker reports on one line. What MLflow prints itself
+    ("View run ... at: URL", with the tracking URI's password in the URL) is held too, and
+    printed after with its secrets redacted and its control characters escaped."""
     loggers = [logging.getLogger(name) for name in STORE_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
+    printed = io.StringIO()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), redirect_stdout(printed):
             warnings.simplefilter("ignore")
             yield
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+        sys.stdout.write(shown(redacted(printed.getvalue()), lines=True))
 
 
 def _is_server(uri: str) -> bool:

@@ -1,0 +1,265 @@
+"""Folders claimed, files safe: a sweep folder claimed once, CSV cells no spreadsheet evaluates,
+bidirectional controls and MLflow's own lines made safe, and the unclean cases of a table, a
+calibration, a full disk and a sweep's starting job each one line naming the file, column or
+value."""
+
+from __future__ import annotations
+
+import errno
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import torch
+from conftest import compose_config
+from test_cli import hetsgd
+from torch import nn
+
+from hetsgd.config import compose_run, to_run_config
+from hetsgd.config.labels import dataset_label, model_label
+from hetsgd.engines.virtual.profiles import load_calibration
+from hetsgd.errors import UserError
+from hetsgd.liveness import this_process
+from hetsgd.model.custom import check_token_ids
+from hetsgd.outputs import run_directory
+from hetsgd.outputs.index import CLAIM, CRASHED, RUNNING, read_summary
+from hetsgd.outputs.run_directory import append_rows, write_csv
+from hetsgd.outputs.safe_text import shown, spreadsheet_cell
+from hetsgd.outputs.summary import RunSummary
+from hetsgd.outputs.sweep import claim_folder
+from hetsgd.runs import runner
+
+SHORT = ("dataset=digits", "model=logreg", "devices=single_cpu", "budget.epochs=null",
+         "budget.seconds=0.3", "eval.every_s=0.1", "eval.every_epochs=null", "progress=false")
+
+
+# -- a sweep folder claimed by one sweep ---------------------------------------------------------
+
+
+def _claim(folder: str, start: mp.Event, results: mp.Queue) -> None:
+    start.wait()
+    try:
+        claim_folder(Path(folder))
+        results.put("claimed")
+    except UserError as exc:
+        results.put(str(exc))
+
+
+def test_of_sweeps_claiming_one_folder_at_once_one_alone_gets_it(tmp_path: Path) -> None:
+    """Eight processes released together: a check-then-create would let several through."""
+    ctx = mp.get_context("fork")  # the children need nothing but the function
+    start, results = ctx.Event(), ctx.Queue()
+    folder = tmp_path / "sweep"
+    procs = [ctx.Process(target=_claim, args=(str(folder), start, results)) for _ in range(8)]
+    for proc in procs:
+        proc.start()
+    start.set()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(60)
+    assert outcomes.count("claimed") == 1, outcomes
+    refusals = [o for o in outcomes if o != "claimed"]
+    assert all(o.startswith(f"hydra.sweep.dir {folder} is claimed by another sweep (process ")
+               for o in refusals), refusals
+    assert json.loads((folder / CLAIM).read_text())["pid"] in [p.pid for p in procs]
+
+
+@pytest.mark.integration
+def test_a_sweep_into_a_claimed_folder_is_refused_before_any_job(results_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    folder = tmp_path / "sweep"
+    claim_folder(folder)  # another sweep, this test's process, still running
+    claimed = (folder / CLAIM).read_bytes()
+    result = hetsgd("run", "-m", "seed=0,1", *SHORT, f"hydra.sweep.dir={folder}")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"hetsgd: error: hydra.sweep.dir {folder} is claimed by another sweep (process "
+        f"{os.getpid()} on {this_process()['host']}, running): choose another folder (or leave "
+        "it out for a new one under results/), or move that one away first"]
+    assert [p.name for p in folder.iterdir()] == [CLAIM] and (folder / CLAIM).read_bytes() == claimed
+
+
+# -- CSV cells, bidirectional controls -----------------------------------------------------------
+
+
+def test_texts_that_start_like_formulas_are_neutralised_in_every_csv_numbers_are_not(
+        tmp_path: Path) -> None:
+    cells = ["=HYPERLINK(\"http://x\")", "+1+2", "-2+3", "@SUM(A1)", "\tx", "ok", "-0.5"]
+    write_csv(tmp_path / "table.csv", pd.DataFrame({"text": cells, "number": range(-4, 3)}))
+    read = pd.read_csv(tmp_path / "table.csv", keep_default_na=False)
+    assert list(read["text"]) == ["'=HYPERLINK(\"http://x\")", "'+1+2", "'-2+3", "'@SUM(A1)",
+                                  "'\tx", "ok", "-0.5"]
+    assert list(read["number"]) == list(range(-4, 3))  # negative numbers stay numbers
+    append_rows(tmp_path / "rows.csv", [{"group": "=cmd|' /C calc'!A0", "time_s": -1.5}])
+    assert (tmp_path / "rows.csv").read_text().splitlines()[1] == "'=cmd|' /C calc'!A0,-1.5"
+    assert spreadsheet_cell("\r=1") == "'\r=1"
+    assert spreadsheet_cell(-3) == -3 and spreadsheet_cell(None) is None
+
+
+@pytest.mark.parametrize("control", ["\u202e", "\u202a", "\u2066", "\u2069", "\u200e", "\u200f"])
+def test_bidirectional_controls_are_escaped_wherever_control_characters_are(control: str) -> None:
+    name = f"run{control}gpj.exe"
+    assert shown(name) == f"run\\u{ord(control):04x}gpj.exe"
+    assert shown(name, lines=True) == f"run\\u{ord(control):04x}gpj.exe"
+
+
+# -- MLflow's own lines --------------------------------------------------------------------------
+
+
+def test_mlflow_s_own_view_run_line_is_printed_with_its_password_redacted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """MLflow prints the link itself, for a tracking server, as it ends a run
+    (``TrackingServiceClient._log_url``): here for any store, with a password in it."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking._tracking_service.client import TrackingServiceClient
+
+    from hetsgd.config.schema import MlflowConfig
+    from hetsgd.outputs.trackers.mlflow_runs import log_run
+    from hetsgd.outputs.trackers.record import RunRecord
+
+    def log_url(self: TrackingServiceClient, run_id: str) -> None:
+        sys.stdout.write(f"\U0001f3c3 View run x at: http://user:s3cret@mlflow.example/#/runs/{run_id}\n")
+
+    monkeypatch.setattr(TrackingServiceClient, "_log_url", log_url)
+    record = RunRecord(run_dir=tmp_path / "x", sweep=None, status="completed", started=1.0,
+                       ended=2.0, params={}, tags={}, series={}, figures=[])
+    run_id = log_run(record, MlflowConfig(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+                                          artifact_dir=str(tmp_path / "artifacts")))
+    out = capsys.readouterr().out
+    assert "s3cret" not in out
+    assert f"View run x at: http://user:***@mlflow.example/#/runs/{run_id}" in out
+
+
+# -- a full disk names the first file that failed ------------------------------------------------
+
+
+def test_a_full_disk_names_the_first_file_it_refused_not_the_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk refuses every write from the first on: convergence.csv, then the summary."""
+    replace_file = run_directory.replace_file
+    full = []
+
+    def filling(path: Path, write: object, binary: bool = False) -> None:
+        if Path(path).name == "convergence.csv" or full:
+            full.append(Path(path).name)
+            with run_directory.writing(Path(path)):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        replace_file(path, write, binary)
+
+    monkeypatch.setattr(run_directory, "replace_file", filling)
+    cfg = compose_config("algo=sync", "dataset=digits", "model=logreg", "devices.simulated=true",
+                         "devices.groups.cpu.profile=xeon_e5_2686v4_core", "budget.epochs=null",
+                         "budget.seconds=0.05", "eval.every_s=0.01")
+    run_dir = tmp_path / "run"
+    summary = runner.run(cfg, run_dir, cfg)
+    assert full[:2] == ["convergence.csv", "summary.json"]  # both were refused
+    assert summary.status == CRASHED
+    assert summary.error == (f"no space left on device, writing {run_dir / 'convergence.csv'}: "
+                             f"once there is room, `hetsgd recover {run_dir}` evaluates the "
+                             "snapshots it left")
+    assert list((run_dir / "snapshots").glob("*.pt"))  # nothing measured is lost
+
+
+# -- a sweep's starting job ----------------------------------------------------------------------
+
+
+def _job(sweep: Path, name: str) -> Path:
+    """A job folder as Hydra makes it before the run writes anything: its .hydra/ files."""
+    (sweep / name / ".hydra").mkdir(parents=True)
+    (sweep / name / ".hydra" / "overrides.yaml").write_text("- seed=0\n")
+    return sweep / name
+
+
+def test_the_job_a_sweep_is_starting_reads_as_running_not_crashed(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        me = psutil.Process(other.pid)
+        (sweep / CLAIM).write_text(json.dumps(
+            {"host": this_process()["host"], "pid": other.pid, "started": me.create_time()}))
+        earlier, starting = _job(sweep, "0_seed=0"), _job(sweep, "1_seed=1")
+        assert read_summary(starting)["status"] == RUNNING
+        assert read_summary(starting)["error"] is None
+        assert read_summary(earlier)["status"] == CRASHED  # not the newest: it did crash
+    finally:
+        other.kill()
+        other.wait()
+    assert read_summary(starting)["status"] == CRASHED  # its sweep is gone
+
+
+def test_the_sweeps_own_process_reads_its_last_job_without_a_summary_as_crashed(
+        tmp_path: Path) -> None:
+    claim_folder(tmp_path / "sweep")
+    assert read_summary(_job(tmp_path / "sweep", "0_seed=0"))["status"] == CRASHED
+
+
+# -- a calibration with a BOM, a table's nested columns, token ids -------------------------------
+
+
+def test_a_calibration_csv_with_a_utf8_bom_is_read(tmp_path: Path) -> None:
+    from test_profiles import CALIBRATION
+
+    path = tmp_path / "calibration.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + CALIBRATION.encode())
+    assert set(load_calibration(path)) == {"accel", "cpu"}
+
+
+@pytest.mark.parametrize("kind", ["struct", "map", "list"])
+def test_a_parquet_struct_map_or_list_column_is_one_line_naming_it(tmp_path: Path, kind: str,
+                                                                    monkeypatch: pytest.MonkeyPatch
+                                                                    ) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from hetsgd.data import load_dataset
+
+    monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "data"))
+    nested = {"struct": pa.array([{"x": i} for i in range(20)]),
+              "map": pa.array([[("k", i)] for i in range(20)], pa.map_(pa.string(), pa.int64())),
+              "list": pa.array([[i, i] for i in range(20)])}[kind]
+    pq.write_table(pa.table({"a": [float(i) for i in range(20)], "odd": nested,
+                             "label": [0, 1] * 10}), tmp_path / "t.parquet")
+    cfg = to_run_config(compose_run(["dataset=files", f"dataset.path={tmp_path / 't.parquet'}"]))
+    with pytest.raises(UserError) as raised:
+        load_dataset(cfg.dataset, 0, progress=False)
+    what = "struct" if kind == "struct" else "map or list"
+    assert str(raised.value) == (f"{tmp_path / 't.parquet'}: column 'odd' holds a {what} in each "
+                                 "cell, not one value: leave it out (dataset.drop=[odd]) or "
+                                 "flatten it into columns of its own")
+
+
+def test_token_ids_past_the_embedding_are_one_line_naming_the_max_id_and_its_size() -> None:
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))
+    ids = torch.tensor([[1, 2, 3], [4, 5, 12]])
+    with pytest.raises(UserError) as raised:
+        check_token_ids(model, [ids, torch.tensor([[0, 0, 1]])])
+    assert str(raised.value) == ("the data's token ids run from 0 to 12, but the model's largest "
+                                 "embedding has 10 rows (ids 0 to 9): build it with num_embeddings "
+                                 "of at least 13, or map the ids into its range")
+    with pytest.raises(UserError, match="run from -1 to 5"):
+        check_token_ids(model, [torch.tensor([[-1, 5, 0]])])
+    check_token_ids(model, [torch.tensor([[0, 9, 3]]), None])  # in range: nothing to say
+    check_token_ids(model, [torch.full((2, 3), 50.0)])  # float features index nothing
+
+
+# -- names ---------------------------------------------------------------------------------------
+
+
+def test_a_custom_model_and_a_file_are_named_by_their_target_and_stem(tmp_path: Path) -> None:
+    cfg = compose_run(["dataset=files", "dataset.path=/data/cells.csv.gz", "model=custom",
+                       "model._target_=mynets.small_cnn"], hydra_config=True)
+    assert model_label(cfg.model) == "small_cnn" and dataset_label(cfg.dataset) == "cells"
+    assert Path(str(cfg.hydra.run.dir)).name.endswith("_sync_cells_single_cpu")
+    starting = RunSummary.starting(cfg)
+    assert (starting.model, starting.dataset) == ("small_cnn", "cells")
+    named = compose_run(["model=custom", "model._target_=mynets.small_cnn", "model.name=mine"])
+    assert model_label(named.model) == "mine"  # a name the user gave wins
+    assert (model_label(compose_run([]).model), dataset_label(compose_run([]).dataset)) == (
+        "mlp", "digits")
