@@ -247,6 +247,8 @@ class RunSummary:
     time_to_loss: dict[str, float | None] | None = None
     epochs_to_loss: dict[str, float | None] | None = None
     utilization: dict[str, float | None] | None = None  # the run's own means
+    # whether the workers got the CPU they asked for (hetsgd.observe.contention)
+    contention: dict[str, Any] | None = None
     timing: Timing | None = None  # the cost around training (a run that trained)
     simulation: Simulation | None = None  # a simulated run's real cost
     extra: dict[str, Any] = field(default_factory=dict)  # every other entry, by its key
