@@ -110,7 +110,7 @@ class MonitorConfig:
     `contention` (:mod:`hetsgd.observe.contention`; 0 flags none)."""
 
     interval_s: float = 0.5
-    contention_threshold: float = 0.8
+    contention_threshold: float = 0.7
 
     def __post_init__(self) -> None:
         seconds("monitor.interval_s", self.interval_s)

@@ -27,12 +27,12 @@ for the machine's. So each run records:
   CPU, over training and its ``avg10`` at the end). Each is null where the OS does not expose
   it; under torchrun it is rank 0's machine, whose other ranks count as others.
 - ``flagged``: true when the share is below ``monitor.contention_threshold``; false also where
-  the share is unknown (a run of CUDA workers only), which its null says. The default, 0.8, is
+  the share is unknown (a run of CUDA workers only), which its null says. The default, 0.7, is
   set so that a clean run on a quiet 2-core machine is not flagged: a mix that asks for every
-  core (``make run``'s Hogwild and Hogbatch: two one-thread workers on 2 cores) leaves the
-  coordinator's own CPU (0.1-0.25 of a core, measured: snapshots, the monitor, the progress
-  display) to come out of the workers' time, a share of 1 - 0.25 / 2, about 0.88, at best;
-  while the runs that distort results (workers getting 0.5-0.7 of their cores) stay far below.
+  core (``make run``'s Hogwild: two one-thread workers on 2 cores) leaves the coordinator's own
+  CPU (snapshots, the monitor, the progress display: about 0.35 of a core, measured quiet) to
+  come out of the workers' time; such a run measured 0.79. Workers getting 0.5-0.65 of their
+  cores (the runs that distorted results) stay below it.
 """
 
 from __future__ import annotations
