@@ -33,6 +33,7 @@ from hetsgd.config.compose import hydra_arguments, quoted
 from hetsgd.config.keys import missing_config, mistyped_key
 from hetsgd.engines.distributed.torchrun import follower
 from hetsgd.errors import UserError, out_of_memory
+from hetsgd.observe.contention import warning as contention_warning
 from hetsgd.outputs.safe_text import guard_logging
 from hetsgd.outputs.terminal import console, err, print_error, summary_table
 from hetsgd.train import train
@@ -136,6 +137,8 @@ class _Job:
         except Exception as exc:  # noqa: BLE001 - the run's files are written: only the table is lost
             log.warning("could not print the summary of %s: %s", summary.run_dir,
                         out_of_memory(exc) or exc)
+        if (line := contention_warning(summary.contention or {})) is not None:
+            log.warning("%s", line)  # the run's last word: its times are not the machine's
         if summary.status == "interrupted":
             raise KeyboardInterrupt  # a sweep stops here; its summary covers the jobs that ran
 

@@ -180,6 +180,56 @@ def cuda_devices() -> list[dict[str, Any]]:
     return [gpus[i] for i in order]
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _ranges(cpus: set[int]) -> str:
+    """CPU numbers as the kernel lists them (``0-3,8``): a 192-core mask stays one short line."""
+    spans: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if spans and cpu == spans[-1][1] + 1:
+            spans[-1][1] = cpu
+        else:
+            spans.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def cgroup_cpu_limit(root: str = CGROUP_ROOT) -> float | None:
+    """The cores this process's cgroup (v2) and its ancestors may use, the tightest
+    ``cpu.max`` quota over period on the way up; None where none is set or none is readable
+    (cgroup v1, not Linux): a container's limit throttles its workers below their threads."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next(line.split("::", 1)[1].strip() for line in f if line.startswith("0::"))
+    except (OSError, StopIteration):
+        return None
+    limits = []
+    parts = [p for p in path.split("/") if p]
+    for depth in range(len(parts), -1, -1):
+        try:
+            with open(os.path.join(root, *parts[:depth], "cpu.max")) as f:
+                quota, period = f.read().split()[:2]
+        except (OSError, ValueError):
+            continue
+        if quota != "max":
+            limits.append(int(quota) / int(period))
+    return min(limits) if limits else None
+
+
+def cpu_sharing() -> dict[str, Any]:
+    """The machine facts that explain contention: hardware threads per core (two on an SMT
+    machine, whose sibling threads share a core's units), the CPUs this process may run on
+    (``taskset``, a container's cpuset) and the cgroup's CPU limit (None: none set or readable)."""
+    physical = psutil.cpu_count(logical=False)
+    logical = psutil.cpu_count(logical=True)
+    try:
+        affinity: str | None = _ranges(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        affinity = None
+    return {"threads_per_core": logical / physical if physical and logical else None,
+            "affinity": affinity, "cgroup_cpu_limit": cgroup_cpu_limit()}
+
+
 def machine_facts() -> dict[str, Any]:
     """What `hetsgd machine` lists: the CPU, its cores, and the GPUs torch can use here."""
     import torch

@@ -54,7 +54,7 @@ with OtherLoad() as load:
         while time.monotonic() < deadline and not os.path.exists(report + ".reaped"):
             time.sleep(0.02)
 started.kill()
-print(load.end[2] - load.start[2])
+print(load.end.tree_s - load.start.tree_s)
 """
 
 

@@ -192,6 +192,11 @@ def test_a_simulated_run_is_deterministic_and_says_it_is_simulated(tmp_path: Pat
     second = json.loads((second_dir / "summary.json").read_text())
     assert first.pop("timing")["before_training_s"] > 0 and second.pop("timing")
     assert first.pop("simulation")["real_s"] > 0 and second.pop("simulation")
+    # and how busy this machine was meanwhile: the simulator's CPU share, and its warning if any
+    for summary in (first, second):
+        assert summary.pop("contention")["measured"] == "simulator"
+        summary["warnings"] = [w for w in summary.pop("warnings", None) or []
+                               if not w.startswith("contention:")]
     assert first == second
     if algo[0] == "algo=adaptive":
         assert (first_dir / "batches.csv").read_bytes() == (second_dir / "batches.csv").read_bytes()

@@ -106,10 +106,17 @@ class EvalConfig:
 
 @dataclass
 class MonitorConfig:
+    """Utilization samples every `interval_s`; a run whose workers got less than
+    `contention_threshold` of the CPU time they asked for is flagged in summary.json's
+    `contention` (:mod:`hetsgd.observe.contention`; 0 flags none)."""
+
     interval_s: float = 0.5
+    contention_threshold: float = 0.7
 
     def __post_init__(self) -> None:
         seconds("monitor.interval_s", self.interval_s)
+        require(finite(self.contention_threshold) and 0 <= self.contention_threshold <= 1,
+                "monitor.contention_threshold", "a share from 0 to 1", self.contention_threshold)
 
 
 START_METHODS = ("forkserver", "spawn")  # workers.start

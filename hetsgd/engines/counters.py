@@ -3,6 +3,8 @@ reads them all (epochs, progress, update shares, the Adaptive controller)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 # Per-worker counters: one row per worker, columns below (float64, written by the worker only).
@@ -10,10 +12,11 @@ import torch
 # the progress display only; LOSS_SMOOTHING is the weight of the newest one in it. `stale_sum`
 # and `stale_max` add up and bound the staleness of the worker's updates: how many other
 # workers' updates reached the master while each was computed (asynchronous engines only; 0 for
-# ranks, which step together). See :mod:`hetsgd.outputs.summary`'s ``Staleness``.
+# ranks, which step together). See :mod:`hetsgd.outputs.summary`'s ``Staleness``. `cpu_s` is the
+# CPU time the worker's process used while it trained (:meth:`CounterRow.count_cpu`).
 LOSS_SMOOTHING = 0.1
 COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "first_batch",
-            "loss", "stale_sum", "stale_max")
+            "loss", "stale_sum", "stale_max", "cpu_s")
 
 
 class CounterRow:
@@ -27,6 +30,7 @@ class CounterRow:
         self.row = row
         self.values = row.numpy()
         self.values[self.COLUMN["batch_size"]] = self.values[self.COLUMN["first_batch"]] = batch_size
+        self._cpu_mark: float | None = None
 
     def __getitem__(self, column: str) -> float:
         return float(self.values[self.COLUMN[column]])
@@ -53,6 +57,21 @@ class CounterRow:
         """The staleness of the worker's updates so far: their sum and their maximum."""
         values, column = self.values, self.COLUMN
         values[column["stale_sum"]], values[column["stale_max"]] = total, largest
+
+    def start_cpu(self) -> None:
+        """Training starts in this worker's process: :meth:`count_cpu` counts from here."""
+        self._cpu_mark = time.process_time()
+
+    def count_cpu(self) -> None:
+        """Add the CPU time this process used since the last count (or :meth:`start_cpu`) to
+        ``cpu_s``: every thread's (torch's intra-op threads, a collective's), which is what
+        a worker with several threads gets; one worker a process, so the process is the
+        worker. A few times a second and at the end: the clock is a system call."""
+        if self._cpu_mark is None:
+            return
+        now = time.process_time()
+        self.values[self.COLUMN["cpu_s"]] += now - self._cpu_mark
+        self._cpu_mark = now
 
     def record_loss(self, loss: float) -> None:
         """A mini-batch loss read after a step, into the running average the progress shows."""

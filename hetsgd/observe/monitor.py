@@ -220,14 +220,8 @@ class UtilizationMonitor:
         objects are kept; a process seen for the first time contributes 0 until its next sample.
         """
         procs: dict[int, psutil.Process] = {}
-        for pid in self._worker_pids():
-            try:
-                root = self._procs.get(pid) or psutil.Process(pid)
-                tree = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for proc in tree:
-                procs.setdefault(proc.pid, self._procs.get(proc.pid, proc))
+        for pid, proc in process_trees(self._worker_pids()).items():
+            procs[pid] = self._procs.get(pid, proc)
         total = 0.0
         for pid, proc in list(procs.items()):
             try:
@@ -239,3 +233,22 @@ class UtilizationMonitor:
             return None
         self._seen_workers = self._seen_workers or bool(procs)
         return total
+
+
+def process_trees(roots: Iterable[int]) -> dict[int, psutil.Process]:
+    """The live processes among ``roots`` and all their descendants, by pid, from one pass over
+    /proc (psutil's ``children(recursive=True)`` makes a pass of its own for each root, and a
+    machine of many workers and many processes pays for each)."""
+    scanned: dict[int, psutil.Process] = {}
+    children: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        scanned[proc.pid] = proc
+        children.setdefault(proc.info["ppid"], []).append(proc.pid)
+    tree: dict[int, psutil.Process] = {}
+    todo = [pid for pid in roots if pid in scanned]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree[pid] = scanned[pid]
+            todo.extend(children.get(pid, ()))
+    return tree

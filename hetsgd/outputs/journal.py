@@ -53,7 +53,9 @@ def workers_table(specs: list[WorkerSpec], counters: list[dict[str, float]]
              "threads": s.threads, "first_batch": int(c["first_batch"]),
              "last_batch": int(c["batch_size"]), "updates": int(c["updates"]),
              "examples": int(c["examples"]), "busy_s": c["busy_s"], "wait_s": c["wait_s"],
-             "comm_s": c["comm_s"]} for s, c in zip(specs, counters)]
+             "comm_s": c["comm_s"],
+             # a simulated worker is the simulator's events, not a process of its own
+             "cpu_s": None if s.simulated else c["cpu_s"]} for s, c in zip(specs, counters)]
 
 
 class RunJournal:

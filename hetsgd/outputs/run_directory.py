@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from hetsgd import atomic
 from hetsgd.errors import UserError
-from hetsgd.machine import cpu_model, cuda_devices, usable_cores
+from hetsgd.machine import cpu_model, cpu_sharing, cuda_devices, usable_cores
 from hetsgd.outputs.safe_text import redacted, spreadsheet_cell
 
 SUMMARY = "summary.json"
@@ -136,6 +136,7 @@ def environment() -> dict[str, Any]:
         "cores": usable_cores(),
         "gpus": [g["name"] for g in gpus],
         "driver": gpus[0]["driver"] if gpus else None,
+        "cpu_sharing": cpu_sharing(),  # SMT, affinity, cgroup limit: what explains contention
     }
 
 

@@ -38,11 +38,15 @@ from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.engines.training import Training
 from hetsgd.engines.virtual.cost import CostProbe
+from hetsgd.engines.virtual.mix import math_threads
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.liveness import this_process
 from hetsgd.model.custom import check_token_ids
 from hetsgd.model.step import resolved_step
+from hetsgd.observe.contention import contention, simulator_share, workers_share
+from hetsgd.observe.contention import warning as contention_warning
 from hetsgd.observe.evaluate import Evaluator
+from hetsgd.observe.host import HostLoad, HostWatch
 from hetsgd.observe.monitor import UtilizationMonitor, summarize
 from hetsgd.observe.progress import TrainingProgress, stderr_console
 from hetsgd.outputs.index import CRASHED
@@ -246,15 +250,17 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         engine = build_engine(plan, hooks, data.problem, data.train, master,
                               progress.update if cost is None else cost.tick, journal,
                               resumption.checkpoint if resumption is not None else None)
-        training = engine.run(lambda pids: UtilizationMonitor(
-            cfg.monitor.interval_s, pids, devices=[s.device for s in specs],
-            on_sample=journal.utilization))
+        with HostWatch() as host:
+            training = engine.run(lambda pids: UtilizationMonitor(
+                cfg.monitor.interval_s, pids, devices=[s.device for s in specs],
+                on_sample=journal.utilization))
     if cost is not None:
         attempt.note(simulation=Simulation.from_dict(cost.measured(training.time_s)))
     attempt.trained = (journal.training_started_at, time.time())
     # warnings: e.g. a coordinator that was not scheduled for a while; staleness where several
     # workers update the master asynchronously (the shared-memory hooks)
-    asynchronous = isinstance(hooks, SharedMemoryHooks) and len(specs) > 1
+    asynchronous_engine = isinstance(hooks, SharedMemoryHooks)
+    asynchronous = asynchronous_engine and len(specs) > 1
     error, _, trace = (training.error or "").partition("\n")  # a worker's traceback follows
     if trace:
         _keep_traceback(out.path, trace)
@@ -266,6 +272,7 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         log.warning("%s", warning)
     workers = workers_table(specs, training.counters)
     out.write_table("workers", workers)
+    _note_contention(attempt, cfg, specs, workers, host.load, asynchronous_engine)
     if training.batches:
         out.write_table("batches", training.batches)
     if not training.snapshots and training.status != "interrupted":
@@ -288,6 +295,24 @@ def _as_planned(recorded: Any, before: RunConfig, planned: RunConfig) -> Any:
         values = algo.settings if isinstance(algo, CustomAlgoConfig) else plain(algo)
         changed["algo"] = {key: value for key, value in values.items() if key != "name"}
     return OmegaConf.merge(recorded, changed) if changed else None
+
+
+def _note_contention(attempt: _Attempt, cfg: RunConfig, specs: list[WorkerSpec],
+                     workers: list[dict[str, Any]], load: HostLoad, copies_are_work: bool
+                     ) -> None:
+    """Whether the workers got the CPU they asked for (the simulator, in a simulated run), and
+    how busy the host was: summary.json's ``contention``, and a warning when flagged (which
+    the command prints last, below the run's table)."""
+    if cfg.devices.simulated:
+        share, by_group = simulator_share(load, math_threads(specs)), None
+    else:
+        share, by_group = workers_share(workers, copies_are_work)
+    entry = contention(share, by_group, load, cfg.monitor.contention_threshold,
+                       "simulator" if cfg.devices.simulated else "workers")
+    warning = contention_warning(entry)
+    attempt.note(contention=entry,
+                 warnings=[*(attempt.summary.warnings or []), *([warning] if warning else [])]
+                 or None)
 
 
 def _keep_traceback(run_dir: Path, trace: str) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import time
 
 import psutil
+
+from hetsgd.observe.host import HostLoad, HostReading
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
@@ -30,25 +31,12 @@ def _reap_adopted() -> None:
                 os.waitpid(child.pid, os.WNOHANG)
 
 
-def _tree_cpu() -> float:
-    """CPU seconds of this process's tree: itself, the children it reaped, and every live
-    descendant with what it reaped in turn (workers forked from a forkserver are its children,
-    not this process's)."""
-    total = 0.0
-    me = psutil.Process()
-    for proc in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            times = proc.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
-    return total
-
-
 class OtherLoad:
     """CPU time that processes outside this bench used meanwhile, as a share of all cores.
 
     Ratios need a quiet machine; this says whether it was. Ours is this process's tree
-    (:func:`_tree_cpu`, orphans adopted); the rest of the system's busy time is someone else's,
-    and steal is the hypervisor's (a noisy neighbour on a VM)."""
+    (:func:`hetsgd.observe.host.tree_cpu_s`, orphans adopted); the rest of the system's busy
+    time is someone else's, and steal is the hypervisor's (a noisy neighbour on a VM)."""
 
     def __enter__(self) -> OtherLoad:
         _adopt_orphans()
@@ -59,15 +47,11 @@ class OtherLoad:
         self.end = self._read()
 
     @staticmethod
-    def _read() -> tuple[float, float, float, float]:
+    def _read() -> HostReading:
         _reap_adopted()
-        cpu = psutil.cpu_times()
-        busy = sum(getattr(cpu, name, 0.0) for name in ("user", "nice", "system", "irq",
-                                                         "softirq"))
-        return time.perf_counter(), busy, _tree_cpu(), getattr(cpu, "steal", 0.0)
+        return HostReading.now()
 
     def shares(self) -> tuple[float, float]:
         """(others' share, steal share) of the cores' time over the block."""
-        (t0, busy0, ours0, steal0), (t1, busy1, ours1, steal1) = self.start, self.end
-        capacity = max((t1 - t0) * psutil.cpu_count(), 1e-9)
-        return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / capacity, (steal1 - steal0) / capacity
+        load = HostLoad(self.start, self.end, psutil.cpu_count() or 1)
+        return load.others_share, load.steal_share or 0.0

@@ -186,6 +186,7 @@ class Rank:
     def checkpoint(self, position: int, loop: dict[str, torch.Tensor]) -> WorkerState:
         """This rank's part of a checkpoint at ``position`` (the same on every rank), with the
         loop's own state; rank 0's holds the model. Answers the coordinator's request."""
+        self.ledger.count_cpu()
         self.state.signals.answer_checkpoint(self.spec.rank)
         model = None
         if self.spec.rank == 0:
@@ -206,6 +207,7 @@ class Rank:
         """After the last exchange: rank 0's final publish, then every rank's exact counters."""
         if self.link is not None:
             self.ledger.add("comm_s", self.link.finish())
+        self.ledger.count_cpu()
         table = torch.zeros(len(self.world), len(COUNTERS), dtype=torch.float64)
         table[self.spec.rank] = self.ledger.row
         self.ledger.publish(self.group.all_reduce_(table))
@@ -232,6 +234,7 @@ def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: Shar
                                              dtype=torch.float64).T)
                 send_ready(reports, spec.rank)
             state.signals.go.wait()
+            loop.rank.ledger.start_cpu()
             loop.run(partial(send_checkpoint, reports, spec.rank))
             loop.rank.finish()
         finally:

@@ -113,6 +113,7 @@ class Worker:
         loss: torch.Tensor | None = None
         next_read = 0.0
         stale_sum = stale_max = 0  # kept here, written to the shared row a few times a second
+        counters.start_cpu()
         while not stop.is_set():
             waited = time.perf_counter()
             claim = cursor.claim_numbered(counters.batch_size)
@@ -131,6 +132,7 @@ class Worker:
                 observe(StepRecord(epoch, start, size, float(loss)))
             if finished >= next_read:
                 counters.staleness(stale_sum, stale_max)
+                counters.count_cpu()
                 self.read_loss(loss, counters, epoch + start / self.batches.n)
                 next_read = finished + LOSS_READ_S
             emulate(finished - started, sleeping)
@@ -145,10 +147,12 @@ class Worker:
             assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
             on_checkpoint(self.checkpoint(counters))
         counters.add("comm_s", self.link.finish())
+        counters.count_cpu()
 
     def checkpoint(self, counters: CounterRow) -> WorkerState:
         """This worker's whole state between two steps: with one worker, the cursor's hand-out
         is exactly the examples it has trained on."""
+        counters.count_cpu()
         flat = self.link.flat
         momentum = self.train_step.sgd.momentum_buffer
         return WorkerState(self.state.cursor.handed_out, time.perf_counter(),

@@ -1,0 +1,224 @@
+"""Contention: the workers' CPU share (got over asked), the host around a run, the flag and its
+warning, the machine facts beside them, and the monitor's one pass over /proc per sample."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+import torch
+
+from hetsgd.config import ConfigError
+from hetsgd.config.schema import MonitorConfig
+from hetsgd.engines.counters import COUNTERS, CounterRow
+from hetsgd.machine import cgroup_cpu_limit, cpu_sharing
+from hetsgd.observe import monitor
+from hetsgd.observe.contention import contention, simulator_share, warning, workers_share
+from hetsgd.observe.host import HostLoad, HostReading, cpu_pressure, tree_cpu_s
+from hetsgd.observe.monitor import UtilizationMonitor, process_trees
+
+
+def worker(group: str, got: float, busy: float, comm: float = 0.0, threads: int = 1,
+           device: str = "cpu") -> dict:
+    """A row of workers.csv, as far as the share reads it."""
+    return {"group": group, "device": device, "threads": threads, "busy_s": busy,
+            "wait_s": 5.0, "comm_s": comm, "cpu_s": got}
+
+
+def test_share_is_cpu_got_over_threads_times_the_time_spent_computing():
+    rows = [worker("cpu", got=1.8, busy=2.0), worker("cpu", got=1.0, busy=2.0),
+            worker("wide", got=3.0, busy=1.0, threads=4)]
+    share, by_group = workers_share(rows, copies_are_work=True)
+    assert share == pytest.approx((1.8 + 1.0 + 3.0) / (2.0 + 2.0 + 4 * 1.0))
+    assert by_group == {"cpu": pytest.approx(0.7), "wide": pytest.approx(0.75)}
+
+
+def test_copies_ask_in_the_asynchronous_engine_and_a_ranks_collective_does_not():
+    # an emulated accelerator: 1 s computing, 0.5 s copying, its sleep and waits not counted
+    rows = [worker("accel", got=1.5, busy=1.0, comm=0.5)]
+    assert workers_share(rows, copies_are_work=True)[0] == pytest.approx(1.0)
+    assert workers_share(rows, copies_are_work=False)[0] == pytest.approx(1.5)
+
+
+def test_cuda_workers_do_not_count_and_unknown_is_null_never_zero():
+    gpu = worker("gpu", got=0.1, busy=10.0, device="cuda:0")
+    assert workers_share([gpu, worker("cpu", got=0.9, busy=1.0)], True) == (
+        pytest.approx(0.9), {"cpu": pytest.approx(0.9)})
+    assert workers_share([gpu], True) == (None, {})  # nothing asked on the CPU
+    assert workers_share([], True) == (None, {})
+    lost = worker("cpu", got=math.nan, busy=1.0)  # a worker whose CPU time is unknown
+    assert workers_share([lost, worker("other", got=1.0, busy=1.0)], True) == (
+        None, {"cpu": None, "other": 1.0})
+    assert workers_share([worker("cpu", got=0.0, busy=0.0)], True) == (None, {"cpu": None})
+
+
+def reading(wall: float, busy: float, tree: float, own: float = 0.0, steal: float | None = 0.0,
+            pressure: tuple[float, float] | None = (0.0, 0.0)) -> HostReading:
+    return HostReading(wall, busy, steal, tree, own, pressure)
+
+
+def test_the_hosts_load_beyond_the_runs_own_tree():
+    load = HostLoad(reading(10.0, 100.0, 5.0, steal=1.0, pressure=(1.0, 2e6)),
+                    reading(12.0, 103.0, 7.0, own=1.0, steal=1.4, pressure=(30.0, 3.5e6)),
+                    cores=2)
+    assert load.wall_s == 2.0
+    assert load.others_share == pytest.approx((3.0 - 2.0) / 4.0)
+    assert load.steal_share == pytest.approx(0.4 / 4.0)
+    assert load.pressure_share == pytest.approx(1.5 / 2.0)
+    unknown = HostLoad(reading(0.0, 0.0, 0.0, steal=None, pressure=None),
+                       reading(1.0, 1.0, 1.0, steal=None, pressure=None), cores=1)
+    assert unknown.steal_share is None and unknown.pressure_share is None
+    assert simulator_share(load, threads=1) == pytest.approx(0.5)  # 1 CPU s in 2 wall s
+    assert simulator_share(load, threads=2) == pytest.approx(0.25)
+
+
+def test_flagged_below_the_threshold_with_what_the_os_does_not_say_null():
+    load = HostLoad(reading(0.0, 0.0, 0.0, steal=None, pressure=None),
+                    reading(1.0, 1.5, 1.0, steal=None, pressure=None), cores=2)
+    entry = contention(0.89, {"cpu": 0.89}, load, 0.9, "workers")
+    assert entry["flagged"] is True and entry["workers_cpu_share"] == 0.89
+    assert entry["steal_share"] is None and entry["cpu_pressure"] is None
+    assert entry["others_busy_share"] == pytest.approx(0.25)
+    assert contention(0.9, None, load, 0.9, "workers")["flagged"] is False  # at it: clean
+    assert contention(0.5, None, load, 0.0, "workers")["flagged"] is False  # 0 flags none
+    unknown = contention(None, {}, load, 0.9, "workers")
+    assert unknown["flagged"] is False and unknown["workers_cpu_share"] is None
+
+
+def test_a_flagged_run_ends_with_one_line_saying_what_its_share_means():
+    load = HostLoad(reading(0.0, 0.0, 0.0), reading(1.0, 1.5, 0.5), cores=2)
+    line = warning(contention(0.42, None, load, 0.9, "workers"))
+    assert line is not None and "\n" not in line
+    assert "the workers got 0.42 of the CPU time they asked for (below 0.9)" in line
+    assert "50% of the host's cores" in line and "not comparable" in line
+    # a simulated run's virtual times do not depend on the host: its share is only recorded
+    simulated = contention(0.42, None, load, 0.9, "simulator")
+    assert simulated["workers_cpu_share"] == 0.42 and simulated["flagged"] is False
+    assert warning(simulated) is None
+    assert warning(contention(0.95, None, load, 0.9, "workers")) is None
+    assert warning(contention(None, None, load, 0.9, "workers")) is None
+
+
+def test_the_threshold_is_a_share():
+    assert MonitorConfig().contention_threshold == 0.7
+    for bad in (-0.1, 1.5, math.nan):
+        with pytest.raises(ConfigError, match="monitor.contention_threshold"):
+            MonitorConfig(contention_threshold=bad)
+
+
+def test_cpu_pressure_read_or_null(tmp_path):
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=2.39 avg60=5.72 avg300=2.42 total=12649966\n"
+                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert cpu_pressure(str(psi)) == (2.39, 12649966.0)
+    assert cpu_pressure(str(tmp_path / "absent")) is None
+    psi.write_text("garbled\n")
+    assert cpu_pressure(str(psi)) is None
+
+
+def test_cgroup_limit_is_the_quota_over_the_period(tmp_path):
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(str(tmp_path)) is None  # no limit set
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert cgroup_cpu_limit(str(tmp_path)) in (2.5, None)  # None: not on a cgroup v2 host
+    facts = cpu_sharing()
+    assert set(facts) == {"threads_per_core", "affinity", "cgroup_cpu_limit"}
+    assert facts["threads_per_core"] is None or facts["threads_per_core"] >= 1
+
+
+def test_a_counter_row_counts_the_cpu_its_process_used_since_training_began():
+    row = CounterRow(torch.zeros(len(COUNTERS), dtype=torch.float64), batch_size=8)
+    row.count_cpu()
+    assert row["cpu_s"] == 0.0  # nothing counted before training starts
+    row.start_cpu()
+    spent = time.process_time() + 0.2
+    while time.process_time() < spent:
+        pass
+    time.sleep(0.2)  # asleep: no CPU
+    row.count_cpu()
+    assert 0.2 <= row["cpu_s"] < 0.35
+
+
+@pytest.fixture
+def sleepers() -> Iterator[list[subprocess.Popen]]:
+    """Three processes, one with a child of its own."""
+    code = ["import time; time.sleep(60)",
+            "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+            "'import time; time.sleep(60)'])"]
+    procs = [subprocess.Popen([sys.executable, "-c", c]) for c in (code[0], code[0], code[1])]
+    deadline = time.monotonic() + 30
+    while not psutil.Process(procs[2].pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield procs
+    for proc in procs:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.integration
+def test_the_monitor_scans_proc_once_per_sample_whatever_the_workers(sleepers, monkeypatch):
+    pids = [p.pid for p in sleepers]
+    old_path = {pid for root in pids
+                for pid in (root, *(c.pid for c in psutil.Process(root).children(recursive=True)))}
+    assert set(process_trees(pids)) == old_path and len(old_path) == 4
+    assert process_trees([sleepers[2].pid, 2**22 + 7]).keys() == {
+        sleepers[2].pid, psutil.Process(sleepers[2].pid).children()[0].pid}
+    scans = []
+    scan = psutil.process_iter
+
+    def counted(*args, **kwargs):
+        scans.append(1)
+        return scan(*args, **kwargs)
+
+    def per_root(*args, **kwargs):
+        raise AssertionError("a pass over /proc for one root")
+
+    monkeypatch.setattr(monitor.psutil, "process_iter", counted)
+    monkeypatch.setattr(psutil.Process, "children", per_root)
+    mon = UtilizationMonitor(3600.0, lambda: pids)
+    for _ in range(3):
+        assert mon._workers_cpu() is not None
+    assert len(scans) == 3
+    assert set(mon._procs) == old_path
+
+
+@pytest.mark.integration
+def test_tree_cpu_counts_a_reaped_childs_time():
+    before = tree_cpu_s()
+    subprocess.run([sys.executable, "-c",
+                    "import time\nwhile time.process_time() < 0.3: pass"], check=True)
+    assert tree_cpu_s() - before >= 0.3
+
+
+@pytest.mark.integration
+@pytest.mark.serial
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_workers_squeezed_onto_one_core_are_flagged(tmp_path):
+    """Three one-thread Hogwild workers (and their coordinator) pinned to one core ask three
+    cores and get one at most: a share of a third or less, far below the default threshold
+    (0.7) whatever else the machine runs (other load only lowers it)."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-m", "hetsgd", "run", "algo=hogwild",
+         "devices=cpu", "devices.groups.cpu.count=3", "budget.seconds=2", "budget.epochs=null",
+         "progress=false", f"hydra.run.dir={run_dir}"],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    entry = summary["contention"]
+    assert entry["flagged"] is True and entry["measured"] == "workers"
+    assert entry["workers_cpu_share"] < 0.5
+    assert entry["threshold"] == 0.7 and set(entry["by_group"]) == {"cpu"}
+    assert summary["environment"]["cpu_sharing"]["affinity"] == "0"
+    assert any(w.startswith("contention: the workers got") for w in summary["warnings"])
+    last = done.stdout.strip().splitlines()[-1]  # the run's last word, below its table
+    assert "contention: the workers got" in last and "not comparable" in last
