@@ -131,6 +131,10 @@ def test_hogbatch_shows_the_update_imbalance_on_w8a(w8a_home: Path, tmp_path: Pa
     workers = pd.read_csv(run_dir / "workers.csv")
     assert list(workers["label"]) == ["emulated", "cpu"]
     assert (workers["updates"] > 0).all() and workers.loc[0, "comm_s"] > 0
+    # the replica's time split: it copies in and merges back; the host steps in place
+    assert workers.loc[0, "copy_s"] > 0 and workers.loc[0, "merge_s"] > 0
+    assert workers.loc[1, ["copy_s", "merge_s"]].tolist() == [0.0, 0.0]
+    assert workers.loc[0, "compute_s"] == workers.loc[0, "busy_s"]
     # w8a is 3 % positive: a model that learned nothing scores test loss 0.13 at best
     assert summary["final"]["test_loss"] < 0.1
     half = next(iter(summary["time_to_loss"]))  # 0.5 x the initial training loss

@@ -37,6 +37,7 @@ from hetsgd.outputs.index import UNUSABLE, index_runs, load_csv, settings
 from hetsgd.outputs.metrics import TARGETS, crossing, normalized_loss
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.time_split import split_markdown
 
 log = logging.getLogger(__name__)
 
@@ -456,6 +457,7 @@ def build_report(index: pd.DataFrame, root: Path,
         text = add_speedup(comp, table, baseline)
         tuned = add_tuning(table, trials) if trials is not None else []
         sections.append(comparison_markdown(comp, table, text, tuned))
+        sections.append(split_markdown(comp.runs, ROW_KEYS))
         tables.append(table.assign(dataset=comp.dataset, model=comp.model, l_best=comp.l_best))
     # the comparisons' runs carry the statuses found while reading their curves (unusable)
     unnamed = index[index["dataset"].isna() | index["model"].isna()]

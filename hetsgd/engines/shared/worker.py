@@ -94,11 +94,11 @@ class Worker:
         self.train_step.land(pending)
         return self.link.after_step()
 
-    def step(self, epoch: int, start: int, size: int) -> tuple[torch.Tensor, float]:
+    def step(self, epoch: int, start: int, size: int) -> tuple[torch.Tensor, float, float]:
         """One SGD step, both halves; returns (the loss, not yet read; seconds spent copying
-        to or from the master)."""
-        pending, comm = self.begin(epoch, start, size)
-        return pending.loss, comm + self.end(pending)
+        the master in; seconds spent merging into it)."""
+        pending, copy = self.begin(epoch, start, size)
+        return pending.loss, copy, self.end(pending)
 
     def run(self, observe: Callable[[StepRecord], None] | None = None,
             on_checkpoint: Callable[[WorkerState], None] | None = None) -> None:
@@ -120,9 +120,10 @@ class Worker:
             if claim is None:
                 break
             epoch, start, size, number = claim
-            loss, comm = self.step(epoch, start, size)
+            loss, copy, merge = self.step(epoch, start, size)
             finished = time.perf_counter()
-            counters.step(size, finished - started - comm, started - waited, comm)
+            counters.step(size, finished - started - copy - merge, started - waited,
+                          copy + merge, copy)
             stale = cursor.claims - number
             stale_sum += stale
             if stale > stale_max:
