@@ -17,6 +17,9 @@ import torch
 LOSS_SMOOTHING = 0.1
 COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "first_batch",
             "loss", "stale_sum", "stale_max", "copy_s")
+# The counters a rank writes (the leading ones): a rank copies no replica in (copy_s stays 0),
+# so its exchange carries these alone, and its modelled size on the virtual clock is unchanged.
+RANK_COUNTERS = COUNTERS[:COUNTERS.index("copy_s")]
 
 
 class CounterRow:
