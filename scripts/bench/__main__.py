@@ -20,9 +20,9 @@ from typing import Any
 from rich.console import Console
 
 from hetsgd.outputs.run_directory import environment
+from scripts.bench.accel import bench_accel
 from scripts.bench.hogwild import bench_hogwild
 from scripts.bench.jobs import Jobs, choose_data
-from scripts.bench.accel import bench_accel
 from scripts.bench.load import OtherLoad
 from scripts.bench.memory import bench_memory
 from scripts.bench.overhead import bench_overhead
