@@ -35,6 +35,7 @@ from scripts.bench.section import Section
 
 ACCEL_MODELS = ("mlp", "mlp_paper")
 ACCEL_BATCHES = (1024, 8192)
+EMULATED_BATCHES = (64, 256)  # the emulated accelerator's sizes: a CPU core takes seconds at 8192
 PROFILED_STEPS = 20
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 COPY_REPEATS = 20
@@ -138,9 +139,10 @@ def _bandwidth(nbytes: int, device: torch.device) -> dict[str, float]:
 
 
 def bench_accel(jobs: Jobs, seconds: float, models: tuple[str, ...] = ACCEL_MODELS,
-                batches: tuple[int, ...] = ACCEL_BATCHES) -> Section:
+                batches: tuple[int, ...] | None = None) -> Section:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
+    batches = batches or (ACCEL_BATCHES if cuda else EMULATED_BATCHES)
     section = Section(
         f"the accelerator step vs a textbook loop ({'CUDA' if cuda else 'emulated, CPU'})",
         "Seconds per step of hetsgd's accelerator worker (its loop: claim, gather, step, and the "

@@ -33,8 +33,9 @@ class Ledger(CounterRow):
         self.rank, self.beat = rank, beat
         self.shared = shared if rank == 0 else None
 
-    def step(self, examples: int, busy_s: float, wait_s: float = 0.0, comm_s: float = 0.0) -> None:
-        super().step(examples, busy_s, wait_s, comm_s)
+    def step(self, examples: int, busy_s: float, wait_s: float = 0.0, comm_s: float = 0.0,
+             copy_s: float = 0.0) -> None:
+        super().step(examples, busy_s, wait_s, comm_s, copy_s)
         self.beat()
 
     def publish(self, table: torch.Tensor) -> None:
