@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# The one prepared check for a machine with a CUDA GPU, in about 8 minutes:
-# the devices, the GPU tests, a real CPU+GPU comparison of the four algorithms, its report, local
-# SGD on the GPU and CPU ranks, the GPU mix's calibration, Hogwild over 1 to 16 cores, and the
-# benchmark. Every step is time-bounded and logged under DIR; a failed step is recorded and
-# the next one runs; the exit status is non-zero when any step failed.
+# The one prepared check for a machine with a CUDA GPU, in about 9 minutes: does the CPU help the
+# GPU on the paper's own net? Machine facts that explain contention, the GPU tests, the bench's
+# accelerator section (hetsgd's step against a textbook and a CUDA-graph loop), the paper's
+# comparison (+method=gpu,hogwild,hogbatch,adaptive, model=mlp_paper, 2 seeds, snapshots every
+# 0.25 s; the GPU alone is the baseline) and its report with each worker's time split, with a
+# background probe of the machine throughout, calibration and replay with mlp_paper, Hogwild at
+# 1, 8 and 16 workers rated after a 1 s warm-up, then local SGD and the full bench where time is
+# left. Every step is time-bounded and logged under DIR; a failed step is recorded and the next
+# one runs; the exit status is non-zero when any step failed.
 #
 #   scripts/gpu_check.sh [DIR]        (default DIR: results/gpu_check/<time>)
+#
+# Steps run in that order; each is skipped, with a line in DIR/steps.txt, when what is left of
+# GPU_CHECK_TOTAL_S is less than it needs, so a short check loses (first) the full bench, then
+# local SGD, Hogwild's scaling, the calibration and replay, in that order.
 #
 # Uses .venv/bin (as the Makefile does), or makes it: offline from WHEELHOUSE when that is set,
 # else with `make setup TORCH=torch` (PyPI's CUDA build). Where nvidia-smi lists no GPU, or the
@@ -17,10 +25,9 @@
 #                         antlr4-python3-runtime 4.9.3, pooch, platformdirs; setuptools>=77 for
 #                         the editable install, <82 beside torch 2.11)
 #   HETSGD_DATA           a data cache; its w8a is used when it has one, else the embedded digits
-#   GPU_CHECK_SECONDS     training budget of each comparison run (default 20)
-#   HETSGD_BENCH_SECONDS  budget of each benchmark run (default: the smaller of 5 and the above)
-#   GPU_CHECK_TOTAL_S     the whole check's time; the benchmark is shortened (--quick) or skipped
-#                         when it would not fit (default 480)
+#   GPU_CHECK_SECONDS     training budget of each comparison run (default 12)
+#   HETSGD_BENCH_SECONDS  budget of each benchmark run (default 2)
+#   GPU_CHECK_TOTAL_S     the whole check's time (default 540)
 set -euo pipefail
 
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
@@ -30,9 +37,8 @@ fi
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DIR=$(realpath -m "${1:-$ROOT/results/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)}")
-SECONDS_PER_RUN=${GPU_CHECK_SECONDS:-20}
-TOTAL_S=${GPU_CHECK_TOTAL_S:-480}
-BENCH_NEEDS_S=120  # not started with less left (it saves each measurement as it ends)
+SECONDS_PER_RUN=${GPU_CHECK_SECONDS:-12}
+TOTAL_S=${GPU_CHECK_TOTAL_S:-540}
 BENCH_FULL_S=360   # every section (5 s runs took 250 s before the last on a 16-core H200 server)
 BIN=$ROOT/.venv/bin
 mkdir -p "$DIR"
@@ -59,6 +65,13 @@ step() {
 }
 
 note() { echo "$*" | tee -a "$DIR/steps.txt"; }
+
+# fits NAME NEED_S: whether NEED_S seconds are left of TOTAL_S; if not, NAME is noted skipped
+fits() {
+  if ((TOTAL_S - SECONDS >= $2)); then return 0; fi
+  note "$1: skipped, $((TOTAL_S - SECONDS)) s left of ${TOTAL_S} s and it needs $2 s"
+  return 1
+}
 
 newest() { find "$1" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sort | tail -n 1 || true; }
 
@@ -98,81 +111,110 @@ step nvidia-smi 30 nvidia-smi
 step machine 60 "$BIN/hetsgd" machine
 "$BIN/hetsgd" machine --json >"$DIR/machine.json" 2>/dev/null || true
 
-# -- the GPU tests --------------------------------------------------------------------------------
-step pytest-gpu 180 "$PY" -m pytest -m gpu -q
+# -- machine facts that explain contention: SMT, affinity, steal, pressure, cgroup, PCIe ----------
+facts() {
+  echo "## lscpu (threads per core: SMT)"; lscpu || true
+  echo "## this shell's CPU affinity"; taskset -pc $$ || true
+  echo "## steal (st) and run queue (r) over 3 s"; vmstat 1 4 || true
+  echo "## /proc/pressure/cpu"; cat /proc/pressure/cpu || true
+  echo "## cgroup limits"; cat /proc/self/cgroup || true
+  for file in cpu.max cpuset.cpus.effective memory.max; do
+    if [[ -e /sys/fs/cgroup/$file ]]; then echo "$file: $(cat "/sys/fs/cgroup/$file")"; fi
+  done
+  echo "## PCIe link (current / max)"
+  nvidia-smi --query-gpu=name,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max --format=csv || true
+}
+facts >"$DIR/facts.txt" 2>&1
+note "machine facts: $DIR/facts.txt"
 
-# -- a real CPU+GPU comparison, and its report ----------------------------------------------------
+# -- a background probe of the machine during everything that follows -----------------------------
+"$PY" -m scripts.gpu_probe probe "$DIR/probe.csv" --interval 0.5 >"$DIR/probe.log" 2>&1 &
+PROBE=$!
+trap 'kill "$PROBE" 2>/dev/null || true' EXIT
+note "probe: steal, CPU pressure, each hetsgd process's CPU and context switches, the top others: $DIR/probe.csv"
+
+# -- the GPU tests, and the bench's accelerator section -------------------------------------------
+step pytest-gpu 150 "$PY" -m pytest -m gpu -q
+export HETSGD_BENCH_SECONDS=${HETSGD_BENCH_SECONDS:-2}
+step bench-accel 150 env "HETSGD_RESULTS=$DIR/bench-accel" "$PY" -m scripts.bench --only i
+
+# -- the paper's comparison with the paper's net, and its report ---------------------------------
 DATASET=digits
 if [[ -n ${HETSGD_DATA:-} ]] &&
   [[ $("$PY" -c "from hetsgd.data import source_info; print(source_info('w8a').cached)" \
     2>/dev/null) == True ]]; then
   DATASET=w8a
 fi
-note "comparison: dataset=$DATASET, ${SECONDS_PER_RUN} s per run"
-step sweep $((4 * (SECONDS_PER_RUN + 45))) \
-  "$BIN/hetsgd" run -m algo=sync,hogwild,hogbatch,adaptive devices=auto "dataset=$DATASET" \
-  budget.epochs=null "budget.seconds=$SECONDS_PER_RUN" progress=false "results_dir=$DIR"
+note "comparison: dataset=$DATASET, model=mlp_paper, seeds 0 and 1, ${SECONDS_PER_RUN} s per run"
+step sweep $((8 * (SECONDS_PER_RUN + 20))) \
+  "$BIN/hetsgd" run -m +method=gpu,hogwild,hogbatch,adaptive model=mlp_paper "dataset=$DATASET" \
+  seed=0,1 eval.every_s=0.25 budget.epochs=null "budget.seconds=$SECONDS_PER_RUN" progress=false \
+  "results_dir=$DIR"
 SWEEP=$(newest "$DIR/sweeps")
 if [[ -n $SWEEP ]]; then
-  step report 120 "$BIN/hetsgd" report "$SWEEP"
+  step report 120 "$BIN/hetsgd" report "$SWEEP" --baseline "algo=sync devices=auto_gpu"
   for file in report.md report.csv summary.csv; do
     if [[ -e $SWEEP/$file ]]; then cp "$SWEEP/$file" "$DIR/"; fi
   done
+  find "$SWEEP" -name workers.csv -exec sh -c 'for f; do echo "$f"; cat "$f"; done' _ {} + \
+    >"$DIR/workers_split.txt" 2>/dev/null || true
 else
   note "report: skipped, the sweep left no folder under $DIR/sweeps"
   FAILED+=(report)
 fi
 
-# -- local SGD on the GPU and CPU ranks, the calibration, Hogwild over the cores -------------------
-# Local SGD's ranks exchange over gloo, the GPU rank staging through pinned host buffers
-# (engines/distributed/group.py); the calibration times each group of the GPU mix
-# (runs/calibrate.py); Hogwild's examples/s at 1 to 16 workers is summary.csv's examples_per_s.
-SHORT_S=$((SECONDS_PER_RUN < 5 ? SECONDS_PER_RUN : 5))
-step local $((3 * (SHORT_S + 45))) \
-  "$BIN/hetsgd" run -m +method=local_balanced,local_unbalanced,local_biased "dataset=$DATASET" \
-  budget.epochs=null "budget.seconds=$SHORT_S" progress=false "results_dir=$DIR/local"
-step calibrate 120 "$BIN/hetsgd" machine --calibrate --seconds 0.3 model=mlp "dataset=$DATASET" \
-  devices=auto "results_dir=$DIR"
-CALIBRATION=$(find "$DIR/calibration" -name '*.csv' 2>/dev/null | sort | tail -n 1 || true)
-if [[ -n $CALIBRATION ]]; then
-  # the same mix replayed on the virtual clock from that calibration: its updates per virtual
-  # second against the real run's per second (the sweep's hogbatch run) say what it models
-  step replay 180 "$BIN/hetsgd" run algo=hogbatch devices=auto devices.simulated=true \
-    "devices.calibration=$CALIBRATION" model=mlp "dataset=$DATASET" budget.epochs=null \
-    budget.seconds=0.5 progress=false "results_dir=$DIR/replay"
-  cp "$CALIBRATION" "$DIR/calibration.csv"
-else
-  note "replay: skipped, the calibration saved no profile"
-  FAILED+=(replay)
+# -- calibration and replay with mlp_paper: sim/real per group ------------------------------------
+if fits calibrate 200; then
+  step calibrate 120 "$BIN/hetsgd" machine --calibrate --seconds 0.3 model=mlp_paper \
+    "dataset=$DATASET" devices=auto "results_dir=$DIR"
+  CALIBRATION=$(find "$DIR/calibration" -name '*.csv' 2>/dev/null | sort | tail -n 1 || true)
+  if [[ -n $CALIBRATION ]]; then
+    # the same mix replayed on the virtual clock: its update shares and updates per virtual
+    # second against the sweep's real hogbatch runs (summary.csv) say what it models
+    step replay 120 "$BIN/hetsgd" run algo=hogbatch devices=auto devices.simulated=true \
+      "devices.calibration=$CALIBRATION" model=mlp_paper "dataset=$DATASET" budget.epochs=null \
+      "budget.seconds=$SECONDS_PER_RUN" progress=false "results_dir=$DIR/replay"
+    cp "$CALIBRATION" "$DIR/calibration.csv"
+  else
+    note "replay: skipped, the calibration saved no profile"
+    FAILED+=(replay)
+  fi
 fi
-step hogwild $((5 * (SHORT_S + 30))) \
-  "$BIN/hetsgd" run -m algo=hogwild devices=cpu devices.groups.cpu.count=1,2,4,8,16 model=mlp \
-  "dataset=$DATASET" budget.epochs=null "budget.seconds=$SHORT_S" progress=false \
-  "results_dir=$DIR/hogwild"
-for part in local hogwild; do
-  SWEPT=$(newest "$DIR/$part/sweeps")
-  if [[ -n $SWEPT && -e $SWEPT/summary.csv ]]; then cp "$SWEPT/summary.csv" "$DIR/$part.csv"; fi
-done
 
-# -- the benchmark, when it fits ------------------------------------------------------------------
-LEFT=$((TOTAL_S - SECONDS))
-if ((LEFT >= BENCH_NEEDS_S)); then
-  BENCH_S=$((SECONDS_PER_RUN < 5 ? SECONDS_PER_RUN : 5))
-  export HETSGD_BENCH_SECONDS=${HETSGD_BENCH_SECONDS:-$BENCH_S}
-  # `make bench`'s command on the venv settled above: every section where they fit, else
-  # `make bench-quick`'s (those with goals, 2 s runs)
-  QUICK=()
-  ((LEFT >= BENCH_FULL_S)) || QUICK=(--quick)
-  step bench "$LEFT" env "HETSGD_RESULTS=$DIR" "$PY" -m scripts.bench "${QUICK[@]}"
-else
-  note "bench: skipped, the check has run $SECONDS s of its ${TOTAL_S} s (bench-quick takes about 3 minutes on 2 cores)"
+# -- Hogwild at 1, 8 and 16 workers, rated after a 1 s warm-up ------------------------------------
+SHORT_S=$((SECONDS_PER_RUN < 5 ? SECONDS_PER_RUN : 5))
+if fits hogwild $((3 * (SHORT_S + 20))); then
+  step hogwild $((3 * (SHORT_S + 30))) \
+    "$BIN/hetsgd" run -m algo=hogwild devices=cpu devices.groups.cpu.count=1,8,16 model=mlp_paper \
+    "dataset=$DATASET" eval.every_s=0.25 budget.epochs=null "budget.seconds=$SHORT_S" \
+    progress=false "results_dir=$DIR/hogwild"
+  SWEPT=$(newest "$DIR/hogwild/sweeps")
+  if [[ -n $SWEPT ]]; then
+    step hogwild-rates 60 "$PY" -m scripts.gpu_probe rates "$SWEPT"  # its log is the CSV
+    if [[ -e $SWEPT/summary.csv ]]; then cp "$SWEPT/summary.csv" "$DIR/hogwild.csv"; fi
+  fi
 fi
+
+# -- local SGD on the GPU and CPU ranks (gloo, the GPU rank staging through pinned buffers) -------
+if fits local $((3 * (SHORT_S + 30))); then
+  step local $((3 * (SHORT_S + 45))) \
+    "$BIN/hetsgd" run -m +method=local_balanced,local_unbalanced,local_biased "dataset=$DATASET" \
+    budget.epochs=null "budget.seconds=$SHORT_S" progress=false "results_dir=$DIR/local"
+  SWEPT=$(newest "$DIR/local/sweeps")
+  if [[ -n $SWEPT && -e $SWEPT/summary.csv ]]; then cp "$SWEPT/summary.csv" "$DIR/local.csv"; fi
+fi
+
+# -- the full benchmark, when it fits -------------------------------------------------------------
+if fits bench "$BENCH_FULL_S"; then
+  step bench $((TOTAL_S - SECONDS)) env "HETSGD_RESULTS=$DIR" "$PY" -m scripts.bench
+fi
+kill "$PROBE" 2>/dev/null || true
 
 # -- where everything is --------------------------------------------------------------------------
 echo
 echo "gpu_check: $SECONDS s in all; everything is under $DIR"
 echo "  steps and their logs:  $DIR/steps.txt"
-echo "  machine:               $DIR/machine.log, machine.json"
+echo "  machine:               $DIR/machine.log, machine.json, facts.txt, probe.csv"
 if [[ -n $SWEEP ]]; then echo "  comparison runs:       $SWEEP (report: $DIR/report.md)"; fi
 BENCH_OUT=$(newest "$DIR/bench")
 if [[ -n $BENCH_OUT ]]; then echo "  benchmark:             $BENCH_OUT/bench.md"; fi

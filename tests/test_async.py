@@ -47,12 +47,40 @@ def test_delta_merge_keeps_a_concurrent_cpu_update_that_overwrite_loses(merge: s
     master.add_(cpu_update)  # ... a CPU worker updates the master meanwhile ...
     gpu_update = torch.tensor([0.1, 0.1, 0.1])
     replica.flat.params.add_(gpu_update)  # ... the accelerator's own step ...
-    replica.after_step()  # ... and the merge.
+    replica.after_step()  # ... its result on the way to the master ...
+    torch.testing.assert_close(master, start + cpu_update)  # (landing at the next step's end)
+    replica.publish()  # ... and the merge.
     kept = start + cpu_update + gpu_update
     if merge == "delta":
         torch.testing.assert_close(master, kept)
     else:
         torch.testing.assert_close(master, start + gpu_update)
+
+
+@pytest.mark.parametrize("merge", ["delta", "overwrite"])
+def test_a_pipelined_merge_lands_every_step_once_and_the_replica_keeps_its_own(merge: str) -> None:
+    """The replica's result lands at the end of its next step: meanwhile the next step starts
+    from its own result (no update lost), and each step lands once (none counted twice)."""
+    state = _state_with_master(torch.nn.Linear(3, 1, bias=False))
+    master = state.master.params
+    replica = Replica(ACCEL, torch.nn.Linear(3, 1, bias=False), state, merge)
+    start = master.clone()
+    steps = [torch.tensor([0.1, 0.2, 0.3]), torch.tensor([1.0, -1.0, 0.5]),
+             torch.tensor([-0.5, 0.25, 2.0])]
+    cpu_update = torch.tensor([4.0, 4.0, 4.0])
+    seen = cpu_update if merge == "delta" else torch.zeros(3)  # in the master from step 3 on
+    for i, step in enumerate(steps):
+        replica.before_step()
+        torch.testing.assert_close(replica.flat.params,
+                                   start + sum(steps[:i], torch.zeros(3)) + (seen if i == 2 else 0))
+        replica.flat.params.add_(step)
+        replica.after_step()
+        if i == 1:  # a CPU update lands while the accelerator's second step is in flight
+            master.add_(cpu_update)
+    replica.finish()
+    own = start + sum(steps, torch.zeros(3))
+    # delta keeps the CPU's update, landed after the second step's copy in; overwrite loses it
+    torch.testing.assert_close(master, own + cpu_update if merge == "delta" else own)
 
 
 @pytest.mark.parametrize("link", ["replica", "resident"])
@@ -131,6 +159,10 @@ def test_hogbatch_shows_the_update_imbalance_on_w8a(w8a_home: Path, tmp_path: Pa
     workers = pd.read_csv(run_dir / "workers.csv")
     assert list(workers["label"]) == ["emulated", "cpu"]
     assert (workers["updates"] > 0).all() and workers.loc[0, "comm_s"] > 0
+    # the replica's time split: it copies in and merges back; the host steps in place
+    assert workers.loc[0, "copy_s"] > 0 and workers.loc[0, "merge_s"] > 0
+    assert workers.loc[1, ["copy_s", "merge_s"]].tolist() == [0.0, 0.0]
+    assert workers.loc[0, "compute_s"] == workers.loc[0, "busy_s"]
     # w8a is 3 % positive: a model that learned nothing scores test loss 0.13 at best
     assert summary["final"]["test_loss"] < 0.1
     half = next(iter(summary["time_to_loss"]))  # 0.5 x the initial test loss

@@ -127,6 +127,7 @@ def test_a_replica_pays_its_copies_and_its_device_idles_during_them() -> None:
     accel, host = engine.training.counters
     assert accel["updates"] == 40  # a step: a 0.01 s copy in, 0.03 s of compute, a copy out
     assert accel["comm_s"] == pytest.approx(0.8) and accel["busy_s"] == pytest.approx(1.2)
+    assert accel["copy_s"] == pytest.approx(0.4)  # the copies in; the merges are the rest
     assert host["updates"] == 283 and host["comm_s"] == 0.0  # 283 x 0.007 = 1.981
     assert engine.training.utilization[0]["time_s"] == pytest.approx(1.0)
     assert engine.training.utilization[0]["gpu0_util"] == pytest.approx(60.0)

@@ -234,6 +234,10 @@ class DevicesConfig:
     # (torch.set_flush_denormal; hetsgd/engines/denormals.py): a saturated sigmoid net computes
     # several times slower on them (docs/how_it_works.md has the measurement)
     flush_denormal: bool = True
+    # CUDA workers multiply FP32 matrices on TF32 tensor cores (10-bit mantissa): several times
+    # faster, but a deviation from the papers' FP32, so off by default and labelled in the
+    # summary (`precision`); no effect on a CPU, emulated or simulated worker
+    tf32: bool = False
 
     def __post_init__(self) -> None:
         require(len(self.groups) > 0, "devices.groups", "at least one worker group",

@@ -61,6 +61,9 @@ class Batches:
         self.stream = not resident
         self._order_epoch = -1
         self._order = torch.arange(self.n)
+        # resident data is indexed on the device: an order (what `order` returns) moves there
+        # once, not a batch's indices every step (a copy from pageable memory, on a GPU)
+        self._placed: tuple[torch.Tensor, torch.Tensor] | None = None  # (order, on the device)
 
     def order(self, epoch: int) -> torch.Tensor:
         """The seeded permutation of an epoch; the same in every worker, file order if unshuffled."""
@@ -70,13 +73,17 @@ class Batches:
             self._order_epoch = epoch
         return self._order
 
+    def _on_device(self, order: torch.Tensor) -> torch.Tensor:
+        """``order`` where the resident data is, copied once per order."""
+        if self._placed is None or self._placed[0] is not order:
+            self._placed = order, order.to(self.device)
+        return self._placed[1]
+
     def get(self, epoch: int, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         order = self.order(epoch)
         if size < self.min_rows <= len(order):  # merged with its neighbours
             start, size = min(start, len(order) - self.min_rows), self.min_rows
-        idx = order[start:start + size]
-        if not self.stream:
-            idx = idx.to(self.device, non_blocking=True)
+        idx = (order if self.stream else self._on_device(order))[start:start + size]
         x, y = self.x.rows(idx), self.y.index_select(0, idx)
         if self.stream:
             x, y = device_ops.stage(x, self.device), device_ops.stage(y, self.device)

@@ -13,10 +13,16 @@ import torch
 # and `stale_max` add up and bound the staleness of the worker's updates: how many other
 # workers' updates reached the master while each was computed (asynchronous engines only; 0 for
 # ranks, which step together). See :mod:`hetsgd.outputs.summary`'s ``Staleness``. `cpu_s` is the
-# CPU time the worker's process used while it trained (:meth:`CounterRow.count_cpu`).
+# CPU time the worker's process used while it trained (:meth:`CounterRow.count_cpu`). `comm_s` is
+# all the time a worker spent moving the model to or from the master; `copy_s` the part of it
+# that copied the master in before a step (a replica's), so the rest (comm_s - copy_s) merged a
+# step's result back, published it or, for a rank, exchanged it (workers.csv's `merge_s`).
 LOSS_SMOOTHING = 0.1
 COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "first_batch",
-            "loss", "stale_sum", "stale_max", "cpu_s")
+            "loss", "stale_sum", "stale_max", "cpu_s", "copy_s")
+# The counters a rank writes (the leading ones): a rank copies no replica in (copy_s stays 0),
+# so its exchange carries these alone, and its modelled size on the virtual clock is unchanged.
+RANK_COUNTERS = COUNTERS[:COUNTERS.index("copy_s")]
 
 
 class CounterRow:
@@ -43,15 +49,17 @@ class CounterRow:
     def add(self, column: str, amount: float) -> None:
         self.values[self.COLUMN[column]] += amount
 
-    def step(self, examples: int, busy_s: float, wait_s: float = 0.0, comm_s: float = 0.0) -> None:
+    def step(self, examples: int, busy_s: float, wait_s: float = 0.0, comm_s: float = 0.0,
+             copy_s: float = 0.0) -> None:
         """One update: its examples, and the seconds spent computing, waiting for the cursor
-        and copying to or from the master."""
+        and copying to or from the master (``comm_s``, of which ``copy_s`` copying in)."""
         values, column = self.values, self.COLUMN
         values[column["updates"]] += 1
         values[column["examples"]] += examples
         values[column["busy_s"]] += busy_s
         values[column["wait_s"]] += wait_s
         values[column["comm_s"]] += comm_s
+        values[column["copy_s"]] += copy_s
 
     def staleness(self, total: int, largest: int) -> None:
         """The staleness of the worker's updates so far: their sum and their maximum."""

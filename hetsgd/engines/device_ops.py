@@ -7,6 +7,8 @@ the engines that no test reaches without a GPU (docs/how_it_works.md lists them)
 
 from __future__ import annotations
 
+import atexit
+
 import psutil
 import torch
 
@@ -24,6 +26,48 @@ def select(device: torch.device) -> None:
 def host_buffer(shape: torch.Size | tuple[int, ...], device: torch.device) -> torch.Tensor:
     """A host tensor that copies to and from ``device`` fast: pinned for a GPU."""
     return torch.empty(shape, pin_memory=is_cuda(device))
+
+
+def host_mirror(tensor: torch.Tensor) -> torch.Tensor:
+    """Where ``tensor`` is read on the host: a pinned buffer for a GPU's (fill it with
+    :func:`to_host`), the tensor itself on the CPU."""
+    return host_buffer(tensor.shape, tensor.device) if is_cuda(tensor.device) else tensor
+
+
+def to_host(mirror: torch.Tensor, tensor: torch.Tensor) -> None:
+    """Queue the copy of ``tensor`` into its :func:`host_mirror` (nothing to do on the CPU)."""
+    if mirror is not tensor:
+        mirror.copy_(tensor, non_blocking=True)
+
+
+def register_host(tensor: torch.Tensor, device: torch.device) -> None:
+    """Page-lock a host tensor (the shared master) for ``device``'s copies, once per process and
+    until it exits: copies from and to it are then asynchronous and at pinned bandwidth. Only
+    for a GPU, and not for an empty or already pinned tensor."""
+    if not is_cuda(device) or tensor.numel() == 0 or tensor.is_pinned():
+        return
+    cudart = torch.cuda.cudart()
+    pointer = tensor.data_ptr()
+    torch.cuda.check_error(cudart.cudaHostRegister(
+        pointer, tensor.numel() * tensor.element_size(), 0))
+    atexit.register(cudart.cudaHostUnregister, pointer)
+
+
+class Fence:
+    """A point in ``device``'s queue that the host can wait for (a CUDA event); on the CPU
+    every operation has finished when it returns, so there is nothing to record or wait for."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.event = torch.cuda.Event() if is_cuda(device) else None
+
+    def record(self) -> None:
+        if self.event is not None:
+            self.event.record()
+
+    def wait(self) -> None:
+        """Block the host until the work queued before :meth:`record` is done."""
+        if self.event is not None:
+            self.event.synchronize()
 
 
 def stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -55,3 +99,17 @@ def rng_state(device: torch.device) -> torch.Tensor | None:
 def set_rng_state(device: torch.device, state: torch.Tensor) -> None:
     if is_cuda(device):
         torch.cuda.set_rng_state(state, device)
+
+
+def set_tf32(device: torch.device, on: bool) -> None:
+    """Let ``device``'s FP32 matmuls and convolutions run on TF32 tensor cores (``devices.tf32``).
+    A CPU computes in FP32 either way."""
+    if is_cuda(device):
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
+
+
+def precision(tf32: bool, devices: list[torch.device]) -> str:
+    """The matmul precision a run's workers compute in: ``tf32`` only where asked for and some
+    worker is a CUDA device (the summary's label), else ``fp32``."""
+    return "tf32" if tf32 and any(is_cuda(d) for d in devices) else "fp32"

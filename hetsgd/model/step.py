@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import cast
 
 import torch
@@ -66,12 +67,25 @@ Product = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]
 class Pending:
     """A computed step not yet applied: its losses, its learning rate and, for the fused step,
     the gradient factors of every layer (the autograd step keeps its gradient in the flat
-    gradient vector, which nothing else writes before the step lands)."""
+    gradient vector, which nothing else writes before the step lands).
 
-    loss: torch.Tensor
+    The mean loss is computed when :attr:`loss` is first read (``loss_of``): the fused step's
+    backward starts from the logits' gradient in closed form and never needs it, and a worker
+    reads it a few times a second, so most steps skip its kernels (and, on a GPU, its launches).
+    """
+
+    loss_of: Callable[[], torch.Tensor]
     losses: torch.Tensor | None
     lr: float
     products: list[Product] = field(default_factory=list)
+    _loss: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """The batch's mean loss (a 0-dim tensor, not read), computed on first use."""
+        if self._loss is None:
+            self._loss = self.loss_of()
+        return self._loss
 
 
 class Step:
@@ -122,14 +136,14 @@ class AutogradStep(Step):
         losses = per_sample_loss(self.task, out, y) if per_sample else None
         loss = losses.mean() if losses is not None else self.loss(out, y)
         loss.backward()
-        return Pending(loss.detach(), losses.detach() if losses is not None else None,
+        return Pending(partial(loss.detach), losses.detach() if losses is not None else None,
                        self.sgd.lr(epoch, batch_size))
 
     def on_no_examples(self, epoch: float, batch_size: int) -> Pending:
         """The first half of a step on no examples (a sync rank whose shard of the global batch
         is empty): a zero gradient, so the all-reduced one lands as on every other rank."""
         self.flat.zero_grad()
-        return Pending(torch.zeros(()), None, self.sgd.lr(epoch, batch_size))
+        return Pending(partial(torch.zeros, ()), None, self.sgd.lr(epoch, batch_size))
 
     @torch.no_grad()
     def land(self, pending: Pending) -> None:
@@ -217,8 +231,8 @@ class FusedMlpStep(Step):
             if activation is not None:
                 h = activation[0](h)
         losses = per_sample_loss(self.task, h, y) if per_sample else None
-        loss = losses.mean() if losses is not None else self.loss(h, y)
-        grad = logits_gradient(self.task, h, y)
+        loss_of = partial(losses.mean) if losses is not None else partial(self.loss, h, y)
+        grad = logits_gradient(self.task, h, y)  # a new tensor: `h` stays the logits
         if self.ones.shape[1] < len(grad):
             self.ones = grad.new_ones(1, len(grad))
         products: list[Product] = []
@@ -234,7 +248,7 @@ class FusedMlpStep(Step):
                 assert activation is not None  # every layer but the last has one
                 activation[1](below, a)
                 grad = below
-        return Pending(loss, losses, self.sgd.lr(epoch, batch_size), products)
+        return Pending(loss_of, losses, self.sgd.lr(epoch, batch_size), products)
 
     @torch.no_grad()
     def land(self, pending: Pending) -> None:

@@ -48,12 +48,15 @@ log = logging.getLogger("hetsgd")
 def workers_table(specs: list[WorkerSpec], counters: list[dict[str, float]]
                   ) -> list[dict[str, Any]]:
     """The rows of workers.csv: each worker's spec (``label``: its kind as tables show it, see
-    :attr:`WorkerSpec.label`) and counters."""
+    :attr:`WorkerSpec.label`) and counters, its time split four ways: computing, copying the
+    master in, merging its result back (or exchanging it), waiting for work. ``busy_s`` and
+    ``comm_s`` are the older columns (computing; copying and merging together)."""
     return [{"worker": s.rank, "group": s.group, "device": s.device, "label": s.label,
              "threads": s.threads, "first_batch": int(c["first_batch"]),
              "last_batch": int(c["batch_size"]), "updates": int(c["updates"]),
              "examples": int(c["examples"]), "busy_s": c["busy_s"], "wait_s": c["wait_s"],
-             "comm_s": c["comm_s"],
+             "comm_s": c["comm_s"], "compute_s": c["busy_s"], "copy_s": c["copy_s"],
+             "merge_s": c["comm_s"] - c["copy_s"],
              # a simulated worker is the simulator's events, not a process of its own
              "cpu_s": None if s.simulated else c["cpu_s"]} for s, c in zip(specs, counters)]
 

@@ -27,6 +27,7 @@ import pandas as pd
 from hetsgd.errors import UserError
 from hetsgd.outputs.comparison import (
     METRICS,
+    ROW_KEYS,
     TIMES,
     UTILIZATION,
     Comparison,
@@ -42,6 +43,7 @@ from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.outputs.safe_text import shown
 from hetsgd.outputs.speedup import add_speedup, ranking
+from hetsgd.outputs.time_split import split_markdown
 
 IDENTITY = ("algo", "devices", "dataset", "model", "seed")
 DASH = "—"
@@ -250,6 +252,7 @@ def build_report(index: pd.DataFrame, root: Path, baseline: str | None = None,
         text = add_speedup(comp, table, metrics, baseline)
         tuned = add_tuning(table, trials) if trials is not None else []
         sections.append(comparison_markdown(comp, table, text, tuned))
+        sections.append(split_markdown(comp.runs, ROW_KEYS))
         tables.append(table.assign(dataset=comp.dataset, model=comp.model, clock=comp.clock,
                                    l_best=comp.l_best))
     # the comparisons' runs carry the statuses found while reading their curves (unusable)

@@ -230,6 +230,8 @@ class RunSummary:
     environment: dict[str, Any] | None = None  # torch, python, CPU model, cores, GPUs, driver
     emulated: bool | None = None
     simulated: bool | None = None  # times are virtual (the virtual clock's), not measured
+    # the CUDA workers' matmul precision: fp32, or tf32 (devices.tf32, a deviation from the papers)
+    precision: str | None = None
     plan: dict[str, Any] | None = None  # what the algorithm settled, and the step taken
     mix: Mix | None = None  # the groups trained on
     launch: Launch | None = None  # nodes, and ranks (workers) per node

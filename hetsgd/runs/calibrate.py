@@ -70,10 +70,10 @@ def _measure(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedSt
             comm: list[float] = []  # the copy seconds of each timed step
 
             def step(i: int, size: int = batch_size, comm: list[float] = comm) -> None:
-                _, seconds = worker.step(0, i * size % (n - size + 1), size)
+                _, copy, merge = worker.step(0, i * size % (n - size + 1), size)
                 device_ops.synchronize(worker.device)  # the step's time includes the device's
                 if i >= timer.warmup:  # the calls the timer times
-                    comm.append(seconds)
+                    comm.append(copy + merge)
 
             times = timer.times(step, spec)
             elapsed = sum(times)

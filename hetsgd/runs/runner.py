@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.progress import track
 
@@ -29,6 +30,7 @@ from hetsgd.bounded import exits_caught, own_interrupt, stops_marked
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.plain import plain
+from hetsgd.engines import device_ops
 from hetsgd.engines.distributed.handoff import hand_off
 from hetsgd.engines.distributed.torchrun import check_distributed, torchrun
 from hetsgd.engines.factory import build_engine
@@ -213,7 +215,10 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         cfg = to_run_config(cfg)
     specs = expand(cfg.devices)
     attempt.note(environment=environment(), emulated=any(spec.emulated for spec in specs),
-                 simulated=cfg.devices.simulated)  # times are virtual (engines/virtual)
+                 simulated=cfg.devices.simulated,  # times are virtual (engines/virtual)
+                 precision=device_ops.precision(  # a simulated worker computes on the CPU
+                     cfg.devices.tf32 and not cfg.devices.simulated,
+                     [torch.device(spec.device) for spec in specs]))
     algorithm, cfg = algorithms.choose(cfg)  # a custom algorithm's typed settings, its name
     attempt.note(algo=cfg.algo.name)
     plan = algorithm.plan(cfg, specs)

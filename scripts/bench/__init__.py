@@ -19,6 +19,11 @@ g. the virtual-clock engine's own cost: one worker's examples per real second si
 h. the cost around a 1 s run of the command (one worker, two-worker Hogwild, local SGD on the
    emulated mix, a sweep's second job) as a ratio to ``python -c "import torch"`` measured beside
    it (goal: at most 1.5x), split into before training, after it, and to the exit
+i. the accelerator's step (its replica step and its GPU-alone step) against a textbook loop on
+   the same device (nn.Sequential, resident data, torch.optim.SGD(foreach=True), no .item())
+   and, on CUDA, that loop in one CUDA graph; mlp and mlp_paper at batch 1024 and 8192, FP32 and
+   TF32; kernels and host waits per step (torch.profiler); pageable / pinned / registered copy
+   bandwidth. Without CUDA: the emulated accelerator against the loop on the CPU, batch 64/256
 
 A ratio below its goal says so, with (for the step) the profile that explains it.
 ``python -m scripts.bench`` runs every section; ``--quick`` (``make bench-quick``) runs a-d and g

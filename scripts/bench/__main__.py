@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from hetsgd.outputs.run_directory import environment
+from scripts.bench.accel import bench_accel
 from scripts.bench.hogwild import bench_hogwild
 from scripts.bench.jobs import Jobs, choose_data
 from scripts.bench.load import OtherLoad
@@ -39,7 +40,8 @@ BENCHES: dict[str, tuple[Bench, str]] = {
     "c": (bench_hogwild, "Hogwild scaling"), "d": (bench_memory, "memory"),
     "e": (bench_time_to_target, "time to target"), "f": (bench_sampler, "sampler overhead"),
     "g": (bench_virtual_engine, "virtual engine overhead"),
-    "h": (bench_overhead, "the cost around a run")}
+    "h": (bench_overhead, "the cost around a run"),
+    "i": (bench_accel, "the accelerator step vs a textbook loop")}
 QUICK = "abcdg"  # `make bench-quick`: the sections with goals
 QUICK_SECONDS = 2.0
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hetsgd.engines.counters import COUNTERS, CounterRow, WorkerCounters
+from hetsgd.engines.counters import COUNTERS, RANK_COUNTERS, CounterRow, WorkerCounters
 from hetsgd.engines.distributed.group import Group
 
 FLAGS = 3  # stop, diverged, checkpoint: summed, so any rank raises each for all
@@ -33,16 +33,17 @@ class Ledger(CounterRow):
         self.rank, self.beat = rank, beat
         self.shared = shared if rank == 0 else None
 
-    def step(self, examples: int, busy_s: float, wait_s: float = 0.0, comm_s: float = 0.0) -> None:
-        super().step(examples, busy_s, wait_s, comm_s)
+    def step(self, examples: int, busy_s: float, wait_s: float = 0.0, comm_s: float = 0.0,
+             copy_s: float = 0.0) -> None:
+        super().step(examples, busy_s, wait_s, comm_s, copy_s)
         self.beat()
 
     def publish(self, table: torch.Tensor) -> None:
         """Rank 0: the world's counters ([ranks, columns]) into the coordinator's table."""
         if self.shared is not None:
             table = table.to("cpu", torch.float64)
-            table[self.rank] = self.row  # its own row is always current
-            self.shared.table.copy_(table)
+            table[self.rank] = self.row[:table.shape[1]]  # its own row is always current
+            self.shared.table[:, :table.shape[1]].copy_(table)
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Exchange:
     def __init__(self, group: Group, ledger: Ledger, sizes: tuple[int, int]) -> None:
         self.group, self.ledger = group, ledger
         self.sizes = sizes
-        tail = FLAGS + group.world_size * len(COUNTERS)
+        tail = FLAGS + group.world_size * len(RANK_COUNTERS)
         self.buffer = group.buffer(sum(sizes) + tail)
         self.tail = torch.zeros(tail, dtype=torch.float32)
 
@@ -83,9 +84,9 @@ class Exchange:
         payload.mul_(weight)
         self.tail.zero_()
         self.tail[:FLAGS] = torch.tensor([stop, diverged, checkpoint], dtype=torch.float32)
-        columns = len(COUNTERS)
+        columns = len(RANK_COUNTERS)
         start = FLAGS + self.ledger.rank * columns
-        self.tail[start:start + columns] = self.ledger.row
+        self.tail[start:start + columns] = self.ledger.row[:columns]
         self.buffer[sum(self.sizes):].copy_(self.tail)
         self.group.all_reduce_(self.buffer)
         self.ledger.beat()  # through: a long wait there was for the others

@@ -3,17 +3,20 @@
 - ``InPlace``: the model's parameters *are* the master in shared memory; each step updates it
   lock-free (Hogwild). Host workers of the asynchronous family, and the single-device CPU baseline.
 - ``Replica``: the accelerator's path in Hogbatch: copy the master in before each batch, merge the
-  result back after it (``delta`` or ``overwrite``). Runs on a CPU too (the emulated ``accel``).
+  result back after it (``delta`` or ``overwrite``), pipelined: a step's result lands in the master
+  at the end of the next step, or when published. Runs on a CPU too (the emulated ``accel``).
 - ``Resident``: the model lives on the worker's device and is copied into the master only when the
   coordinator asks for a snapshot, and at the end. The single-device GPU baseline.
 
 What a step computes (the worker) is kept apart from how its result lands (the link), so an
 algorithm chooses only the link of each worker (a :data:`LinkFactory`). Each link says how many
 copies of the model it makes per step (``COPIES_PER_STEP``, which the virtual-clock engine times
-with the device's link) and can ``publish``: bring the master up to date between two steps.
-The contract each member keeps is :class:`Link`'s; a user's link is checked against it when it
-is built (:func:`check_link`), and the shared-memory coordinator names the member of a link
-that leaves its publish requests unanswered.
+with the device's link) and can ``publish``: bring the master up to date between two steps. A
+link's ``after_step`` need not have landed its step in the master; ``publish`` and ``finish``
+land every step taken (the virtual-clock engine publishes at each step's virtual end, where the
+device's timing puts the merge). The contract each member keeps is :class:`Link`'s; a user's link
+is checked against it when it is built (:func:`check_link`), and the shared-memory coordinator
+names the member of a link that leaves its publish requests unanswered.
 """
 
 from __future__ import annotations
@@ -44,14 +47,15 @@ class Link(Protocol):
     - ``COPIES_PER_STEP``: how many copies of the model a step makes (0, or 2 for a replica
       copied in and merged back); the virtual clock charges each one the device's copy time.
     - ``before_step()``: make ``flat`` ready for the next step (a replica loads the master).
-    - ``after_step()``: the step's result reaches the master as the method wants (a merge), and
-      the worker **answers any publish request** raised before it (``state.signals.asked(rank)``
+    - ``after_step()``: the step's result is on its way to the master as the method wants (a
+      merge; a pipelined replica lands it at the end of the next step), and the worker **answers any publish request** raised before it (``state.signals.asked(rank)``
       then ``state.signals.answer(rank)``) once the master holds every step it has taken: the
       coordinator waits for that answer before each snapshot of an accelerator worker (one
       with ``spec.accel``), and fails the run, naming this member, when the worker takes
       :data:`UNANSWERED_STEPS` steps without answering.
-    - ``publish()``: bring the master up to date now, between two steps (the virtual clock
-      calls it before each snapshot; the shared-memory engine, through ``after_step``).
+    - ``publish()``: bring the master up to date now, between two steps: every step taken
+      lands (the virtual clock calls it at each step's virtual end; the shared-memory engine,
+      through ``after_step``, and the worker before a checkpoint).
     - ``finish()``: the worker's last word: the master holds all its steps afterwards.
     """
 
@@ -149,8 +153,16 @@ class Replica:
     ``delta`` adds the replica's own change (w_after - w_before) to the master, so CPU updates
     that landed during the batch survive; ``overwrite`` copies the replica over the master, as the
     authors' released code does, losing them. Buffers (BatchNorm statistics) are overwritten.
-    After each merge the master holds all of this worker's steps, so it answers any publish
-    request then.
+
+    The merge is pipelined: a step's change is queued to the host as the step ends and added into
+    the master at the end of the *next* step, once that step's device work is queued (on a GPU it
+    runs meanwhile). The replica keeps its own change in the meantime: under ``delta`` it adds the
+    change still on its way to the master it has just copied in; under ``overwrite`` it keeps its
+    own parameters, which the master is about to become. So no update is lost or counted twice,
+    and each step still lands exactly once. The one host wait of a step is :attr:`loaded`: the
+    master's copy into the replica has finished (and, before it on the device's queue, the
+    previous step's copy out), so the master may change again. ``publish`` (a snapshot's request,
+    a checkpoint, the end) lands the change in flight, so the master holds every step.
     """
 
     COPIES_PER_STEP = 2  # in before the batch, out after it
@@ -161,35 +173,68 @@ class Replica:
         self.master, self.signals, self.rank = state.master, state.signals, spec.rank
         self.merge = merge
         device = self.flat.params.device
+        for shared in (self.master.params, self.master.buffers):
+            device_ops.register_host(shared, device)
         self.start_params = torch.empty_like(self.flat.params)
-        self.host_delta = device_ops.host_buffer(self.flat.params.shape, device)
+        self.change = torch.empty_like(self.flat.params)  # delta: this step's, on the device
+        # what lands in the master: the change (delta) or the parameters (overwrite), on the host
+        self.outgoing = (device_ops.host_mirror(self.change) if merge == "delta"
+                         else device_ops.host_buffer(self.flat.params.shape, device))
         self.host_buffers = device_ops.host_buffer(self.flat.buffers.shape, device)
+        self.loaded, self.copied = device_ops.Fence(device), device_ops.Fence(device)
+        self.in_flight = False  # a step's result is on its way to the master
 
     def before_step(self) -> float:
         start = time.perf_counter()
-        self.flat.load_(self.master.params, self.master.buffers)
+        if not (self.in_flight and self.merge == "overwrite"):
+            self.flat.load_(self.master.params, self.master.buffers)
+            if self.in_flight:  # delta: the change the master does not hold yet
+                self.flat.params.add_(self.change)
+        self.loaded.record()
         if self.merge == "delta":
             self.start_params.copy_(self.flat.params)
         return time.perf_counter() - start
 
     def after_step(self) -> float:
-        device_ops.synchronize(self.flat.params.device)  # the copies' time, not the step's
+        """Land the last step's result and queue this one's; returns the seconds it took, not
+        counting the wait for the device (a step's time, as a synchronize was before)."""
+        self.loaded.wait()  # the master's copy in has finished: the last step's result may land
         start = time.perf_counter()
+        self._land()
         if self.merge == "delta":
-            self.host_delta.copy_(self.flat.params.sub_(self.start_params))
-            self.master.params.add_(self.host_delta)  # lock-free, like every Hogwild update
+            torch.sub(self.flat.params, self.start_params, out=self.change)
+            device_ops.to_host(self.outgoing, self.change)
         else:
-            self.master.params.copy_(self.flat.params)
-        self.host_buffers.copy_(self.flat.buffers)
-        self.master.buffers.copy_(self.host_buffers)
-        self.signals.answer(self.rank)
+            self.outgoing.copy_(self.flat.params, non_blocking=True)
+        self.host_buffers.copy_(self.flat.buffers, non_blocking=True)
+        self.copied.record()
+        self.in_flight = True
+        if self.signals.asked(self.rank):
+            self.publish()
+            self.signals.answer(self.rank)
         return time.perf_counter() - start
 
+    def _land(self) -> None:
+        """Add (or copy) the result in flight into the master: lock-free, like every Hogwild
+        update."""
+        if not self.in_flight:
+            return
+        if self.merge == "delta":
+            self.master.params.add_(self.outgoing)
+        else:
+            self.master.params.copy_(self.outgoing)
+        self.master.buffers.copy_(self.host_buffers)
+        self.in_flight = False
+
     def publish(self) -> float:
-        return 0.0  # between two steps the master holds every merged one
+        """Land the result in flight, once its copy out has finished."""
+        start = time.perf_counter()
+        self.copied.wait()
+        self._land()
+        return time.perf_counter() - start
 
     def finish(self) -> float:
-        return 0.0
+        return self.publish()
 
 
 # Chooses each worker's link; algorithms with a replica path pass their own. Must be picklable.

@@ -6,7 +6,7 @@ sleep. The batch size is re-read every step, so a controller (Adaptive Hogbatch)
 What a step computes is :mod:`hetsgd.model.step`; how its result reaches the master is the
 worker's link (:mod:`.links`). Everything else in the loop (claiming, counting, the stop flag)
 costs about a microsecond a step: shared scalars are read through numpy views, and the loss is
-read only a few times a second.
+computed and read only a few times a second (a step leaves it to be computed when read).
 
 A step's staleness is counted as the other workers' claims on the epoch cursor between its own
 claim and its landing (the cursor numbers its claims under the lock it takes anyway; the count
@@ -30,6 +30,7 @@ from functools import partial
 import torch
 
 from hetsgd.config import RunConfig
+from hetsgd.engines import device_ops
 from hetsgd.engines.batches import Batches, min_rows, training_augment
 from hetsgd.engines.checkpoint import (
     WorkerState,
@@ -94,11 +95,11 @@ class Worker:
         self.train_step.land(pending)
         return self.link.after_step()
 
-    def step(self, epoch: int, start: int, size: int) -> tuple[torch.Tensor, float]:
-        """One SGD step, both halves; returns (the loss, not yet read; seconds spent copying
-        to or from the master)."""
-        pending, comm = self.begin(epoch, start, size)
-        return pending.loss, comm + self.end(pending)
+    def step(self, epoch: int, start: int, size: int) -> tuple[Pending, float, float]:
+        """One SGD step, both halves; returns (the landed step, whose loss is computed only if
+        read; seconds spent copying the master in; seconds spent merging into it)."""
+        pending, copy = self.begin(epoch, start, size)
+        return pending, copy, self.end(pending)
 
     def run(self, observe: Callable[[StepRecord], None] | None = None,
             on_checkpoint: Callable[[WorkerState], None] | None = None) -> None:
@@ -110,7 +111,7 @@ class Worker:
         stop, cursor = state.signals.stop, state.cursor
         sleeping = partial(state.signals.sleeping, rank)  # an emulated sleep beats as it waits
         checkpoints = state.signals if state.checkpointing and on_checkpoint else None
-        loss: torch.Tensor | None = None
+        last: Pending | None = None
         next_read = 0.0
         stale_sum = stale_max = 0  # kept here, written to the shared row a few times a second
         counters.start_cpu()
@@ -121,28 +122,30 @@ class Worker:
             if claim is None:
                 break
             epoch, start, size, number = claim
-            loss, comm = self.step(epoch, start, size)
+            last, copy, merge = self.step(epoch, start, size)
             finished = time.perf_counter()
-            counters.step(size, finished - started - comm, started - waited, comm)
+            counters.step(size, finished - started - copy - merge, started - waited,
+                          copy + merge, copy)
             stale = cursor.claims - number
             stale_sum += stale
             if stale > stale_max:
                 stale_max = stale
             if observe is not None:
-                observe(StepRecord(epoch, start, size, float(loss)))
+                observe(StepRecord(epoch, start, size, float(last.loss)))
             if finished >= next_read:
                 counters.staleness(stale_sum, stale_max)
                 counters.count_cpu()
-                self.read_loss(loss, counters, epoch + start / self.batches.n)
+                self.read_loss(last.loss, counters, epoch + start / self.batches.n)
                 next_read = finished + LOSS_READ_S
             emulate(finished - started, sleeping)
             if checkpoints is not None and checkpoints.checkpoint_asked(rank):
                 assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
+                counters.add("comm_s", self.link.publish())  # the master holds every step
                 on_checkpoint(self.checkpoint(counters))
                 checkpoints.answer_checkpoint(rank)
         counters.staleness(stale_sum, stale_max)
-        if loss is not None:
-            self.read_loss(loss, counters, counters["examples"] / self.batches.n)
+        if last is not None:
+            self.read_loss(last.loss, counters, counters["examples"] / self.batches.n)
         if checkpoints is not None:
             assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
             on_checkpoint(self.checkpoint(counters))
@@ -181,5 +184,6 @@ def set_up_math(spec: WorkerSpec, cfg: RunConfig) -> None:
     """A worker or rank process's float mode, then its threads: torch's intra-op threads, which
     start later, inherit the mode (``devices.flush_denormal``; :mod:`hetsgd.engines.denormals`)."""
     flush_denormals(cfg.devices.flush_denormal)
+    device_ops.set_tf32(torch.device(spec.device), cfg.devices.tf32)
     torch.set_num_threads(spec.threads)
 

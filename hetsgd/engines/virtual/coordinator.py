@@ -112,8 +112,9 @@ class VirtualCoordinator(EngineBase):
         """Worker ``rank``'s step in flight lands; returns its examples."""
         step = self.in_flight.pop(rank)
         self.workers[rank].end(step.pending)
+        self.workers[rank].link.publish()  # the merge lands at the step's virtual end
         row = self.rows[rank]
-        row.step(step.size, step.compute_s, 0.0, step.copy_s)
+        row.step(step.size, step.compute_s, 0.0, step.copy_s, step.copy_s / 2)  # half in
         stale, (total, largest) = self.landed - step.landed_before, self.stale[rank]
         self.stale[rank] = total + stale, max(largest, stale)
         row.staleness(*self.stale[rank])

@@ -1,0 +1,206 @@
+"""Section i: the accelerator's step against a textbook loop on the same device.
+
+hetsgd's accelerator worker (its replica step, merged into the master, and its GPU-alone step on
+a resident model) against the loop a PyTorch user writes: an ``nn.Sequential``, the data resident
+on the device, ``torch.optim.SGD(foreach=True)``, no ``.item()``; on CUDA also that loop captured
+in one CUDA graph (the floor a step can reach), the kernels and host waits per step from
+``torch.profiler``, and the bandwidth of a model-sized copy from pageable, pinned and registered
+(page-locked in place) host memory. Without CUDA the accelerator is the emulated one, a CPU
+worker running the same code, against the same loop on the CPU: the same ratios, no graph rows.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from hetsgd.algorithms.hogbatch import hogbatch_link
+from hetsgd.config import RunConfig, to_run_config
+from hetsgd.engines import device_ops
+from hetsgd.engines.shared.links import LinkFactory, default_link
+from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.shared.worker import Worker
+from hetsgd.model.architectures import build_model
+from hetsgd.model.losses import loss_fn
+from hetsgd.model.problem import Problem
+from hetsgd.workers import expand
+from scripts.bench import inprocess
+from scripts.bench.jobs import Jobs, compose_config
+from scripts.bench.section import Section
+
+ACCEL_MODELS = ("mlp", "mlp_paper")
+ACCEL_BATCHES = (1024, 8192)
+EMULATED_BATCHES = (64, 256)  # the emulated accelerator's sizes: a CPU core takes seconds at 8192
+PROFILED_STEPS = 20
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+COPY_REPEATS = 20
+
+
+def _config(data: tuple[str, ...], model: str, batch: int, steps: int, n: int) -> RunConfig:
+    """The accelerator of the ``auto`` mix alone (a GPU, or the emulated CPU worker), one thread
+    on the host, ``steps`` steps of ``batch``."""
+    return to_run_config(compose_config(
+        "algo=hogbatch", "devices=auto_gpu", *data, f"model={model}", "optim.lr=0.01",
+        "devices.groups.accel.threads=1", f"devices.groups.accel.batch_size={batch}",
+        "data.on_device=always", f"budget.epochs={steps * batch / n}"))
+
+
+def _hetsgd(cfg: RunConfig, problem: Problem, data: SharedData, link: LinkFactory) -> float:
+    """Seconds per step of the accelerator worker's loop with ``link``, to its last merge."""
+    master = SharedMaster.initial(cfg.model, problem, cfg.seed)
+    state = SharedState.create(data, master, cfg.budget.epochs, 1, mp.get_context("spawn"))
+    spec, = expand(cfg.devices)
+    worker = Worker(spec, cfg, problem, state, link)
+    device_ops.synchronize(worker.device)
+    start = time.perf_counter()
+    worker.run()
+    device_ops.synchronize(worker.device)
+    return (time.perf_counter() - start) / max(int(state.counters.row(0)["updates"]), 1)
+
+
+def _plain_step(cfg: RunConfig, problem: Problem, data: SharedData, device: torch.device,
+                steps: int) -> tuple[Callable[[int], None], torch.Tensor]:
+    """The textbook step on resident data (a call per step), and the index batch it reads:
+    random batches drawn up front, on the device."""
+    model = build_model(cfg.model, problem.num_features, problem.num_outputs, None,
+                        cfg.seed).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, foreach=True)
+    criterion = loss_fn(problem.task)
+    x, y = data.x.to(device), data.y.to(device)
+    batch = cfg.devices.groups["accel"].batch_size
+    generator = torch.Generator().manual_seed(cfg.seed)
+    batches = torch.randint(data.num_examples, (steps, batch), generator=generator).to(device)
+    idx = batches[0].clone()
+
+    def step(i: int) -> None:
+        idx.copy_(batches[i % steps])
+        optimizer.zero_grad(set_to_none=False)
+        criterion(model(x.rows(idx)), y.index_select(0, idx)).backward()
+        optimizer.step()
+    return step, idx
+
+
+def _graphed(step: Callable[[int], None]) -> Callable[[int], None]:
+    """``step`` captured in one CUDA graph (after warm-up steps on a side stream, as torch's
+    documentation does); a call copies the next index batch in and replays it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            step(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(0)
+    return lambda i: graph.replay()
+
+
+def _per_step(step: Callable[[int], None], steps: int, device: torch.device) -> float:
+    for i in range(3):
+        step(i)
+    device_ops.synchronize(device)
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    device_ops.synchronize(device)
+    return (time.perf_counter() - start) / steps
+
+
+def _profile_counts(run: Callable[[], None], steps: int) -> tuple[float, float]:
+    """CUDA kernels and host waits per step while ``run`` takes ``steps`` steps."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profiler:
+        run()
+        torch.cuda.synchronize()
+    events = profiler.events()
+    kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    syncs = sum(1 for e in events if e.name in SYNC_CALLS)
+    return kernels / steps, syncs / steps
+
+
+def _bandwidth(nbytes: int, device: torch.device) -> dict[str, float]:
+    """GB/s of a host-to-device copy of ``nbytes`` from each kind of host memory."""
+    pageable = torch.empty(nbytes // 4)
+    pinned = torch.empty(nbytes // 4, pin_memory=True)
+    registered = torch.empty(nbytes // 4)
+    device_ops.register_host(registered, device)
+    target = torch.empty(nbytes // 4, device=device)
+    result = {}
+    for name, source in (("pageable", pageable), ("pinned", pinned), ("registered", registered)):
+        seconds = _per_step(lambda _i, s=source: target.copy_(s, non_blocking=True),
+                            COPY_REPEATS, device)
+        result[name] = nbytes / seconds / 1e9
+    return result
+
+
+def bench_accel(jobs: Jobs, seconds: float, models: tuple[str, ...] = ACCEL_MODELS,
+                batches: tuple[int, ...] | None = None) -> Section:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    batches = batches or (ACCEL_BATCHES if cuda else EMULATED_BATCHES)
+    section = Section(
+        f"the accelerator step vs a textbook loop ({'CUDA' if cuda else 'emulated, CPU'})",
+        "Seconds per step of hetsgd's accelerator worker (its loop: claim, gather, step, and the "
+        "replica's copy in and merge into the master, or the GPU-alone step on a resident "
+        "model) over a textbook loop on the same device (nn.Sequential, resident data, "
+        "torch.optim.SGD(foreach=True), no .item()); ratio > 1: hetsgd is slower. On CUDA also "
+        "that loop in one CUDA graph, and kernels and host waits per step (torch.profiler).",
+        ["model", "batch", "precision", "plain ms", "graphed ms", "replica / plain",
+         "alone / plain", "replica / graphed", "kernels/step (replica, plain)",
+         "waits/step (replica, plain)"])
+    problem, shared = inprocess.training_data(jobs.data)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for precision in (("fp32", "tf32") if cuda else ("fp32",)):
+            device_ops.set_tf32(device, precision == "tf32")
+            for model in models:
+                for batch in batches:
+                    _measure(section, jobs, seconds, problem, shared, model, batch, precision)
+        if cuda:
+            nbytes = 4 * sum(p.numel() for p in build_model(
+                "mlp_paper", problem.num_features, problem.num_outputs, None, 0).parameters())
+            section.data["copy_gb_per_s"] = _bandwidth(nbytes, device)
+            section.notes.append("host-to-device copy of mlp_paper's parameters, GB/s: " + ", ".join(
+                f"{k} {v:.1f}" for k, v in section.data["copy_gb_per_s"].items()))
+    finally:
+        device_ops.set_tf32(device, False)
+        torch.set_num_threads(threads)
+    return section
+
+
+def _measure(section: Section, jobs: Jobs, seconds: float, problem: Problem,
+             shared: SharedData, model: str, batch: int, precision: str) -> None:
+    """One row: ``model`` at ``batch``, each loop timed over about ``seconds`` / 4."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    probe = _config(jobs.data, model, batch, 3, shared.num_examples)
+    probe_step, _ = _plain_step(probe, problem, shared, device, 3)
+    steps = max(3, round(seconds / 4 / _per_step(probe_step, 3, device)))
+    cfg = _config(jobs.data, model, batch, steps, shared.num_examples)
+    step, _ = _plain_step(cfg, problem, shared, device, steps)
+    plain = _per_step(step, steps, device)
+    replica = _hetsgd(cfg, problem, shared, partial(hogbatch_link, merge="delta"))
+    alone = _hetsgd(cfg, problem, shared, default_link)
+    graphed = kernels = waits = None
+    if device.type == "cuda":
+        graphed = _per_step(_graphed(step), steps, device)
+        few = _config(jobs.data, model, batch, PROFILED_STEPS, shared.num_examples)
+        ours = _profile_counts(lambda: _hetsgd(few, problem, shared,
+                                               partial(hogbatch_link, merge="delta")),
+                               PROFILED_STEPS)
+        theirs = _profile_counts(lambda: [step(i) for i in range(PROFILED_STEPS)], PROFILED_STEPS)
+        kernels, waits = (ours[0], theirs[0]), (ours[1], theirs[1])
+    section.rows.append([
+        model, str(batch), precision, f"{plain * 1e3:.3f}",
+        "—" if graphed is None else f"{graphed * 1e3:.3f}", f"{replica / plain:.2f}x",
+        f"{alone / plain:.2f}x", "—" if graphed is None else f"{replica / graphed:.2f}x",
+        "—" if kernels is None else f"{kernels[0]:.0f}, {kernels[1]:.0f}",
+        "—" if waits is None else f"{waits[0]:.1f}, {waits[1]:.1f}"])
+    section.data[f"{model}_batch{batch}_{precision}"] = {
+        "steps": steps, "plain_s": plain, "graphed_s": graphed, "replica_s": replica,
+        "alone_s": alone, "kernels_per_step": kernels, "waits_per_step": waits}

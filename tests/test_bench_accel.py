@@ -1,0 +1,36 @@
+"""The bench's accelerator section (scripts/bench/accel.py) runs through on the CPU: the emulated
+accelerator against the textbook loop, with tiny sizes (CI's smoke test of it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from scripts.bench.accel import bench_accel
+from scripts.bench.jobs import W8A_LIKE, Jobs
+
+SMALL = (*W8A_LIKE[:1], "dataset.n_samples=512", "dataset.n_features=16")
+
+
+@pytest.mark.slow
+def test_the_accel_section_times_hetsgd_and_the_textbook_loop(tmp_path: Path) -> None:
+    section = bench_accel(Jobs(tmp_path, SMALL), 0.4, models=("mlp",), batches=(8, 32))
+    assert section.error is None
+    assert [row[:3] for row in section.rows] == [["mlp", "8", "fp32"], ["mlp", "32", "fp32"]]
+    for key in ("mlp_batch8_fp32", "mlp_batch32_fp32"):
+        numbers = section.data[key]
+        assert numbers["steps"] >= 3
+        assert all(numbers[f"{loop}_s"] > 0 for loop in ("plain", "replica", "alone"))
+        if not torch.cuda.is_available():  # no graph, profile or copies without CUDA
+            assert numbers["graphed_s"] is None and numbers["kernels_per_step"] is None
+
+
+@pytest.mark.gpu
+def test_the_accel_section_on_cuda_counts_kernels_and_copies(tmp_path: Path) -> None:
+    section = bench_accel(Jobs(tmp_path, SMALL), 0.4, models=("mlp",), batches=(64,))
+    numbers = section.data["mlp_batch64_fp32"]
+    assert numbers["graphed_s"] > 0 and numbers["kernels_per_step"][1] > 0
+    assert set(section.data["copy_gb_per_s"]) == {"pageable", "pinned", "registered"}
+    assert [row[2] for row in section.rows] == ["fp32", "tf32"]
