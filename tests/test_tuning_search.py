@@ -101,12 +101,14 @@ def test_an_edge_choice_is_extended_then_stays_flagged_at_the_bound(tmp_path: Pa
     chosen = tried[tried["chosen"]]
     assert set(chosen["set.optim.lr"]) == {"0.0009"} and set(chosen["edge"]) == {"optim.lr:high"}
     report = (sweep / "report.md").read_text()
-    assert "| 0.0009 (high edge) |" in report
+    assert "(high edge) |" in report
     assert "Search: 6 trials (the grid, then 1 round(s) past edge choices)" in report
     assert "On an edge of the values tried" in report and "hogbatch (optim.lr:high)" in report
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_a_methods_objective_does_not_move_with_another_methods_trials(tmp_path: Path) -> None:
     """time_to_0.9 against each method's own best loss: hogwild's values and choice are the
     same with hogbatch's trials beside it as without them (hogbatch reaching lower losses,
@@ -133,7 +135,7 @@ def test_a_method_from_the_users_config_dir_is_tuned(tmp_path: Path) -> None:
     assert invocation.sweep_dir is not None
     tried = pd.read_csv(invocation.sweep_dir / "tuning.csv")
     assert set(tried["method"]) == {"mine"} and tried["chosen"].any()
-    job, = (d for d in invocation.sweep_dir.iterdir() if d.name.endswith("+tuned=mine"))
+    job = next(d for d in invocation.sweep_dir.iterdir() if "tuned=mine" in d.name)
     assert yaml.safe_load((job / "config.yaml").read_text())["algo"]["name"] == "hogwild"
 
 
@@ -158,9 +160,11 @@ def test_hydras_optuna_sweeper_searches_hetsgd_runs_by_their_objective(tmp_path:
 
 
 @pytest.mark.integration
+@pytest.mark.skipif(not OPTUNA, reason="hydra-optuna-sweeper is not installed")
 def test_a_sweeper_direction_against_the_metric_is_refused(tmp_path: Path) -> None:
-    invocation = invoke(["-m", "hydra.sweeper.+direction=minimize", "objective.metric=test_acc",
-                         "seed=0,1", f"results_dir={tmp_path}"])
+    invocation = invoke(["-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=minimize",
+                         "objective.metric=test_acc", "optim.lr=tag(log,interval(1e-3,1))",
+                         f"results_dir={tmp_path}"])
     assert invocation.code == 1
     assert invocation.errors == ["hydra.sweeper.direction=minimize would search for the worst "
                                  "objective.metric=test_acc: set hydra.sweeper.direction=maximize"]
