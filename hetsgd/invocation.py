@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import threading
@@ -117,7 +118,11 @@ class _Job:
     def __init__(self, invocation: Invocation) -> None:
         self.invocation = invocation
 
-    def __call__(self, cfg: DictConfig) -> None:
+    def __call__(self, cfg: DictConfig) -> float:
+        """The run's objective (:func:`hetsgd.tuning.objective.run_objective`), which Hydra's
+        sweepers (Optuna's) rank by; NaN for a run that did not complete and learn."""
+        from hetsgd.tuning.objective import run_objective
+
         invocation = self.invocation
         # the first run pays for the process's start; later jobs of a sweep start now
         started_at = invocation.started_at if not invocation.runs else None
@@ -127,11 +132,11 @@ class _Job:
         except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written
             invocation.statuses.append("failed")
             invocation.error(exc)
-            return
+            return math.nan
         invocation.statuses.append(summary.status)
         if summary.status == "failed":
             invocation.error(f"{summary.error} (details in {summary.run_dir})")
-            return
+            return math.nan
         try:
             console.print(summary_table(summary.to_dict()))
         except Exception as exc:  # noqa: BLE001 - the run's files are written: only the table is lost
@@ -141,6 +146,7 @@ class _Job:
             log.warning("%s", line)  # the run's last word: its times are not the machine's
         if summary.status == "interrupted":
             raise KeyboardInterrupt  # a sweep stops here; its summary covers the jobs that ran
+        return run_objective(cfg, summary.to_dict())
 
 
 def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
@@ -163,9 +169,13 @@ def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
     interrupted = False
     try:
         _run_hydra(invocation, [*args, *_continue_in_place(args)])
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        from hetsgd.tuning.phases import SearchInterrupted
+
         interrupted = True
-        if (sweep_dir := invocation.started_sweep) is not None:
+        if isinstance(stop, SearchInterrupted):  # a tuned comparison's search: its trials
+            err.print(str(stop), soft_wrap=True)
+        elif (sweep_dir := invocation.started_sweep) is not None:
             err.print(f"hetsgd: sweep interrupted after {len(invocation.ended())} job(s); the "
                       f"others did not run ({_close_sweep(sweep_dir)})", soft_wrap=True)
     except (UserError, ConfigError) as exc:
@@ -199,7 +209,8 @@ def _run_hydra(invocation: Invocation, args: list[str]) -> None:
     from hydra.version import setbase
 
     parser, parsed = hydra_arguments(args)
-    invocation.sweep_dir, tuning = _settle_sweep_dir(parsed.overrides, parsed.multirun)
+    invocation.sweep_dir, tuning = _settle_sweep_dir(parsed.overrides, parsed.multirun,
+                                                     parsed.config_dir)
     if invocation.sweep_dir is not None:
         parsed.overrides.append(f"hydra.sweep.dir={quoted(invocation.sweep_dir)}")
     setbase("1.3")
@@ -218,7 +229,7 @@ def _run_hydra(invocation: Invocation, args: list[str]) -> None:
         tune_then_compare(tuning, parsed.overrides, invocation.sweep_dir, sweep)
 
 
-def _settle_sweep_dir(overrides: list[str], multirun: bool
+def _settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | None = None
                       ) -> tuple[Path | None, Tuning | None]:
     """The folder the sweep of ``overrides`` writes into, as Hydra resolves it (from everything
     but the swept values), refused if an earlier sweep is there (:func:`check_unused`) or
@@ -226,15 +237,23 @@ def _settle_sweep_dir(overrides: list[str], multirun: bool
     tuning it asks for, checked; None for a single run (neither ``-m`` nor an experiment's
     ``hydra.mode: MULTIRUN``) and where the overrides do not compose, which Hydra then reports
     itself. A launcher that runs the jobs at once is warned of here, once: their measured times
-    compete for the cores."""
+    compete for the cores. A sweep of a ``tuning.*`` key is refused (:func:`refuse_swept`)."""
+    from hetsgd.tuning.spec import refuse_swept
+
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # noqa: BLE001 - Hydra's own parser says what is wrong, just after
+        return None, None
+    refuse_swept(parsed)
+    try:
         # without -m only an experiment (or hydra.mode itself) can make it a sweep: a single
         # run is not composed an extra time
         if not multirun and not any(o.key_or_group in MODE_SETTERS for o in parsed):
             return None, None
         fixed = [override.input_line for override in parsed
                  if not override.is_sweep_override() and override.input_line is not None]
+        if config_dir is not None:  # the user's configs (their +method, their experiment)
+            fixed.append(f"hydra.searchpath=[{quoted('file://' + str(Path(config_dir).resolve()))}]")
         config = compose_run(fixed, hydra_config=True)
     except Exception:  # noqa: BLE001 - Hydra's own composition says what is wrong, just after
         return None, None
@@ -243,6 +262,7 @@ def _settle_sweep_dir(overrides: list[str], multirun: bool
         return None, None
     from hetsgd.outputs.sweep import check_unused, claim_folder
     from hetsgd.tuning import Tuning
+    from hetsgd.tuning.objective import check_direction
     from hetsgd.tuning.phases import check_knobs
 
     sweep_dir = Path(str(hydra.sweep.dir))
@@ -251,6 +271,7 @@ def _settle_sweep_dir(overrides: list[str], multirun: bool
         err.print("hetsgd: warning: hydra/launcher=submitit_local runs the sweep's jobs at once on "
                   "this machine, so their workers share its cores and their times compete; "
                   "Hydra's default launcher runs them one by one", soft_wrap=True)
+    check_direction(config)
     tuning = Tuning.of(config)
     if tuning is not None:
         check_knobs(tuning, fixed)

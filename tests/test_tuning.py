@@ -24,8 +24,9 @@ OBJECTIVE = "objective.time_to_0.9"
 
 
 def trials(rows: list[tuple[str, str, int, float, float]]) -> pd.DataFrame:
-    """(method, lr, seed, objective, train loss) per trial."""
-    return pd.DataFrame(rows, columns=["method", "set.optim.lr", "seed", OBJECTIVE, "train_loss"])
+    """(method, lr, seed, objective, train loss) per trial, each completed and learnt."""
+    table = pd.DataFrame(rows, columns=["method", "set.optim.lr", "seed", OBJECTIVE, "train_loss"])
+    return table.assign(status="completed", learnt=True)
 
 
 def test_each_method_gets_the_setting_whose_mean_over_the_seeds_is_best() -> None:
@@ -55,7 +56,7 @@ def test_without_any_objective_the_lowest_training_loss_then_the_first_listed_wi
 def test_a_method_none_of_whose_settings_completed_on_every_seed_is_one_line() -> None:
     table = trials([("sync", "0.1", 0, math.nan, math.nan), ("sync", "0.3", 0, 1.0, 0.2),
                     ("sync", "0.3", 1, math.nan, math.nan)])
-    with pytest.raises(UserError, match=r"^no setting of \+method=sync completed on every trial"):
+    with pytest.raises(UserError, match=r"^no setting of \+method=sync completed and learnt on "):
         choose(table, maximized=False)
 
 
@@ -93,7 +94,8 @@ def test_a_tuning_node_gives_its_grid_its_trials_and_its_methods() -> None:
     ({"search": {"optim": {"lr": ""}}}, r"search\.optim\.lr is empty"),
     ({"search": {"optim": {"lr": "interval(0.1,1)"}}}, r"not an interval"),
     ({"objective": "speed"}, r"objective='speed' is not a metric: choose one of time_to_0\.9"),
-    ({"methods": "gpu,nope"}, r"no \+method choice 'nope'"),
+    ({"methods": "gpu,no/pe"}, r"no \+method choice 'no/pe'"),
+    ({"extend": -1}, r"extend=-1: a whole number >= 0"),
     ({"methods": ""}, r"methods is empty"),
     ({"sampler": "tpe"}, r"unexpected keyword argument 'sampler'"),
 ])
@@ -115,9 +117,11 @@ def test_a_single_run_of_the_tuned_experiment_is_refused_in_one_line(tmp_path: P
     assert summary["status"] == "failed" and "tunes before it compares" in summary["error"]
 
 
-def test_an_unknown_knob_is_refused_before_any_trial() -> None:
+def test_an_unknown_knob_or_method_is_refused_before_any_trial() -> None:
     with pytest.raises(UserError, match=r"unknown knob 'optim\.lrr': \+method=gpu's config"):
         check_knobs(spec(search={"optim": {"lrr": "0.1"}}), [])
+    with pytest.raises(UserError, match=r"^tuning\.methods: no \+method choice 'nope'$"):
+        check_knobs(spec(methods="gpu,nope"), [])
     check_knobs(spec(), [])
 
 
@@ -132,13 +136,12 @@ def test_a_methods_tuned_config_is_its_method_with_the_chosen_values_over_it() -
 TINY = ("+experiment=tuned_comparison", "devices=paper_hogbatch_v100",
         "devices.groups.cpu.count=2", "model=logreg", "progress=false",
         "tuning.methods='hogwild,hogbatch'",
-        "tuning.search.optim.lr='0.01,0.3'",
-        "tuning.trials.budget.seconds=0.01", "budget.seconds=0.01",
-        "eval.every_s=0.002", "seed=0")
+        "tuning.search.optim.lr='0.01,0.3'", "tuning.objective=time_to_0.9",
+        "tuning.extend=0", "budget.seconds=0.01", "eval.every_s=0.002", "seed=0")
 
 
-def tuned_sweep(results: Path) -> Path:
-    invocation = invoke(["-m", *TINY, f"results_dir={results}"])
+def tuned_sweep(results: Path, *more: str) -> Path:
+    invocation = invoke(["-m", *TINY, f"results_dir={results}", *more])
     assert invocation.code == 0, invocation.errors
     assert invocation.sweep_dir is not None
     return invocation.sweep_dir
@@ -149,7 +152,8 @@ def test_a_tuned_comparison_on_the_virtual_clock_chooses_the_same_settings_again
         tmp_path: Path) -> None:
     first, second = tuned_sweep(tmp_path / "a"), tuned_sweep(tmp_path / "b")
     tried = pd.read_csv(first / "tuning.csv")
-    assert len(tried) == 4 and set(tried["status"]) == {"completed"}
+    assert len(tried) == 8 and set(tried["status"]) == {"completed"}  # 2 methods, lrs, seeds
+    assert (first / "tuning.png").is_file()
     chosen = tried[tried["chosen"]].set_index("method")["set.optim.lr"].to_dict()
     assert sorted(chosen) == ["hogbatch", "hogwild"]
     again = pd.read_csv(second / "tuning.csv")
@@ -158,9 +162,11 @@ def test_a_tuned_comparison_on_the_virtual_clock_chooses_the_same_settings_again
     # the comparison reruns each method at its choice, and its report leaves the trials out
     report = write_report(first)
     table = [row for row in report.splitlines() if row.startswith("| ")]
+    edge = tried[tried["chosen"]].set_index("method")["edge"].fillna("").to_dict()
     for method, lr in chosen.items():
         line, = (row for row in table if f"+tuned={method}" in row)
-        assert f"| {lr:g} |" in line
+        side = edge[method].split(":")[1] if edge[method] else ""
+        assert f"| {lr:g}{f' ({side} edge)' if side else ''} |" in line
     assert "\n".join(table).count("+tuned=") == 2 and "+method=" not in report
     for job in (first / "0_seed=0,+tuned=hogwild", first / "1_seed=0,+tuned=hogbatch"):
         method = job.name.rsplit("=", 1)[1]

@@ -334,6 +334,23 @@ class CheckpointConfig:
         seconds("checkpoint.every_s", self.every_s, nullable=True)
 
 
+#: A run's objective metrics (its final snapshot's), each with whether higher is better.
+OBJECTIVE_METRICS = {"train_loss": False, "test_loss": False, "test_acc": True}
+
+
+@dataclass
+class ObjectiveConfig:
+    """The one number a run returns to Hydra's sweeper (an Optuna search ranks its trials by it,
+    hetsgd/tuning/objective.py): the run's final `metric`, NaN for a run that did not complete
+    and learn. The sweeper's own `hydra.sweeper.direction` must agree with it (minimize a loss,
+    maximize test_acc)."""
+
+    metric: str = "test_loss"
+
+    def __post_init__(self) -> None:
+        one_of("objective.metric", self.metric, tuple(OBJECTIVE_METRICS))
+
+
 @dataclass
 class RunConfig:
     algo: AlgoConfig = MISSING
@@ -356,6 +373,7 @@ class RunConfig:
     # a tuned comparison's search (hetsgd/tuning/spec.py): read by `hetsgd run -m`, which sets
     # it to null in each job it starts, so a run never holds one
     tuning: Any = None
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
     def __post_init__(self) -> None:
         if self.tuning is not None:

@@ -42,6 +42,7 @@ from hetsgd.outputs.intervals import CONFIDENCE, METHOD
 from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.search_cost import edge_mark, search_cost
 from hetsgd.outputs.speedup import add_speedup, ranking
 from hetsgd.outputs.time_split import split_markdown
 
@@ -136,7 +137,8 @@ def setting_means(trials: pd.DataFrame) -> pd.DataFrame:
 
 def add_tuning(table: pd.DataFrame, trials: pd.DataFrame) -> list[str]:
     """Add to ``table`` (a tuned sweep's comparison) each row's chosen knob values
-    (``chosen <knob>``) and its search's spread (``search <objective>``: the best .. worst
+    (``chosen <knob>``, marked ``(high edge)`` on an edge: :mod:`hetsgd.outputs.search_cost`) and its
+    search's spread (``search <objective>``: the best .. worst
     setting mean, with how many settings have one where not all do); return those columns."""
     objective = objective_column(trials)
     knobs = [c for c in trials.columns if c.startswith(KNOB_PREFIX)]
@@ -152,7 +154,8 @@ def add_tuning(table: pd.DataFrame, trials: pd.DataFrame) -> list[str]:
         chosen = trials[(trials["method"] == method) & trials["chosen"].astype(bool)]
         for knob, column in zip(knobs, columns):
             if not chosen.empty:
-                table.at[i, column] = _plain(chosen[knob].iloc[0])
+                table.at[i, column] = (_plain(chosen[knob].iloc[0]) +
+                                       edge_mark(chosen, knob[len(KNOB_PREFIX):]))
         spread = means.loc[means["method"] == method, objective]
         reached = spread.dropna().sort_values(ascending=not maximized)
         if len(spread):
@@ -253,6 +256,8 @@ def build_report(index: pd.DataFrame, root: Path, baseline: str | None = None,
         tuned = add_tuning(table, trials) if trials is not None else []
         sections.append(comparison_markdown(comp, table, text, tuned))
         sections.append(split_markdown(comp.runs, ROW_KEYS))
+        if trials is not None:
+            sections.append(search_cost(trials))
         tables.append(table.assign(dataset=comp.dataset, model=comp.model, clock=comp.clock,
                                    l_best=comp.l_best))
     # the comparisons' runs carry the statuses found while reading their curves (unusable)

@@ -1,11 +1,13 @@
 """A search's trials as a table, and each method's best setting chosen from it.
 
-The trials are one comparison (same dataset and model), so a time to a normalized loss is
-measured against the best training loss of every trial of every method; each setting's
-objective is its mean over the trial seeds, and a setting that some seed never brought to the
-target ranks behind every one that all did (:func:`hetsgd.outputs.report.setting_means`).
-Ties go to the lower mean training loss, then to the setting listed first, so that the same
-trials always give the same choice.
+Each method's objective comes from its own trials alone: a time to a normalized loss is
+measured against the best training loss of that method's trials, so a value added to another
+method's grid moves neither its objective nor its choice. Each setting's objective is its mean
+over the trial seeds, and a setting that some seed never brought to the target ranks behind
+every one that all did (:func:`hetsgd.outputs.report.setting_means`). A setting any of whose
+trials diverged, failed or did not learn (its final training loss no lower than its first) is
+never chosen. Ties go to the lower mean training loss, then to the setting listed first, so
+that the same trials always give the same choice.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hetsgd.outputs.index import index_dirs, override_key
 from hetsgd.outputs.report import (
     KNOB_PREFIX,
     OBJECTIVE_PREFIX,
+    Comparison,
     comparisons,
     objective_column,
     run_metrics,
@@ -31,33 +34,67 @@ from hetsgd.outputs.sweep import job_dirs
 METHOD = "method"
 
 
-def trial_table(trials_dir: Path, knobs: Sequence[str], objective: str) -> pd.DataFrame:
-    """One row per trial run under ``trials_dir``: its method, its value of each knob, its seed
-    and status, the ``objective`` (NaN unless completed and reached), its final training loss
-    and its run directory."""
+def trial_table(rounds: Sequence[tuple[int, Path]], knobs: Sequence[str],
+                objective: str) -> pd.DataFrame:
+    """One row per trial run under the folders of ``rounds`` (the search's round number, its
+    sweep folder): its method, its value of each knob, its seed, status and whether it learnt,
+    the ``objective`` (NaN unless completed and reached), its final training loss, its wall
+    seconds (setup, training in real seconds and final evaluation) and its run directory."""
     rows = []
-    for comp in comparisons(index_dirs(job_dirs(trials_dir))):
-        metrics = run_metrics(comp)
-        for (_, run), (_, measured) in zip(comp.runs.iterrows(), metrics.iterrows()):
-            given = {override_key(o): o.split("=", 1)[1] for o in run["overrides"] if "=" in o}
-            rows.append({"method": given.get(METHOD),
-                         **{f"{KNOB_PREFIX}{knob}": given.get(override_key(knob)) for knob in knobs},
-                         "seed": run["seed"], "status": run["status"],
-                         f"{OBJECTIVE_PREFIX}{objective}": measured.get(objective, math.nan),
-                         "train_loss": measured.get("train_loss", math.nan),
-                         "run_dir": run["run_dir"]})
-    columns = [METHOD, *(f"{KNOB_PREFIX}{k}" for k in knobs), "seed", "status",
-               f"{OBJECTIVE_PREFIX}{objective}", "train_loss", "run_dir"]
+    for number, folder in rounds:
+        index = index_dirs(job_dirs(folder)) if folder.is_dir() else pd.DataFrame()
+        if index.empty:
+            continue
+        given = index["overrides"].map(
+            lambda overrides: {override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o})
+        for method in dict.fromkeys(given.map(lambda g: g.get(METHOD))):
+            mine = index[given.map(lambda g, m=method: g.get(METHOD) == m)]
+            for comp in comparisons(mine):  # this method's trials alone
+                rows += _rows(comp, knobs, objective, number)
+    columns = [METHOD, *(f"{KNOB_PREFIX}{k}" for k in knobs), "seed", "status", "learnt",
+               f"{OBJECTIVE_PREFIX}{objective}", "train_loss", "wall_s", "round", "run_dir"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def _rows(comp: Comparison, knobs: Sequence[str], objective: str,
+          number: int) -> list[dict[str, object]]:
+    metrics = run_metrics(comp)
+    rows = []
+    for (_, run), (_, measured) in zip(comp.runs.iterrows(), metrics.iterrows()):
+        given = {override_key(o): o.split("=", 1)[1] for o in run["overrides"] if "=" in o}
+        rows.append({METHOD: given.get(METHOD),
+                     **{f"{KNOB_PREFIX}{knob}": given.get(override_key(knob)) for knob in knobs},
+                     "seed": run["seed"], "status": run["status"], "learnt": run.get("learnt"),
+                     f"{OBJECTIVE_PREFIX}{objective}": measured.get(objective, math.nan),
+                     "train_loss": measured.get("train_loss", math.nan),
+                     "wall_s": _wall_s(run), "round": number, "run_dir": run["run_dir"]})
+    return rows
+
+
+def _wall_s(run: pd.Series) -> float:
+    """What a trial cost in real seconds: its setup, its training (a simulated run's real
+    seconds, not its virtual ones) and its final evaluation; NaN where its summary lacks them."""
+    training = run.get("simulation.real_s") if run.get("simulated") else run.get("time_s")
+    parts = [training, run.get("timing.before_training_s"), run.get("timing.after_training_s")]
+    numbers = pd.to_numeric(pd.Series(parts, dtype=object), errors="coerce")
+    return float(numbers.sum()) if numbers.notna().any() else math.nan
+
+
+def usable(trials: pd.DataFrame) -> pd.Series:
+    """Per trial, whether it completed and learnt: a setting with any other trial is never
+    chosen (an lr of 1e30 whose loss went up, or that diverged)."""
+    learnt = trials["learnt"] if "learnt" in trials.columns else pd.Series(True, trials.index)
+    return (trials["status"] == "completed") & learnt.map(lambda v: str(v) == "True")
 
 
 def choose(trials: pd.DataFrame, maximized: bool) -> dict[str, dict[str, str]]:
     """Each method's best setting (knob -> value as given) among ``trials``, and the trials
-    marked ``chosen``. A method none of whose settings completed on every trial seed is a
-    :class:`UserError`."""
+    marked ``chosen``. A method none of whose settings completed and learnt on every trial seed
+    is a :class:`UserError`."""
     knobs = [c for c in trials.columns if c.startswith(KNOB_PREFIX)]
     objective = objective_column(trials)
-    means = setting_means(trials)
+    ok = usable(trials)
+    means = setting_means(trials.assign(train_loss=trials["train_loss"].where(ok)))
     sign = -1.0 if maximized else 1.0
     chosen: dict[str, dict[str, str]] = {}
     trials["chosen"] = False
@@ -65,8 +102,9 @@ def choose(trials: pd.DataFrame, maximized: bool) -> dict[str, dict[str, str]]:
         order = sorted(range(len(settings)), key=lambda i: _rank(settings.iloc[i], objective, sign))
         best = settings.iloc[order[0]]
         if math.isnan(best["train_loss"]):
-            raise UserError(f"no setting of +method={method} completed on every trial seed, so "
-                            "none can be chosen (each trial's status is in tuning.csv)")
+            raise UserError(f"no setting of +method={method} completed and learnt on every trial "
+                            "seed (each diverged, failed or ended no lower than it began), so "
+                            "none can be chosen: each trial's status is in tuning.csv")
         chosen[str(method)] = {knob[len(KNOB_PREFIX):]: str(best[knob]) for knob in knobs}
         mine = trials[METHOD] == method
         for knob in knobs:
@@ -75,8 +113,9 @@ def choose(trials: pd.DataFrame, maximized: bool) -> dict[str, dict[str, str]]:
     return chosen
 
 
-def _rank(setting: pd.Series, objective: str, sign: float) -> tuple[bool, float, bool, float]:
-    """Sort key of a setting: reached first, then the better objective, then the lower loss."""
+def _rank(setting: pd.Series, objective: str, sign: float) -> tuple[bool, bool, float, float]:
+    """Sort key of a setting: usable first (a NaN training loss: some trial did not complete
+    and learn), then reached, then the better objective, then the lower loss."""
     value, loss = float(setting[objective]), float(setting["train_loss"])
-    return (math.isnan(value), sign * value if not math.isnan(value) else 0.0,
-            math.isnan(loss), loss if not math.isnan(loss) else 0.0)
+    return (math.isnan(loss), math.isnan(value), sign * value if not math.isnan(value) else 0.0,
+            loss if not math.isnan(loss) else 0.0)

@@ -10,45 +10,56 @@ the config's own check (``RunConfig.tuning``).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from hetsgd.config import CONF_DIR
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import flatten
 from hetsgd.outputs.report import MAXIMIZED, METRICS
 
 NODE = "tuning"
-#: The objectives a search may rank its settings by: the per-run metrics of a report, over the
-#: trials (times to a normalized loss use the best training loss of all trials); the lowest
-#: wins except for those in MAXIMIZED.
+#: The objectives a search may rank its settings by: the per-run metrics of a report, each
+#: method's computed from its own trials alone (a time to a normalized loss uses the best
+#: training loss of that method's trials, never another method's); the lowest wins except for
+#: those in MAXIMIZED. The default, ``test_loss`` (the final held-out loss at the trial's
+#: budget), depends on the trial alone.
 OBJECTIVES = tuple(column for column, _, _ in METRICS)
+#: How many times, by default, a search extends a knob's grid past the edge its choice sat on.
+EXTEND = 2
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
 @dataclass
 class Tuning:
-    """``methods``: the ``+method`` choices compared (``gpu,hogwild``); ``search``: each knob's
-    grid in Hydra's sweep syntax (``optim.lr: 0.01,0.1``); ``objective``: the metric that ranks
-    a method's settings; ``trials``: the overrides of every search trial (its budget, its
-    seeds), over the experiment's."""
+    """``methods``: the ``+method`` choices compared (``gpu,hogwild``), the package's or the
+    user's own (``--config-dir``); ``search``: each knob's grid in Hydra's sweep syntax
+    (``optim.lr: 0.01,0.1``); ``objective``: the metric that ranks a method's settings;
+    ``trials``: the overrides of every search trial (its seeds; its budget is the comparison's
+    unless given), over the experiment's; ``extend``: how many times a knob's grid is extended
+    past the edge a method's choice sat on (0: flagged, never extended)."""
 
     methods: str
     search: dict[str, Any]
-    objective: str = "time_to_0.9"
+    objective: str = "test_loss"
     trials: dict[str, Any] = field(default_factory=dict)
+    extend: int = EXTEND
 
     def __post_init__(self) -> None:
         self.method_names = [m.strip() for m in str(self.methods).split(",") if m.strip()]
         if not self.method_names:
             raise UserError(f"{NODE}.methods is empty: name the +method choices to compare")
-        for method in self.method_names:
-            if not _NAME.fullmatch(method) or not (CONF_DIR / "method" / f"{method}.yaml").is_file():
+        for method in self.method_names:  # whether a config has it: phases.check_knobs
+            if not _NAME.fullmatch(method):
                 raise UserError(f"{NODE}.methods: no +method choice {method!r}")
+        if not isinstance(self.extend, int) or isinstance(self.extend, bool) or self.extend < 0:
+            raise UserError(f"{NODE}.extend={self.extend!r}: a whole number >= 0 (how many "
+                            "times a grid may grow past an edge)")
         if self.objective not in OBJECTIVES:
             raise UserError(f"{NODE}.objective={self.objective!r} is not a metric: choose one of "
                             f"{', '.join(OBJECTIVES)}")
@@ -83,6 +94,18 @@ class Tuning:
 
     def trial_overrides(self) -> list[str]:
         return [f"{key}={_text(value)}" for key, value in flatten(dict(self.trials or {})).items()]
+
+
+def refuse_swept(overrides: Sequence[Override]) -> None:
+    """A sweep of a ``tuning.*`` key (``tuning.methods=hogbatch,hogwild`` unquoted) would run
+    the whole tuned comparison once per value: refused, naming the key and its quoted form."""
+    for override in overrides:
+        key = override.get_key_element()
+        if override.is_sweep_override() and key.lstrip("+~").split(".")[0] == NODE:
+            value = override.input_line.split("=", 1)[1] if override.input_line else ""
+            raise UserError(f"{key} is swept ({override.input_line}), which would run the tuned "
+                            f"comparison once per value: quote its value, "
+                            f"\"{key}='{value}'\"")
 
 
 def _text(value: Any) -> str:

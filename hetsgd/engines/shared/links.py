@@ -48,8 +48,8 @@ class Link(Protocol):
       copied in and merged back); the virtual clock charges each one the device's copy time.
     - ``before_step()``: make ``flat`` ready for the next step (a replica loads the master).
     - ``after_step()``: the step's result is on its way to the master as the method wants (a
-      merge; a pipelined replica lands it at the end of the next step), and the worker **answers any publish request** raised before it (``state.signals.asked(rank)``
-      then ``state.signals.answer(rank)``) once the master holds every step it has taken: the
+      merge; a pipelined replica lands it at the end of the next step), and the worker
+      **answers any publish request** raised before it (``state.signals.asked(rank)`` then ``state.signals.answer(rank)``) once the master holds every step it has taken: the
       coordinator waits for that answer before each snapshot of an accelerator worker (one
       with ``spec.accel``), and fails the run, naming this member, when the worker takes
       :data:`UNANSWERED_STEPS` steps without answering.
