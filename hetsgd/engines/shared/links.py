@@ -49,9 +49,10 @@ class Link(Protocol):
     - ``before_step()``: make ``flat`` ready for the next step (a replica loads the master).
     - ``after_step()``: the step's result is on its way to the master as the method wants (a
       merge; a pipelined replica lands it at the end of the next step), and the worker
-      **answers any publish request** raised before it (``state.signals.asked(rank)`` then ``state.signals.answer(rank)``) once the master holds every step it has taken: the
-      coordinator waits for that answer before each snapshot of an accelerator worker (one
-      with ``spec.accel``), and fails the run, naming this member, when the worker takes
+      **answers any publish request** raised before it (``state.signals.asked(rank)`` then
+      ``state.signals.answer(rank)``) once the master holds every step it has taken: the
+      coordinator waits for that answer before each snapshot of an accelerator worker (one with
+      ``spec.accel``), and fails the run, naming this member, when the worker takes
       :data:`UNANSWERED_STEPS` steps without answering.
     - ``publish()``: bring the master up to date now, between two steps: every step taken
       lands (the virtual clock calls it at each step's virtual end; the shared-memory engine,
