@@ -21,9 +21,10 @@ from rich.text import Text
 from hetsgd.completion import complete_override
 from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments
+from hetsgd.config.keys import composition_error
 from hetsgd.config.labels import dataset_label, model_label
 from hetsgd.errors import UserError
-from hetsgd.invocation import composition_error, invoke
+from hetsgd.invocation import invoke
 from hetsgd.machine import machine_facts, process_started_at
 from hetsgd.outputs.safe_text import guard_logging, shown
 from hetsgd.outputs.terminal import console, err, print_error, summary_table

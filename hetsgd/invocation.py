@@ -20,27 +20,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
-from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from hetsgd.bounded import Stopped
-from hetsgd.config import CONF_DIR, ConfigError, compose_run, register_configs
+from hetsgd.config import CONF_DIR, ConfigError, register_configs
 from hetsgd.config.compose import hydra_arguments, quoted
-from hetsgd.config.keys import missing_config, mistyped_key
+from hetsgd.config.keys import composition_error, missing_config
 from hetsgd.engines.distributed.torchrun import follower
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.observe.contention import warning as contention_warning
 from hetsgd.outputs.safe_text import guard_logging
 from hetsgd.outputs.terminal import console, err, print_error, summary_table
+from hetsgd.runs.sweep_dir import settle_sweep_dir
 from hetsgd.train import train
-
-if TYPE_CHECKING:
-    from hetsgd.tuning import Tuning
 
 log = logging.getLogger("hetsgd")
 # How `hetsgd run` exits: 0 when every run completed, else the code of the gravest outcome.
@@ -48,11 +44,6 @@ EXIT_CODES = {"completed": 0, "diverged": 3, "failed": 1, "interrupted": 130}
 # SIGTERM (a scheduler, `kill`) and SIGHUP (the terminal went away) stop a run as Ctrl-C does;
 # the exit code is 128 + the signal's number, as a shell reports a command the signal ended
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-# The launcher that runs a sweep's jobs all at once on this machine (hydra/launcher=submitit_local:
-# submitit's local executor has no limit on how many run together)
-CONCURRENT_LAUNCHER = "hydra_submitit_launcher.submitit_launcher.LocalLauncher"
-# The overrides that may set hydra.mode: MULTIRUN without -m (the experiments do)
-MODE_SETTERS = frozenset({"experiment", "hydra.mode"})
 # A launcher such as submitit runs sweep jobs in processes that unpickle the task function
 # (:class:`_Job`) and compose their own config, so the schemas and resolvers are registered
 # wherever this module loads.
@@ -203,14 +194,14 @@ def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
 def _run_hydra(invocation: Invocation, args: list[str]) -> None:
     """What ``@hydra.main`` does with ``sys.argv``, with ``args``: Hydra's own parser and
     runner (hydra-core 1.3's ``hydra._internal.utils``, which ``hydra.main`` calls). A sweep's
-    folder is settled first (:func:`_settle_sweep_dir`), so that the invocation knows it
+    folder is settled first (:func:`~hetsgd.runs.sweep_dir.settle_sweep_dir`), so that the invocation knows it
     whichever launcher runs the jobs."""
     from hydra._internal.utils import _run_hydra as run_hydra
     from hydra.version import setbase
 
     parser, parsed = hydra_arguments(args)
-    invocation.sweep_dir, tuning = _settle_sweep_dir(parsed.overrides, parsed.multirun,
-                                                     parsed.config_dir)
+    invocation.sweep_dir, tuning = settle_sweep_dir(parsed.overrides, parsed.multirun,
+                                                    parsed.config_dir)
     if invocation.sweep_dir is not None:
         parsed.overrides.append(f"hydra.sweep.dir={quoted(invocation.sweep_dir)}")
     setbase("1.3")
@@ -227,56 +218,6 @@ def _run_hydra(invocation: Invocation, args: list[str]) -> None:
         from hetsgd.tuning.phases import tune_then_compare
 
         tune_then_compare(tuning, parsed.overrides, invocation.sweep_dir, sweep)
-
-
-def _settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | None = None
-                      ) -> tuple[Path | None, Tuning | None]:
-    """The folder the sweep of ``overrides`` writes into, as Hydra resolves it (from everything
-    but the swept values), refused if an earlier sweep is there (:func:`check_unused`) or
-    another claimed it (:func:`claim_folder`), and the
-    tuning it asks for, checked; None for a single run (neither ``-m`` nor an experiment's
-    ``hydra.mode: MULTIRUN``) and where the overrides do not compose, which Hydra then reports
-    itself. A launcher that runs the jobs at once is warned of here, once: their measured times
-    compete for the cores. A sweep of a ``tuning.*`` key is refused (:func:`refuse_swept`)."""
-    from hetsgd.tuning.spec import refuse_swept
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception:  # noqa: BLE001 - Hydra's own parser says what is wrong, just after
-        return None, None
-    refuse_swept(parsed)
-    try:
-        # without -m only an experiment (or hydra.mode itself) can make it a sweep: a single
-        # run is not composed an extra time
-        if not multirun and not any(o.key_or_group in MODE_SETTERS for o in parsed):
-            return None, None
-        fixed = [override.input_line for override in parsed
-                 if not override.is_sweep_override() and override.input_line is not None]
-        if config_dir is not None:  # the user's configs (their +method, their experiment)
-            fixed.append(f"hydra.searchpath=[{quoted('file://' + str(Path(config_dir).resolve()))}]")
-        config = compose_run(fixed, hydra_config=True)
-    except Exception:  # noqa: BLE001 - Hydra's own composition says what is wrong, just after
-        return None, None
-    hydra = config.hydra
-    if not multirun and hydra.mode != RunMode.MULTIRUN:
-        return None, None
-    from hetsgd.outputs.sweep import check_unused, claim_folder
-    from hetsgd.tuning import Tuning
-    from hetsgd.tuning.objective import check_direction
-    from hetsgd.tuning.phases import check_knobs
-
-    sweep_dir = Path(str(hydra.sweep.dir))
-    check_unused(sweep_dir)
-    if str(hydra.launcher.get("_target_", "")).endswith(CONCURRENT_LAUNCHER):
-        err.print("hetsgd: warning: hydra/launcher=submitit_local runs the sweep's jobs at once on "
-                  "this machine, so their workers share its cores and their times compete; "
-                  "Hydra's default launcher runs them one by one", soft_wrap=True)
-    check_direction(config)
-    tuning = Tuning.of(config)
-    if tuning is not None:
-        check_knobs(tuning, fixed)
-    claim_folder(sweep_dir)  # the last check: a refused sweep leaves no claim behind
-    return sweep_dir, tuning
 
 
 def _continue_in_place(args: Sequence[str]) -> list[str]:
@@ -321,18 +262,6 @@ def _take_stop_signals(arrived: list[int]) -> dict[signal.Signals, Any]:
         if handler is not signal.SIG_IGN:
             signal.signal(signum, terminate)
     return previous
-
-
-def composition_error(exc: Exception, arguments: Sequence[str] = ()) -> str:
-    """What a bad override among ``arguments`` did, with its cause and the nearest valid key, or
-    that memory ran out. Hydra raises some errors without a message (an assertion deep in its
-    defaults list, e.g. for `algo=${x}`): those still get a line that says what failed."""
-    if (memory := out_of_memory(exc)) is not None:  # not the overrides' fault
-        return memory
-    if (typo := mistyped_key(exc, arguments)) is not None:
-        return typo
-    message = str(exc) or f"the overrides cannot be composed into a config ({type(exc).__name__})"
-    return message + (f": {exc.__cause__}" if exc.__cause__ is not None else "")
 
 
 def _detach_log_handlers(keep: list[logging.Handler]) -> None:

@@ -129,9 +129,14 @@ def test_a_sweeps_jobs_of_the_same_data_prepare_it_once(results: Path,
     assert [(run.summary.algo, run.summary.seed) for run in swept.runs] == [
         ("sync", 0), ("sync", 1), ("hogwild", 0), ("hogwild", 1)]
     assert all(run.status == "completed" for run in swept.runs)
-    assert len(prepared) == 2  # a split per seed, each taken again by the next method's job
+    # dataset.split_seed (0 by default), not the run's seed, draws the split: one copy for all
+    assert len(prepared) == 1
     # a run of its own (no sweep) prepares its data afresh
-    assert hetsgd.run(*SEEDED).status == "completed" and len(prepared) == 3
+    assert hetsgd.run(*SEEDED).status == "completed" and len(prepared) == 2
+    # split_seed=null: each seed's split is other data, prepared once per seed
+    by_seed = hetsgd.sweep("+method=gpu", "seed=0,1", "dataset.split_seed=null",
+                           "budget.epochs=0.25", "budget.seconds=null", "progress=false")
+    assert [run.status for run in by_seed.runs] == ["completed"] * 2 and len(prepared) == 4
 
 
 @pytest.mark.integration

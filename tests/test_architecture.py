@@ -19,7 +19,8 @@ import hetsgd
 
 #: Top-level parts of the package, lowest first; a module may import its own layer and below.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "machine", "liveness", "atomic"}),
+    frozenset({"errors", "machine", "liveness", "atomic", "bounded", "targets",
+               "durations"}),
     frozenset({"config"}),
     frozenset({"data", "model"}),
     frozenset({"workers"}),
@@ -29,7 +30,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"runs", "tuning"}),
     frozenset({"train"}),
     frozenset({"invocation"}),
-    frozenset({"cli", "__main__", "api"}),
+    frozenset({"cli", "completion", "__main__", "api"}),
 )
 
 

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from hetsgd.cli import app
 from hetsgd.completion import complete_override
 from hetsgd.config.keys import nearest_key
+from hetsgd.outputs.sweep import claim_folder
 from hetsgd.outputs.sweep_progress import BASIC_SWEEPER, job_count, progress_line
 
 pytestmark = pytest.mark.integration
@@ -146,6 +147,15 @@ def test_dry_run_refuses_a_sweep_folder_in_use(results_dir: Path, tmp_path: Path
     (used / "multirun.yaml").write_text("{}\n")
     code, _, stderr = dry_run("-m", "seed=0,1", f"hydra.sweep.dir={used}")
     assert code == 1 and len(errors(stderr)) == 1 and "already holds a sweep" in stderr
+    # one another sweep claimed is refused too; a free one is checked, neither claimed nor made
+    claimed = tmp_path / "claimed"
+    claim_folder(claimed)
+    code, _, stderr = dry_run("-m", "seed=0,1", f"hydra.sweep.dir={claimed}")
+    line, = errors(stderr)
+    assert code == 1 and f"hydra.sweep.dir {claimed} is claimed by another sweep" in line
+    free = tmp_path / "free"
+    code, _, stderr = dry_run("-m", "seed=0,1", f"hydra.sweep.dir={free}")
+    assert code == 0 and errors(stderr) == [] and not free.exists()
 
 
 # -- a sweep's progress --------------------------------------------------------------------------

@@ -226,7 +226,7 @@ def test_a_custom_model_trains_on_every_engine(nets: object, tmp_path: Path, res
                                               algo: tuple[str, ...]) -> None:
     summary = _run(tmp_path / "run", *DIGITS, "model=custom", f"model._target_={PACKAGE}.small_cnn",
                    "+model.width=4", "optim.lr=0.05", *SHORT, *algo)
-    assert summary["model"] == "custom"
+    assert summary["model"] == "small_cnn"  # labelled by its factory, not its schema's "custom"
     assert summary["simulated"] == ("devices=paper_hogbatch_v100" in algo)  # priced by its FLOPs
     assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]
 

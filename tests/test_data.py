@@ -116,11 +116,17 @@ def test_digits_standardised_with_training_statistics() -> None:
 
 
 def test_split_is_seeded_and_stratified() -> None:
-    a = load_dataset(cfg("digits", scale="none"), seed=1, progress=False)
-    b = load_dataset(cfg("digits", scale="none"), seed=1, progress=False)
-    c = load_dataset(cfg("digits", scale="none"), seed=2, progress=False)
-    np.testing.assert_array_equal(a.x_test, b.x_test)
-    assert not np.array_equal(a.y_test, c.y_test)
+    """``dataset.split_seed`` draws the split, whatever the run's seed; null leaves it to that."""
+    a = load_dataset(cfg("digits", scale="none", split_seed=1), seed=1, progress=False)
+    b = load_dataset(cfg("digits", scale="none", split_seed=1), seed=2, progress=False)
+    c = load_dataset(cfg("digits", scale="none", split_seed=2), seed=1, progress=False)
+    np.testing.assert_array_equal(a.x_test, b.x_test)  # another run seed, the same split
+    np.testing.assert_array_equal(a.y_test, b.y_test)
+    assert not np.array_equal(a.y_test, c.y_test)  # another split seed, another split
+    for seed, same in ((1, a), (2, c)):  # null: the run's seed draws the split
+        by_run = load_dataset(cfg("digits", scale="none", split_seed=None), seed=seed,
+                              progress=False)
+        np.testing.assert_array_equal(by_run.y_test, same.y_test)
     whole = np.bincount(np.concatenate([a.y_train, a.y_test])) * 0.2
     assert np.abs(np.bincount(a.y_test) - whole).max() <= 1
     assert "stratified" in a.source

@@ -36,15 +36,9 @@ import time
 
 from pathlib import Path
 
-from hetsgd.algorithms.api import (
-    DistributedHooks,
-    InPlace,
-    LocalSGDLoop,
-    SharedMemoryHooks,
-    hogwild,
-    local_sgd,
-    local_sgd_summary,
-)
+from hetsgd.algorithms import hogwild, local_sgd
+from hetsgd.algorithms.api import DistributedHooks, InPlace, SharedMemoryHooks
+from hetsgd.algorithms.local_sgd import LocalSGDLoop
 
 
 class Forger:
@@ -130,11 +124,11 @@ def _leaves_a_thread(cfg, specs):
 class HangsInRank1(LocalSGDLoop):
     """Rank 1 never comes back from its first aggregation; the others wait for it."""
 
-    def aggregate(self, weight, loss):
+    def aggregate(self):
         if self.rank.spec.rank == 1:
             Path(os.environ["EVIL_HUNG"]).touch()
             time.sleep(3600)
-        return super().aggregate(weight, loss)
+        return super().aggregate()
 
 
 class Namespace:
@@ -158,7 +152,7 @@ nan_budget = Namespace(plan=_planned(_nan_budget), hooks=hogwild.hooks)
 replans = Namespace(plan=_planned(_replanned), hooks=hogwild.hooks)
 leaves_a_thread = Namespace(plan=_leaves_a_thread, hooks=hogwild.hooks)
 hung_rank = Namespace(plan=local_sgd.plan, CONFIG=local_sgd.CONFIG, hooks=lambda plan:
-                      DistributedHooks(HangsInRank1, local_sgd_summary, publishing=False))
+                      DistributedHooks(HangsInRank1, local_sgd.setup_summary, publishing=False))
 '''
 # the virtual clock: a run in the test's own process, in well under a second
 SIMULATED = ("devices=paper_hogbatch_v100", "devices.groups.cpu.count=2",

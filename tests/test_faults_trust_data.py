@@ -292,8 +292,8 @@ def test_a_parquet_label_column_of_lists_is_one_line(tmp_path: Path, home: Path)
     path = tmp_path / "lists.parquet"
     pd.DataFrame({"a": np.arange(40.0), "y": [[i % 2, 1] for i in range(40)]}).to_parquet(path)
     assert _error(FilesConfig(path=str(path), label="y")) == (
-        f"{path}: column 'y' (dataset.label) holds a list in row 1 (array([0, 1])), not a label: "
-        "one number or name per row")
+        f"{path}: column 'y' (dataset.label) holds a map or list in row 1 (array([0, 1])), not a "
+        "label: one number or name per row")
 
 
 def test_an_npz_that_is_no_zip_archive_is_one_line(tmp_path: Path, home: Path) -> None:

@@ -186,7 +186,7 @@ def test_diloco_under_torchrun_is_called_only_where_each_nodes_command_names_it(
     run, = (tmp_path / "named" / "results" / "runs").iterdir()
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["status"], summary["algo"]) == ("completed", "diloco"), summary["error"]
-    assert summary["local_sgd"]["tau"] == {"cpu": 2}
+    assert summary["plugin"]["local_sgd"]["tau"] == {"cpu": 2}
     assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]
     codes, output = _torchrun_nodes(tmp_path / "unnamed", {0: diloco, 1: [
         "algo=local_sgd", *TWO_RANKS]})

@@ -18,6 +18,7 @@ from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.engines.shared.state import SharedState
 from hetsgd.engines.shared.worker import Worker
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
+from hetsgd.model.step import Pending
 from hetsgd.outputs.summary import RunSummary, Staleness
 from hetsgd.runs import runner
 from hetsgd.runs.setup import load_run_data
@@ -65,12 +66,12 @@ def test_a_worker_counts_the_claims_other_workers_made_while_it_stepped() -> Non
     worker = Worker(spec, cfg, data.problem, state)
     others = [0, 2, 1, 3]
 
-    def step(epoch: int, start: int, size: int) -> tuple[torch.Tensor, float]:
+    def step(epoch: int, start: int, size: int) -> tuple[Pending, float, float]:
         for _ in range(others.pop(0)):
             assert state.cursor.claim(5) is not None
         if not others:
             state.signals.stop.set()
-        return torch.zeros(()), 0.0
+        return Pending(lambda: torch.zeros(()), None, 0.0), 0.0, 0.0  # landed, copy_s, merge_s
 
     worker.step = step  # type: ignore[method-assign]
     worker.run()

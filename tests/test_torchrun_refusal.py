@@ -84,10 +84,10 @@ def test_the_summary_records_the_nodes_and_ranks_per_node(
 @pytest.mark.parametrize("launcher", ["submitit_local", "basic"])
 def test_a_sweep_whose_jobs_run_at_once_here_warns_once_that_their_times_compete(
         tmp_path: Path, launcher: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from hetsgd.invocation import _settle_sweep_dir
+    from hetsgd.runs.sweep_dir import settle_sweep_dir
 
-    _settle_sweep_dir([f"hydra/launcher={launcher}", "seed=0,1", f"hydra.sweep.dir={tmp_path}"],
-                      multirun=True)
+    settle_sweep_dir([f"hydra/launcher={launcher}", "seed=0,1", f"hydra.sweep.dir={tmp_path}"],
+                     multirun=True)
     warned = [line for line in capsys.readouterr().err.splitlines() if "compete" in line]
     assert warned == ([] if launcher == "basic" else [
         "hetsgd: warning: hydra/launcher=submitit_local runs the sweep's jobs at once on this "

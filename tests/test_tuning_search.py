@@ -135,7 +135,7 @@ def test_a_method_from_the_users_config_dir_is_tuned(tmp_path: Path) -> None:
     assert invocation.sweep_dir is not None
     tried = pd.read_csv(invocation.sweep_dir / "tuning.csv")
     assert set(tried["method"]) == {"mine"} and tried["chosen"].any()
-    job = next(d for d in invocation.sweep_dir.iterdir() if "tuned=mine" in d.name)
+    job, = (d for d in invocation.sweep_dir.iterdir() if (d / "config.yaml").is_file())
     assert yaml.safe_load((job / "config.yaml").read_text())["algo"]["name"] == "hogwild"
 
 

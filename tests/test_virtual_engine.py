@@ -17,7 +17,7 @@ from hetsgd import algorithms
 from hetsgd.algorithms import adaptive
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig, to_run_config
-from hetsgd.engines.counters import COUNTERS
+from hetsgd.engines.counters import RANK_COUNTERS
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.hooks import DistributedHooks
 from hetsgd.engines.shared.links import default_link
@@ -267,10 +267,11 @@ def test_simulated_sync_steps_at_the_slowest_ranks_pace(exchange: ExchangeCost |
                             [Fixed(0.01, exchange=exchange), Fixed(0.03, exchange=exchange)]
                             ).run(None)
     # each step's exchange carries the 650 gradients of logreg on digits, 3 flags and both
-    # ranks' counters, at a wait of 0.02 s (0.005 s); the counters' last exchange, which both
-    # ranks reach together, is smaller than the model and costs a whole one at no wait
+    # ranks' counters (RANK_COUNTERS), at a wait of 0.02 s (0.005 s); the counters' last
+    # exchange, which both ranks reach together, is smaller than the model and costs a whole one
+    # at no wait
     measured = exchange is not None
-    per_step = 0.005 * (650 + 3 + 2 * len(COUNTERS)) / 650 if measured else 0.0
+    per_step = 0.005 * (650 + 3 + 2 * len(RANK_COUNTERS)) / 650 if measured else 0.0
     assert training.time_s == pytest.approx(10 * (0.03 + per_step) + (0.001 if measured else 0.0))
     assert [row["updates"] for row in training.counters] == [10, 10]
     assert [row["busy_s"] for row in training.counters] == pytest.approx([0.1, 0.3])

@@ -34,6 +34,7 @@ from hetsgd.config.problem import (
 )
 from hetsgd.config.schema import DevicesConfig, RunConfig
 from hetsgd.config.swept import sweep_overrides, swept_keys, swept_name
+from hetsgd.config.typos import unknown_keys_hint
 from hetsgd.errors import UserError, one_line
 from hetsgd.machine import cuda_devices, usable_cores
 
@@ -204,8 +205,6 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     """Turn a composed config into typed objects, running every range check."""
     unknown = _unknown_keys(cfg)
     if unknown:
-        from hetsgd.config.keys import unknown_keys_hint  # it composes configs itself
-
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: no schema has them"
                           + unknown_keys_hint(unknown, cfg))
     try:

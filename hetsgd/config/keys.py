@@ -4,7 +4,6 @@ for the shell's completion and for the nearest valid word after a typo (``budget
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable, Sequence
 
@@ -14,6 +13,8 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from hetsgd.config.compose import CONF_DIR, compose_run
+from hetsgd.config.typos import did_you_mean, dotted_keys, nearest, nearest_key
+from hetsgd.errors import out_of_memory
 
 #: The config groups an override chooses from; those with ``+`` are not in the defaults list.
 GROUPS = ("algo", "devices", "dataset", "model", "logger", "+method", "+experiment")
@@ -25,19 +26,6 @@ def group_choices(group: str) -> list[str]:
     """The configs a group offers (``algo`` -> adaptive, custom, ...), from the config tree."""
     folder = CONF_DIR / group.lstrip("+~")
     return sorted(path.stem for path in folder.glob("*.yaml")) if folder.is_dir() else []
-
-
-def dotted_keys(node: DictConfig, prefix: str = "") -> list[str]:
-    """Every leaf key of ``node`` as an override names it (``budget.seconds``), unresolved."""
-    keys = []
-    for key in node.keys():
-        child = node._get_node(key)
-        path = f"{prefix}{key!s}"
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
-            keys += dotted_keys(child, f"{path}.")
-        else:
-            keys.append(path)
-    return keys
 
 
 def chosen_groups(arguments: Iterable[str]) -> list[str]:
@@ -74,28 +62,6 @@ def config_keys(arguments: Sequence[str]) -> list[str]:
     return [] if config is None else dotted_keys(config)
 
 
-def nearest(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
-    """The candidate closest to ``word`` (difflib's ratio, at least ``cutoff``), if any."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=cutoff)
-    return close[0] if close else None
-
-
-def nearest_key(key: str, keys: Iterable[str]) -> str | None:
-    """The key nearest ``key``: one beside it (``budget.seconds`` for ``budget.second``), by its
-    last part, else one whose whole path is nearly the same (``budget.seconds`` for
-    ``budgt.seconds``). The whole path alone would find ``algo.name`` for ``algo.tauu``: they
-    share their first five characters."""
-    parent, _, leaf = key.rpartition(".")
-    keys = [k for k in keys if k != key]
-    siblings = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == parent}
-    near = nearest(leaf, siblings)
-    return siblings[near] if near is not None else nearest(key, keys, cutoff=0.85)
-
-
-def _did_you_mean(word: str | None) -> str:
-    return "" if word is None else f" (did you mean {word}?)"
-
-
 def mistyped_key(exc: BaseException, arguments: Sequence[str]) -> str | None:
     """For Hydra's refusal of an override whose key the config does not have
     (``budget.second=3``): that it has none, and the nearest key it has; None for any other
@@ -105,19 +71,24 @@ def mistyped_key(exc: BaseException, arguments: Sequence[str]) -> str | None:
         return None
     key = match.group(1)
     near = nearest_key(key, config_keys(arguments))
-    return None if near is None else f"the config has no key {key}{_did_you_mean(near)}"
-
-
-def unknown_keys_hint(unknown: Sequence[str], config: DictConfig) -> str:
-    """The same for keys added with ``+`` that no schema has (``+budget.second=3``)."""
-    known = [key for key in dotted_keys(config) if key not in unknown]
-    near = [near for key in unknown if (near := nearest_key(key, known)) is not None]
-    return _did_you_mean(", ".join(near) if near else None)
+    return None if near is None else f"the config has no key {key}{did_you_mean(near)}"
 
 
 def missing_config(exc: MissingConfigException) -> str:
     """A group choice that does not exist (``algo=hogbach``), the nearest one, and the others."""
     options = list(exc.options or [])
     chosen = str(exc.missing_cfg_file).rpartition("/")[2]
-    return (f"no config '{exc.missing_cfg_file}'" + _did_you_mean(nearest(chosen, options)) +
+    return (f"no config '{exc.missing_cfg_file}'" + did_you_mean(nearest(chosen, options)) +
             (f": choose one of {', '.join(options)}" if options else ""))
+
+
+def composition_error(exc: Exception, arguments: Sequence[str] = ()) -> str:
+    """What a bad override among ``arguments`` did, with its cause and the nearest valid key, or
+    that memory ran out. Hydra raises some errors without a message (an assertion deep in its
+    defaults list, e.g. for `algo=${x}`): those still get a line that says what failed."""
+    if (memory := out_of_memory(exc)) is not None:  # not the overrides' fault
+        return memory
+    if (typo := mistyped_key(exc, arguments)) is not None:
+        return typo
+    message = str(exc) or f"the overrides cannot be composed into a config ({type(exc).__name__})"
+    return message + (f": {exc.__cause__}" if exc.__cause__ is not None else "")

@@ -69,7 +69,7 @@ def complete_rows(frame: pd.DataFrame, columns: Sequence[str], cfg: FilesConfig,
     """The positions of the rows with a value in every one of ``columns`` (the features and the
     label); under ``dataset.missing=error``, a row without one is a UserError naming it. Rows
     are named by ``frame``'s index, which the caller makes their positions in the file."""
-    _check_flat(frame, columns, path)
+    _check_flat(frame, columns, cfg.label, path)
     missing = frame[list(columns)].isna().to_numpy()
     incomplete = missing.any(axis=1)
     if incomplete.any() and cfg.missing == "error":
@@ -87,18 +87,24 @@ def complete_rows(frame: pd.DataFrame, columns: Sequence[str], cfg: FilesConfig,
 _NESTED = (dict, list, tuple, np.ndarray)
 
 
-def _check_flat(frame: pd.DataFrame, columns: Sequence[str], path: Path) -> None:
+def _check_flat(frame: pd.DataFrame, columns: Sequence[str], label: str, path: Path) -> None:
     """Every one of ``columns`` holds one value per cell: a Parquet struct, map or list column
-    is refused, naming it, where pandas would fail on it unnamed (``unhashable type``)."""
+    is refused, naming it, where pandas would fail on it unnamed (``unhashable type``). A feature
+    column may be left out; the ``label`` column cannot, so its line shows the first such row."""
     for name in columns:
         column = frame[name]
         if column.dtype != object:
             continue
         nested = column.map(lambda cell: isinstance(cell, _NESTED)).to_numpy(dtype=bool)
         if nested.any():
-            cell = column.iloc[int(np.argmax(nested))]
-            raise UserError(f"{path}: column {short(str(name))!r} holds a "
-                            f"{'struct' if isinstance(cell, dict) else 'map or list'} in each "
+            row = int(np.argmax(nested))
+            cell = column.iloc[row]
+            kind = "struct" if isinstance(cell, dict) else "map or list"
+            if name == label:
+                raise UserError(f"{path}: column {short(str(name))!r} (dataset.label) holds a "
+                                f"{kind} in row {row + 1} ({short(repr(cell))}), not a label: "
+                                "one number or name per row")
+            raise UserError(f"{path}: column {short(str(name))!r} holds a {kind} in each "
                             "cell, not one value: leave it out (dataset.drop=[" + str(name)
                             + "]) or flatten it into columns of its own")
 

@@ -315,17 +315,9 @@ def read_table(path: Path, fmt: str, cfg: FilesConfig, encoding: Encoding | None
 
 
 def _table_labels(column: pd.Series, path: Path) -> np.ndarray:
-    """A table's label column as raw labels; one that holds lists or records (a Parquet list or
-    struct column) is one line naming the file, the column and the first such row."""
+    """A table's label column as raw labels (one that holds lists or records is refused by
+    :func:`~hetsgd.data.columns.complete_rows` before)."""
     values = column.to_numpy()
-    if values.dtype.kind == "O":
-        nested = np.fromiter((pd.api.types.is_list_like(v) for v in values), bool, len(values))
-        if nested.any():
-            row = int(np.argmax(nested))
-            kind = "record" if isinstance(values[row], dict) else "list"
-            raise UserError(f"{path}: column {short(str(column.name))!r} (dataset.label) holds a "
-                            f"{kind} in row {row + 1} ({short(repr(values[row]))}), not a label: "
-                            "one number or name per row")
     return _labels(values, str(path), lambda row: f"row {row + 1}")
 
 

@@ -20,9 +20,11 @@ import torch
 LOSS_SMOOTHING = 0.1
 COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "first_batch",
             "loss", "stale_sum", "stale_max", "cpu_s", "copy_s")
-# The counters a rank writes (the leading ones): a rank copies no replica in (copy_s stays 0),
-# so its exchange carries these alone, and its modelled size on the virtual clock is unchanged.
-RANK_COUNTERS = COUNTERS[:COUNTERS.index("copy_s")]
+# The counters a rank's every exchange carries (the leading ones), so that its modelled size on
+# the virtual clock stays that of the model and these: a rank copies no replica in (copy_s stays
+# 0) and counts its cpu_s at checkpoints and at the end only, which its last exchange (every
+# counter, :meth:`~hetsgd.engines.distributed.rank.Rank.finish`) carries exactly.
+RANK_COUNTERS = COUNTERS[:COUNTERS.index("cpu_s")]
 
 
 class CounterRow:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy.stats import bootstrap
 
 CONFIDENCE = 0.95
 RESAMPLES = 9999
@@ -27,6 +26,10 @@ Interval = tuple[float, float]
 
 def _interval(samples: Sequence[Sequence[float]],
               statistic: Callable[..., np.ndarray]) -> Interval | None:
+    # imported here: every run imports this module (the tuning checks name the report's
+    # metrics) before its own errors are caught, and scipy.stats maps ~180 MB (BLAS among it)
+    from scipy.stats import bootstrap
+
     if any(len(sample) < 2 for sample in samples):
         return None
     found = bootstrap(tuple(np.asarray(s, dtype=float) for s in samples), statistic,

@@ -148,9 +148,11 @@ def add_tuning(table: pd.DataFrame, trials: pd.DataFrame) -> list[str]:
     columns = [f"chosen {knob[len(KNOB_PREFIX):]}" for knob in knobs] + [search]
     for column in columns:
         table[column] = DASH
+    methods = trials["method"].dropna().unique()
+    only = methods[0] if len(methods) == 1 else None  # one method: +tuned is not swept
     for i, row in table.iterrows():
         method = next((o.split("=", 1)[1] for o in str(row["variant"]).split()
-                       if o.startswith(f"+{TUNED_GROUP}=")), None)
+                       if o.startswith(f"+{TUNED_GROUP}=")), only)
         chosen = trials[(trials["method"] == method) & trials["chosen"].astype(bool)]
         for knob, column in zip(knobs, columns):
             if not chosen.empty:

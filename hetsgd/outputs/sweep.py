@@ -102,11 +102,23 @@ def claim_folder(folder: Path, what: str = "hydra.sweep.dir") -> None:
     try:
         os.link(written, claim)  # the exclusive create: it fails where the claim exists
     except FileExistsError:
-        raise UserError(f"{what} {shown(folder)} is claimed by another sweep "
-                        f"({_claimant(claim)}): choose another folder (or leave it out for a new "
-                        "one under results/), or move that one away first") from None
+        raise _claimed(folder, what) from None
     finally:
         written.unlink()
+
+
+def check_unclaimed(folder: Path, what: str = "hydra.sweep.dir") -> None:
+    """The refusal :func:`claim_folder` would give ``folder`` where another sweep claimed it,
+    without claiming it or creating anything (a dry run writes nothing)."""
+    if (folder / CLAIM).exists():
+        raise _claimed(folder, what)
+
+
+def _claimed(folder: Path, what: str) -> UserError:
+    """The refusal of a folder that another sweep claimed."""
+    return UserError(f"{what} {shown(folder)} is claimed by another sweep "
+                     f"({_claimant(folder / CLAIM)}): choose another folder (or leave it out for "
+                     "a new one under results/), or move that one away first")
 
 
 def _claimant(claim: Path) -> str:

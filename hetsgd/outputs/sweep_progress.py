@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from hetsgd.engines.virtual.cost import _duration
+from hetsgd.durations import duration
 from hetsgd.outputs.safe_text import shown
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -46,7 +46,7 @@ def progress_line(number: int, total: int | None, folder: str, elapsed_s: float)
     """The line for job ``number`` (from 0) of ``total``, started ``elapsed_s`` after the first."""
     line = f"hetsgd: job {number + 1}" + (f" of {total}" if total else "") + f" ({folder})"
     if number > 0 and total:
-        line += f", about {_duration(elapsed_s / number * (total - number))} left"
+        line += f", about {duration(elapsed_s / number * (total - number))} left"
     return shown(line)
 
 

@@ -10,7 +10,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.safe_text import redacted, shown
 
 # Markup off: what is printed holds paths, overrides and exception text, where `[/x]` is no tag.
@@ -31,6 +30,8 @@ def print_error(message: object) -> str:
 
 def _timed(summary: Mapping[str, Any]) -> str:
     """The loss a run was timed on (``test loss``), ``train loss`` for a run written before."""
+    from hetsgd.outputs.metrics import loss_name  # pandas: loaded by the run already
+
     targets = summary.get("target_losses")
     curve = targets.get("curve") if isinstance(targets, Mapping) else None
     return loss_name(str(curve or "train_loss"))

@@ -2,9 +2,9 @@
 with ``-m``), composed and checked as far as it goes without training, so that a sweep's last job
 does not fail on its device mix after the first ones trained for hours.
 
-The checks are the ones a run makes before its first step: the sweep's folder and tuning (as
-:mod:`hetsgd.invocation` settles them), composition, the schemas' ranges, the device mix (CUDA
-GPUs present), the algorithm's plan for that mix, and the dataset: a known source, its task, a
+The checks are the ones a run makes before its first step: the sweep's folder (checked, not
+claimed) and tuning (:mod:`hetsgd.runs.sweep_dir`), composition, the schemas' ranges, the device
+mix (CUDA GPUs present), the algorithm's plan for that mix, and the dataset: a known source, its task, a
 ``dataset.path`` that exists. Nothing is downloaded, loaded, trained or written; data that is
 not cached yet is said, not fetched.
 """
@@ -19,7 +19,7 @@ from hydra.errors import MissingConfigException
 from hetsgd import algorithms
 from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments, sweep_jobs
-from hetsgd.config.keys import missing_config
+from hetsgd.config.keys import composition_error, missing_config
 from hetsgd.data.cache import existing_file
 from hetsgd.data.embedded import Digits
 from hetsgd.data.folder import Folder
@@ -28,7 +28,7 @@ from hetsgd.data.registry import _check_task, get_source
 from hetsgd.data.synthetic import Synthetic
 from hetsgd.data.tables import Files
 from hetsgd.errors import UserError
-from hetsgd.invocation import _settle_sweep_dir, composition_error
+from hetsgd.runs.sweep_dir import settle_sweep_dir
 from hetsgd.tuning.spec import NODE
 from hetsgd.workers import expand
 
@@ -54,7 +54,7 @@ def dry_run(args: Sequence[str]) -> list[Job]:
     if parsed.config_dir is not None:
         raise UserError("hetsgd run --dry-run composes from hetsgd's own configs: "
                         "--config-dir is not supported with it")
-    sweep_dir, tuning = _settle_sweep_dir(parsed.overrides, parsed.multirun)
+    sweep_dir, tuning = settle_sweep_dir(parsed.overrides, parsed.multirun, claim=False)
     overrides = parsed.overrides
     if tuning is not None:  # the comparison's jobs: each method on each seed (hetsgd/tuning/)
         overrides = [*overrides, f"{NODE}=null", f"+method={','.join(tuning.method_names)}"]

@@ -19,7 +19,7 @@ from hetsgd import algorithms
 from hetsgd.config import compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments
 from hetsgd.engines.distributed.handoff import receive
-from hetsgd.engines.distributed.rank import rank_process
+from hetsgd.engines.distributed.process import rank_process
 from hetsgd.engines.distributed.torchrun import check_distributed, torchrun
 from hetsgd.engines.hooks import DistributedHooks
 from hetsgd.engines.shared.memory import SharedMaster

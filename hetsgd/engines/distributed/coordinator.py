@@ -20,7 +20,7 @@ from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.distributed.group import check_port, torchrun, with_free_port
 from hetsgd.engines.distributed.loop import RankLoop
-from hetsgd.engines.distributed.rank import rank_process
+from hetsgd.engines.distributed.process import rank_process
 from hetsgd.engines.hooks import SetupSummary
 from hetsgd.engines.shared.coordinator import FAILURE_GRACE_S, Coordinator
 from hetsgd.engines.shared.memory import SharedData, SharedMaster

@@ -14,8 +14,8 @@ unchanged. Two rules keep every rank out of a collective that will never come:
 A checkpoint request travels the same way, so every rank takes its part of a checkpoint after
 the same exchange (:meth:`Rank.checkpoint`), and of a resumed run every rank starts from it.
 
-The algorithm provides the per-rank loop (a :class:`~.loop.RankLoop`), bound into the process
-entry by the coordinator, so this module never looks an algorithm up.
+The algorithm's per-rank loop (a :class:`~.loop.RankLoop`) is built on a :class:`Rank`, and the
+process entry (:mod:`~.process`) runs it, so this module knows no loop and no algorithm.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TypeVar, overload
 
 import torch
 
@@ -40,17 +40,13 @@ from hetsgd.engines.checkpoint import (
 from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.distributed.exchange import Exchange, Ledger, Verdict
 from hetsgd.engines.distributed.group import Group
-from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
 from hetsgd.engines.shared.links import Link, default_link
 from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import LOSS_READ_S, set_up_math
+from hetsgd.engines.shared.worker import LOSS_READ_S
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step
 from hetsgd.workers import WorkerSpec
-
-if TYPE_CHECKING:  # the loop is built on a Rank
-    from hetsgd.engines.distributed.loop import RankLoop
 
 B = TypeVar("B", bound=Batches)
 
@@ -211,32 +207,3 @@ class Rank:
         table = torch.zeros(len(self.world), len(COUNTERS), dtype=torch.float64)
         table[self.spec.rank] = self.ledger.row
         self.ledger.publish(self.group.all_reduce_(table))
-
-
-def rank_process(spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
-                 reports: Reports, world: list[WorkerSpec], loop_type: type[RankLoop],
-                 setup: torch.Tensor) -> None:
-    """Entry point of a rank: join the world, set up, report ready, wait for go, train, report.
-
-    ``world`` is every rank's spec, ``loop_type`` the algorithm's loop and ``setup`` a [ranks,
-    len(SETUP_COLUMNS)] table where rank 0 leaves what it settled, for summary.json (all bound
-    with functools.partial by the coordinator)."""
-    set_up_math(spec, cfg)
-    group: Group | None = None
-    with reporting(spec.rank, state, reports):
-        try:
-            with beating(state, spec.rank):
-                group = Group(cfg.dist, spec.rank, world)
-                loop = loop_type(spec, world, cfg, problem, state, group)
-                if spec.rank == 0:
-                    values = loop.setup()
-                    setup.copy_(torch.tensor([values[c] for c in loop_type.SETUP_COLUMNS],
-                                             dtype=torch.float64).T)
-                send_ready(reports, spec.rank)
-            state.signals.go.wait()
-            loop.rank.ledger.start_cpu()
-            loop.run(partial(send_checkpoint, reports, spec.rank))
-            loop.rank.finish()
-        finally:
-            if group is not None:
-                group.leave()

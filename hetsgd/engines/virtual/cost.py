@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from hetsgd.config.schema import BudgetConfig
+from hetsgd.durations import duration
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.training import OnTick
 
@@ -92,9 +93,7 @@ class CostProbe:
 
 
 def _duration(seconds: float | None) -> str:
-    """``seconds`` as a person reads a duration: 45 s, 12 min, 3.2 h."""
+    """The estimate as a person reads it (:func:`duration`), or why there is none."""
     if seconds is None:
         return "an unknown time (its epoch budget has not advanced yet)"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    return duration(seconds)

@@ -1,0 +1,79 @@
+"""A sweep's folder, settled before its first job: where Hydra puts it, refused where an earlier
+sweep is there or another holds it, and the tuning the sweep asks for, checked. For
+`hetsgd run -m` (:mod:`hetsgd.invocation`, which then claims the folder) and its dry run
+(:mod:`hetsgd.runs.dry_run`, which claims nothing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
+
+from hetsgd.config import compose_run
+from hetsgd.config.compose import quoted
+from hetsgd.outputs.terminal import err
+
+if TYPE_CHECKING:
+    from hetsgd.tuning import Tuning
+
+# The launcher that runs a sweep's jobs all at once on this machine (hydra/launcher=submitit_local:
+# submitit's local executor has no limit on how many run together)
+CONCURRENT_LAUNCHER = "hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+# The overrides that may set hydra.mode: MULTIRUN without -m (the experiments do)
+MODE_SETTERS = frozenset({"experiment", "hydra.mode"})
+
+
+def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | None = None,
+                     claim: bool = True) -> tuple[Path | None, Tuning | None]:
+    """The folder the sweep of ``overrides`` writes into, as Hydra resolves it (from everything
+    but the swept values), refused if an earlier sweep is there (:func:`check_unused`) or
+    another claimed it (:func:`claim_folder`), and the tuning it asks for, checked; claimed for
+    this sweep unless not ``claim`` (a dry run, which writes nothing). None for a single run
+    (neither ``-m`` nor an experiment's ``hydra.mode: MULTIRUN``) and where the overrides do
+    not compose, which Hydra then reports itself. A launcher that runs the jobs at once is
+    warned of here, once: their measured times compete for the cores. A sweep of a
+    ``tuning.*`` key is refused (:func:`refuse_swept`)."""
+    from hetsgd.tuning.spec import refuse_swept
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # noqa: BLE001 - Hydra's own parser says what is wrong, just after
+        return None, None
+    refuse_swept(parsed)
+    try:
+        # without -m only an experiment (or hydra.mode itself) can make it a sweep: a single
+        # run is not composed an extra time
+        if not multirun and not any(o.key_or_group in MODE_SETTERS for o in parsed):
+            return None, None
+        fixed = [override.input_line for override in parsed
+                 if not override.is_sweep_override() and override.input_line is not None]
+        if config_dir is not None:  # the user's configs (their +method, their experiment)
+            fixed.append(f"hydra.searchpath=[{quoted('file://' + str(Path(config_dir).resolve()))}]")
+        config = compose_run(fixed, hydra_config=True)
+    except Exception:  # noqa: BLE001 - Hydra's own composition says what is wrong, just after
+        return None, None
+    hydra = config.hydra
+    if not multirun and hydra.mode != RunMode.MULTIRUN:
+        return None, None
+    from hetsgd.outputs.sweep import check_unclaimed, check_unused, claim_folder
+    from hetsgd.tuning import Tuning
+    from hetsgd.tuning.objective import check_direction
+    from hetsgd.tuning.phases import check_knobs
+
+    sweep_dir = Path(str(hydra.sweep.dir))
+    check_unused(sweep_dir)
+    if str(hydra.launcher.get("_target_", "")).endswith(CONCURRENT_LAUNCHER):
+        err.print("hetsgd: warning: hydra/launcher=submitit_local runs the sweep's jobs at once on "
+                  "this machine, so their workers share its cores and their times compete; "
+                  "Hydra's default launcher runs them one by one", soft_wrap=True)
+    check_direction(config)
+    tuning = Tuning.of(config)
+    if tuning is not None:
+        check_knobs(tuning, fixed)
+    if claim:
+        claim_folder(sweep_dir)  # the last check: a refused sweep leaves no claim behind
+    else:
+        check_unclaimed(sweep_dir)
+    return sweep_dir, tuning
