@@ -8,6 +8,7 @@ calls of it is bounded."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -319,3 +320,34 @@ def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
 def _default_signals() -> None:
     """Ctrl-C as a terminal's command gets it, even where the tests run under nohup."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class _SetsFirst:
+    """A controller that sets worker 0's batch size to ``size`` at each tick."""
+
+    log: list[dict] = []
+
+    def __init__(self, size: float) -> None:
+        self.size = size
+
+    def tick(self, elapsed: float, counters: object) -> None:
+        counters.column("batch_size")[0] = self.size  # type: ignore[attr-defined]
+
+    def summary(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("size", [0.0, -5.0, 2.5, math.nan])
+def test_only_the_batch_sizes_a_tick_sets_are_the_controllers(size: float) -> None:
+    """A worker that has not started holds 0 in its row (it writes its own batch size as it
+    starts): that is no controller's doing; what the tick sets is checked."""
+    from hetsgd.algorithms.watched import Watched
+    from hetsgd.engines.counters import WorkerCounters
+    from hetsgd.errors import UserError
+    counters = WorkerCounters(2)
+    counters.column("batch_size")[0] = 8  # worker 0 started; worker 1 has not
+    Watched("mine", _SetsFirst(16), timeout_s=5).tick(1.0, counters)  # type: ignore[arg-type]
+    assert counters.column("batch_size").tolist() == [16, 0]
+    with pytest.raises(UserError, match=r"set worker 0's batch size to .*; a batch size is a "
+                                        r"whole number >= 1"):
+        Watched("mine", _SetsFirst(size), timeout_s=5).tick(2.0, counters)  # type: ignore[arg-type]

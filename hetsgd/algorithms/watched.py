@@ -78,11 +78,15 @@ class Watched:
         self.log = controller.log  # rows of batches.csv: the controller's own, as it keeps them
 
     def tick(self, elapsed: float, counters: WorkerCounters) -> None:
+        # only what the tick set is the controller's: a worker that has not started yet still
+        # holds 0 in its row until it writes its own batch size
+        before = counters.column("batch_size").tolist()
         bounded_call(self.target, "its controller's tick", self.timeout_s,
                      lambda: self.controller.tick(elapsed, counters))
         self.log = self.controller.log
-        for rank, size in enumerate(counters.column("batch_size").tolist()):
-            if not (size >= 1 and float(size).is_integer()):  # NaN too
+        after = counters.column("batch_size").tolist()
+        for rank, (was, size) in enumerate(zip(before, after, strict=True)):
+            if size != was and not (size >= 1 and float(size).is_integer()):  # NaN too
                 raise UserError(f"{KEY}={self.target}: its controller set worker {rank}'s batch "
                                 f"size to {size:g}; a batch size is a whole number >= 1")
 
