@@ -30,7 +30,7 @@ from hetsgd.bounded import Stopped
 from hetsgd.config import CONF_DIR, ConfigError, register_configs
 from hetsgd.config.compose import hydra_arguments, quoted
 from hetsgd.config.keys import composition_error, missing_config
-from hetsgd.engines.distributed.torchrun import follower
+from hetsgd.engines.ranks.torchrun import follower
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.observe.contention import warning as contention_warning
 from hetsgd.outputs.safe_text import guard_logging

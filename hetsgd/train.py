@@ -13,8 +13,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from hetsgd.config import ConfigError, to_run_config
-from hetsgd.engines.distributed.torchrun import torchrun
 from hetsgd.engines.processes import warm_up
+from hetsgd.engines.ranks.torchrun import torchrun
 from hetsgd.errors import out_of_memory
 
 if TYPE_CHECKING:  # the summary's readers load pandas: `hetsgd --help` does without

@@ -36,8 +36,8 @@ from matplotlib.figure import Figure
 from hetsgd import algorithms
 from hetsgd.config import AdaptiveConfig, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import sweep_jobs
+from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.hooks import SharedMemoryHooks
-from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.outputs.figure_style import DPI, SIZE, save, styled

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hetsgd.engines import device_ops
-from hetsgd.engines.shared.links import Replica
+from hetsgd.engines.common.links import Replica
 from hetsgd.workers import WorkerSpec
 from tests.test_async import _state_with_master
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hetsgd.algorithms import ALGORITHMS, api
-from hetsgd.engines.shared.links import InPlace, Link, Replica, Resident, check_link
+from hetsgd.engines.common.links import InPlace, Link, Replica, Resident, check_link
 from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel
 from hetsgd.workers import WorkerSpec
@@ -60,7 +60,7 @@ def test_one_thing_is_called_rank_loop() -> None:
     defined = [f"{path.relative_to(ROOT)}" for path in ROOT.rglob("*.py")
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.ClassDef) and node.name == "RankLoop"]
-    assert defined == ["engines/distributed/loop.py"]
+    assert defined == ["engines/ranks/loop.py"]
 
 
 def test_the_builtin_loops_are_rank_loops_and_declare_checkpoints() -> None:

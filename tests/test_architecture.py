@@ -120,14 +120,14 @@ def test_no_layer_imports_one_above_it() -> None:
     assert upward_imports(GRAPH) == []
 
 
-#: Engine packages that one never imports: ``engines.shared`` (shared memory, the worker's loop,
+#: Engine packages that one never imports: ``engines.common`` (shared memory, the worker's loop,
 #: the process coordinator) is what every engine builds on, so it imports no engine; the
 #: distributed and virtual engines never build on the asynchronous one.
-APART = (("hetsgd.engines.shared.", "hetsgd.engines.shared_memory"),
-         ("hetsgd.engines.shared.", "hetsgd.engines.distributed"),
-         ("hetsgd.engines.shared.", "hetsgd.engines.virtual"),
-         ("hetsgd.engines.distributed", "hetsgd.engines.shared_memory"),
-         ("hetsgd.engines.virtual", "hetsgd.engines.shared_memory"))
+APART = (("hetsgd.engines.common.", "hetsgd.engines.async_shared"),
+         ("hetsgd.engines.common.", "hetsgd.engines.ranks"),
+         ("hetsgd.engines.common.", "hetsgd.engines.virtual"),
+         ("hetsgd.engines.ranks", "hetsgd.engines.async_shared"),
+         ("hetsgd.engines.virtual", "hetsgd.engines.async_shared"))
 
 
 def test_the_engines_build_on_the_shared_package_and_not_on_one_another() -> None:

@@ -13,9 +13,9 @@ import torch
 from conftest import compose_config, run_config
 
 from hetsgd.engines.base import TICK_S
-from hetsgd.engines.shared.links import Replica, Resident
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.common.links import Replica, Resident
+from hetsgd.engines.common.memory import SharedData, SharedMaster
+from hetsgd.engines.common.state import SharedState
 from hetsgd.errors import UserError
 from hetsgd.machine import cuda_devices
 from hetsgd.model.flat import FlatModel

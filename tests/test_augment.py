@@ -24,9 +24,9 @@ from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD
 from hetsgd.data.prepare import prepare
 from hetsgd.engines.batches import Batches
 from hetsgd.engines.batches import training_augment as engine_augment
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import StepRecord, Worker
+from hetsgd.engines.common.memory import SharedData, SharedMaster
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.common.worker import StepRecord, Worker
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 from hetsgd.workers import expand

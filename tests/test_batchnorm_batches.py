@@ -11,7 +11,7 @@ from torch import nn
 
 from hetsgd.config.schema import OptimConfig
 from hetsgd.engines.batches import Batches, min_rows
-from hetsgd.engines.shared.memory import SharedData
+from hetsgd.engines.common.memory import SharedData
 from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.step import build_step

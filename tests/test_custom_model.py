@@ -22,8 +22,8 @@ from hetsgd.cli import app
 from hetsgd.config import to_run_config
 from hetsgd.config.problem import CustomModelConfig
 from hetsgd.data import load_dataset
+from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import mlp_layers, resolved_step

@@ -13,11 +13,11 @@ from test_virtual_engine import Fixed
 
 from hetsgd import algorithms
 from hetsgd.engines import processes
+from hetsgd.engines.common.memory import SharedMaster
+from hetsgd.engines.common.worker import set_up_math
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.denormals import DENORMAL, flushed, flushing
 from hetsgd.engines.hooks import DistributedHooks, SharedMemoryHooks
-from hetsgd.engines.shared.memory import SharedMaster
-from hetsgd.engines.shared.worker import set_up_math
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.runs.setup import load_run_data

@@ -25,9 +25,9 @@ from hetsgd.algorithms.sync import split
 from hetsgd.config import RunConfig, to_run_config
 from hetsgd.data import load_dataset
 from hetsgd.engines import processes
-from hetsgd.engines.distributed.group import free_port
+from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.ranks.group import free_port
 from hetsgd.engines.training import OnTick, Training
 from hetsgd.model.architectures import build_model
 from hetsgd.model.flat import FlatModel

@@ -19,8 +19,8 @@ from processes import await_snapshots, gone, start, workers
 
 from hetsgd.config import ConfigError, DistConfig
 from hetsgd.engines.base import TICK_S
-from hetsgd.engines.distributed.group import check_port
-from hetsgd.engines.shared.watch import STARVED_S, Watch, ended
+from hetsgd.engines.common.watch import STARVED_S, Watch, ended
+from hetsgd.engines.ranks.group import check_port
 from hetsgd.errors import UserError
 
 # two workers on any machine (devices=cpu has one per core): the tests wait for both

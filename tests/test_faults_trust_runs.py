@@ -22,7 +22,7 @@ from typer.testing import CliRunner, Result
 
 from hetsgd import algorithms
 from hetsgd.cli import app
-from hetsgd.engines.distributed.handoff import receive
+from hetsgd.engines.ranks.handoff import receive
 from hetsgd.errors import UserError
 from hetsgd.outputs.checkpoint import latest_checkpoint
 from hetsgd.outputs.index import OVERRIDES

@@ -22,7 +22,7 @@ from conftest import compose_config
 from hetsgd.config import to_run_config
 from hetsgd.config.problem import CustomModelConfig, FilesConfig
 from hetsgd.data import load_dataset
-from hetsgd.engines.shared.memory import SharedRows
+from hetsgd.engines.common.memory import SharedRows
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem

@@ -9,8 +9,8 @@ from conftest import run_config
 from test_virtual_engine import Fixed
 
 from hetsgd.config import ConfigError
-from hetsgd.engines.shared.links import default_link
-from hetsgd.engines.shared.memory import SharedMaster
+from hetsgd.engines.common.links import default_link
+from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.group import VirtualClock

@@ -20,7 +20,7 @@ from hetsgd.algorithms import local_sgd
 from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
 from hetsgd.algorithms.local_sgd import RoundPlan, fast_group, group_taus, needs_step_times
 from hetsgd.config import GroupConfig, to_run_config
-from hetsgd.engines.distributed.rank import Rank
+from hetsgd.engines.ranks.rank import Rank
 from hetsgd.errors import UserError
 from hetsgd.runs import runner
 from hetsgd.workers import expand

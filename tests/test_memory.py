@@ -16,7 +16,7 @@ from hetsgd.data.cache import NpyRows
 from hetsgd.data.dataset import Parsed
 from hetsgd.data.prepare import column_moments, fit_scaler, prepare, split_rows
 from hetsgd.data.synthetic import TeacherInputs
-from hetsgd.engines.shared.memory import SharedArena
+from hetsgd.engines.common.memory import SharedArena
 
 
 @pytest.fixture(autouse=True)

@@ -23,8 +23,8 @@ from test_doc_commands import SHELL, Command, blocks, commands, run_overrides, s
 from hetsgd import algorithms
 from hetsgd.config import compose_run, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
+from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.outputs.index import read_summary
 from hetsgd.runs import runner
 from hetsgd.runs.setup import load_run_data

@@ -13,10 +13,10 @@ from conftest import compose_config, run_config
 from test_virtual_engine import Fixed
 
 from hetsgd.config import to_run_config
-from hetsgd.engines.shared.links import default_link
-from hetsgd.engines.shared.memory import SharedMaster
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import Worker
+from hetsgd.engines.common.links import default_link
+from hetsgd.engines.common.memory import SharedMaster
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.common.worker import Worker
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.model.step import Pending
 from hetsgd.outputs.summary import RunSummary, Staleness

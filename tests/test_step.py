@@ -12,8 +12,8 @@ import torch
 from conftest import run_config
 from torch import nn
 
-from hetsgd.engines.shared.cursor import EpochCursor
-from hetsgd.engines.shared.numpy_views import SharedFlag
+from hetsgd.engines.common.cursor import EpochCursor
+from hetsgd.engines.common.numpy_views import SharedFlag
 from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import loss_fn, per_sample_loss

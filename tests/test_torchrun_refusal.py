@@ -15,7 +15,7 @@ from conftest import compose_config, run_config
 
 from hetsgd import algorithms
 from hetsgd.config import to_run_config
-from hetsgd.engines.distributed.torchrun import check_distributed, torchrun
+from hetsgd.engines.ranks.torchrun import check_distributed, torchrun
 from hetsgd.errors import UserError
 from hetsgd.outputs.summary import Launch
 from hetsgd.runs import follow, runner

@@ -12,10 +12,10 @@ import torch
 from conftest import run_config
 
 from hetsgd.data import load_dataset
-from hetsgd.engines.shared.cursor import EpochCursor
-from hetsgd.engines.shared.memory import SharedData, SharedMaster, SharedRows
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import StepRecord, Worker
+from hetsgd.engines.common.cursor import EpochCursor
+from hetsgd.engines.common.memory import SharedData, SharedMaster, SharedRows
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.common.worker import StepRecord, Worker
 from hetsgd.engines.snapshots import Snapshot, Snapshots
 from hetsgd.model.architectures import build_model
 from hetsgd.model.flat import FlatModel

@@ -17,12 +17,12 @@ from hetsgd import algorithms
 from hetsgd.algorithms import adaptive
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig, to_run_config
+from hetsgd.engines.common.links import default_link
+from hetsgd.engines.common.memory import SharedMaster
+from hetsgd.engines.common.worker import LOSS_READ_S
 from hetsgd.engines.counters import RANK_COUNTERS
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.hooks import DistributedHooks
-from hetsgd.engines.shared.links import default_link
-from hetsgd.engines.shared.memory import SharedMaster
-from hetsgd.engines.shared.worker import LOSS_READ_S
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.profiles import ExchangeCost, load_calibration

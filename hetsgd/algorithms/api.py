@@ -47,11 +47,10 @@ from hetsgd.config import (
 from hetsgd.config.algorithms import HogwildConfig
 from hetsgd.engines.batches import Batches
 from hetsgd.engines.checkpoint import WorkerState
+from hetsgd.engines.common.cursor import EpochCursor
+from hetsgd.engines.common.links import InPlace, Link, LinkFactory, Replica, Resident, default_link
+from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.counters import WorkerCounters
-from hetsgd.engines.distributed.exchange import Verdict
-from hetsgd.engines.distributed.group import Group, check_world, choose_backend
-from hetsgd.engines.distributed.loop import RankLoop
-from hetsgd.engines.distributed.rank import Rank
 from hetsgd.engines.hooks import (
     DistributedHooks,
     Hooks,
@@ -59,9 +58,10 @@ from hetsgd.engines.hooks import (
     SharedMemoryHooks,
     per_group,
 )
-from hetsgd.engines.shared.cursor import EpochCursor
-from hetsgd.engines.shared.links import InPlace, Link, LinkFactory, Replica, Resident, default_link
-from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.ranks.exchange import Verdict
+from hetsgd.engines.ranks.group import Group, check_world, choose_backend
+from hetsgd.engines.ranks.loop import RankLoop
+from hetsgd.engines.ranks.rank import Rank
 from hetsgd.engines.training import Controller
 from hetsgd.errors import Diverged, UserError
 from hetsgd.model.problem import Problem

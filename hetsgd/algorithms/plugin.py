@@ -40,9 +40,9 @@ from hetsgd.config import AlgoConfig, RunConfig
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.plain import plain
+from hetsgd.engines.common.links import Link, LinkFactory, check_link
+from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.hooks import DistributedHooks, Hooks, SetupSummary, SharedMemoryHooks
-from hetsgd.engines.shared.links import Link, LinkFactory, check_link
-from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import UserError, one_line
 from hetsgd.targets import locate
 from hetsgd.workers import WorkerSpec

@@ -3,7 +3,7 @@
 On one worker it is the single-device baseline: plain SGD on the master model, in place on a CPU,
 or resident on a GPU and published for snapshots (the shared-memory engine's own worker).
 
-On several workers it runs on torch.distributed (see :mod:`hetsgd.engines.distributed`): every step
+On several workers it runs on torch.distributed (see :mod:`hetsgd.engines.ranks`): every step
 takes the next global batch of the epoch's order (``algo.global_batch``, by default the sum of the
 workers' batch sizes; an epoch's last batch may be shorter, as with one worker) and cuts it into
 one contiguous shard per rank, ``split: equal`` (as DistributedDataParallel) or ``proportional`` to

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from hetsgd.config import RunConfig
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.common.memory import SharedData, SharedMaster
+from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.snapshots import Snapshot, Snapshots
 from hetsgd.engines.training import Controller, Journal, OnTick, Training
 from hetsgd.model.problem import Problem

@@ -10,7 +10,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from hetsgd.config.schema import DataConfig
 from hetsgd.engines import device_ops
-from hetsgd.engines.shared.memory import SharedData
+from hetsgd.engines.common.memory import SharedData
 from hetsgd.model.problem import Problem
 
 Augment = Callable[[torch.Tensor], torch.Tensor]

@@ -2,7 +2,7 @@
 
 A checkpoint is taken where every worker's state is consistent: after a step of sync SGD (every
 replica equal) or after an aggregation round of local SGD (the models equal, each momentum its
-own). The coordinator only asks (:class:`~hetsgd.engines.shared.state.Signals`); each
+own). The coordinator only asks (:class:`~hetsgd.engines.common.state.Signals`); each
 worker answers at its next such point with a :class:`WorkerState`, the part only it holds: its
 momentum, its RNG streams, its counters, its algorithm's own state, and, from the worker that
 holds the model (the lone worker, rank 0), the model. The coordinator assembles the parts of one

@@ -23,14 +23,14 @@ COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "
 # The counters a rank's every exchange carries (the leading ones), so that its modelled size on
 # the virtual clock stays that of the model and these: a rank copies no replica in (copy_s stays
 # 0) and counts its cpu_s at checkpoints and at the end only, which its last exchange (every
-# counter, :meth:`~hetsgd.engines.distributed.rank.Rank.finish`) carries exactly.
+# counter, :meth:`~hetsgd.engines.ranks.rank.Rank.finish`) carries exactly.
 RANK_COUNTERS = COUNTERS[:COUNTERS.index("cpu_s")]
 
 
 class CounterRow:
     """One worker's counters (a row of ``COUNTERS``): the row of the shared table that a worker
     owns, or a rank's private row that rank 0 later copies into the table. Written every step,
-    through a numpy view of the row (see :mod:`~hetsgd.engines.shared.numpy_views`)."""
+    through a numpy view of the row (see :mod:`~hetsgd.engines.common.numpy_views`)."""
 
     COLUMN = {name: i for i, name in enumerate(COUNTERS)}
 

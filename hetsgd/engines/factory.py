@@ -8,12 +8,12 @@ from functools import partial
 from typing import Protocol
 
 from hetsgd.config import RunConfig
+from hetsgd.engines.async_shared.process import worker_process
 from hetsgd.engines.checkpoint import Checkpoint
-from hetsgd.engines.distributed.coordinator import DistributedCoordinator
+from hetsgd.engines.common.coordinator import Coordinator
+from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.hooks import DistributedHooks, Hooks
-from hetsgd.engines.shared.coordinator import Coordinator
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared_memory.process import worker_process
+from hetsgd.engines.ranks.coordinator import DistributedCoordinator
 from hetsgd.engines.training import Engine, Journal, OnTick
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for

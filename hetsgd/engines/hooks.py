@@ -16,8 +16,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hetsgd.engines.distributed.loop import RankLoop
-from hetsgd.engines.shared.links import LinkFactory
+from hetsgd.engines.common.links import LinkFactory
+from hetsgd.engines.ranks.loop import RankLoop
 from hetsgd.engines.training import Controller
 from hetsgd.workers import WorkerSpec
 

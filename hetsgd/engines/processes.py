@@ -43,8 +43,8 @@ from typing import Any
 #: What the forkserver imports once: torch and every module a worker or rank unpickles its
 #: target and arguments from; the first also leaves Ctrl-C and SIGHUP to the coordinator.
 PRELOAD = ("hetsgd.engines.forkserver_preload", "torch", "hetsgd.algorithms",
-           "hetsgd.engines.shared.coordinator", "hetsgd.engines.shared_memory.process",
-           "hetsgd.engines.distributed.coordinator")
+           "hetsgd.engines.common.coordinator", "hetsgd.engines.async_shared.process",
+           "hetsgd.engines.ranks.coordinator")
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 from hetsgd.engines.checkpoint import WorkerState
-from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.common.state import SharedState
 from hetsgd.errors import Diverged, UserError, one_line, out_of_memory
 
 SETUP_BEAT_S = 0.2  # how often a worker that sets up beats its heartbeat (see `beating`)

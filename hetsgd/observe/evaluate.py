@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from hetsgd.config import RunConfig
-from hetsgd.engines.shared.memory import SharedData
+from hetsgd.engines.common.memory import SharedData
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import correct, per_sample_loss
 from hetsgd.model.problem import Problem

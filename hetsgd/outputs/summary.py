@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from hetsgd.config import RunConfig
-    from hetsgd.engines.distributed.torchrun import Torchrun
+    from hetsgd.engines.ranks.torchrun import Torchrun
 
 #: The fields every summary writes, None or not: which run it is and how it ended.
 IDENTITY = ("status", "error", "algo", "dataset", "model", "devices", "seed")
@@ -112,7 +112,7 @@ class Staleness(_Record):
     number of other workers' updates that reached the master between its step's read of the
     parameters and its own landing. The virtual clock counts exactly that; shared-memory worker
     processes count the other workers' steps begun meanwhile (the same on average; see
-    :mod:`hetsgd.engines.shared.worker`).
+    :mod:`hetsgd.engines.common.worker`).
 
     Where every worker steps again as soon as it has landed, each landing falls in exactly one
     step of each other worker, so the mean over the run is pinned by the counts alone:

@@ -32,13 +32,13 @@ from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig
 from hetsgd.config.labels import dataset_label, model_label
 from hetsgd.engines import device_ops
-from hetsgd.engines.distributed.group import Group, with_free_port
-from hetsgd.engines.distributed.rank import Rank
+from hetsgd.engines.common.coordinator import FIRST_STEP_FACTOR, KILL_TIMEOUT_S, guarded
+from hetsgd.engines.common.memory import SharedData, SharedMaster
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.common.worker import Worker
 from hetsgd.engines.processes import context
-from hetsgd.engines.shared.coordinator import FIRST_STEP_FACTOR, KILL_TIMEOUT_S, guarded
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import Worker
+from hetsgd.engines.ranks.group import Group, with_free_port
+from hetsgd.engines.ranks.rank import Rank
 from hetsgd.engines.step_timing import StepTimer
 from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, measured_profiles
 from hetsgd.model.problem import Problem

@@ -1,6 +1,6 @@
 """A torchrun rank other than global rank 0: it trains its rank in-process and writes nothing.
 
-Global rank 0 runs the whole run (see :mod:`hetsgd.engines.distributed.coordinator`) and hands
+Global rank 0 runs the whole run (see :mod:`hetsgd.engines.ranks.coordinator`) and hands
 its plan (the config it resolved, the workers) to the other ranks; they never compose a config
 of their own, load the same data and meet rank 0 at the first collective.
 """
@@ -18,12 +18,12 @@ import torch
 from hetsgd import algorithms
 from hetsgd.config import compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments
-from hetsgd.engines.distributed.handoff import receive
-from hetsgd.engines.distributed.process import rank_process
-from hetsgd.engines.distributed.torchrun import check_distributed, torchrun
+from hetsgd.engines.common.memory import SharedMaster
+from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.hooks import DistributedHooks
-from hetsgd.engines.shared.memory import SharedMaster
-from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.ranks.handoff import receive
+from hetsgd.engines.ranks.process import rank_process
+from hetsgd.engines.ranks.torchrun import check_distributed, torchrun
 from hetsgd.errors import UserError
 from hetsgd.runs.setup import Handoff, load_run_data
 from hetsgd.runs.trust import check_targets, named_targets, override_targets

@@ -31,12 +31,12 @@ from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.plain import plain
 from hetsgd.engines import device_ops
-from hetsgd.engines.distributed.handoff import hand_off
-from hetsgd.engines.distributed.torchrun import check_distributed, torchrun
+from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.hooks import DistributedHooks, SharedMemoryHooks
 from hetsgd.engines.processes import warm_up
-from hetsgd.engines.shared.memory import SharedMaster
+from hetsgd.engines.ranks.handoff import hand_off
+from hetsgd.engines.ranks.torchrun import check_distributed, torchrun
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.engines.training import Training
 from hetsgd.engines.virtual.cost import CostProbe

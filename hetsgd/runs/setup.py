@@ -19,7 +19,7 @@ from hetsgd.data import load_dataset
 from hetsgd.data.augment import check_augment
 from hetsgd.data.columns import listing
 from hetsgd.data.registry import data_seed
-from hetsgd.engines.shared.memory import SharedArena, SharedData
+from hetsgd.engines.common.memory import SharedArena, SharedData
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
@@ -148,7 +148,7 @@ def check_fills_a_batch(num_train: int, workers: Sequence[WorkerSpec]) -> None:
 @dataclass(frozen=True)
 class Handoff:
     """What global rank 0 hands the other torchrun ranks: its plan, or why it has none. It
-    travels as plain data (:mod:`hetsgd.engines.distributed.handoff`), rebuilt by the schemas."""
+    travels as plain data (:mod:`hetsgd.engines.ranks.handoff`), rebuilt by the schemas."""
 
     plan: Plan | None = None
     error: str | None = None

@@ -21,10 +21,10 @@ import torch
 from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig, to_run_config
 from hetsgd.engines import device_ops
-from hetsgd.engines.shared.links import LinkFactory, default_link
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import Worker
+from hetsgd.engines.common.links import LinkFactory, default_link
+from hetsgd.engines.common.memory import SharedData, SharedMaster
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.common.worker import Worker
 from hetsgd.model.architectures import build_model
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from hetsgd.config import RunConfig, to_run_config
-from hetsgd.engines.shared.memory import SharedMaster
+from hetsgd.engines.common.memory import SharedMaster
 from scripts.bench import inprocess
 from scripts.bench.jobs import FAST_EVAL, Jobs, compose_config
 from scripts.bench.section import Section, ratio

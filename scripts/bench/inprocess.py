@@ -6,9 +6,9 @@ from __future__ import annotations
 import multiprocessing as mp
 
 from hetsgd.config import RunConfig, to_run_config
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import Worker
+from hetsgd.engines.common.memory import SharedData, SharedMaster
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.common.worker import Worker
 from hetsgd.model.problem import Problem
 from hetsgd.runs.setup import load_run_data
 from hetsgd.workers import expand

@@ -74,7 +74,7 @@ class MemorySampler:
 
 def runtime_floor() -> int:
     """USS of a fresh interpreter that imported what a worker imports: the per-process floor."""
-    code = ("import psutil, torch, hetsgd.engines.shared.worker; "
+    code = ("import psutil, torch, hetsgd.engines.common.worker; "
             "print(psutil.Process().memory_full_info().uss)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])

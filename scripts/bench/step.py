@@ -12,8 +12,8 @@ import torch
 
 from hetsgd.config import RunConfig, to_run_config
 from hetsgd.engines.batches import EPOCH_SEED_STRIDE
-from hetsgd.engines.shared.cursor import EpochCursor
-from hetsgd.engines.shared.memory import SharedData
+from hetsgd.engines.common.cursor import EpochCursor
+from hetsgd.engines.common.memory import SharedData
 from hetsgd.model.architectures import build_model
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from hetsgd import algorithms
 from hetsgd.config import to_run_config
+from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.shared.memory import SharedMaster
 from hetsgd.observe.evaluate import Evaluator
 from hetsgd.runs.setup import load_run_data
 from hetsgd.workers import expand

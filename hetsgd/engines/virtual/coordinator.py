@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from hetsgd.bounded import own_interrupt
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
+from hetsgd.engines.common.links import LinkFactory
+from hetsgd.engines.common.memory import SharedData, SharedMaster
+from hetsgd.engines.common.worker import Worker
 from hetsgd.engines.counters import CounterRow
-from hetsgd.engines.shared.links import LinkFactory
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared.worker import Worker
 from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.engines.virtual.busy import BusyTime

@@ -1,7 +1,7 @@
 """A simulated torch.distributed world: ranks as threads of one process, meeting at a barrier,
 each with a virtual clock.
 
-Each rank runs the algorithm's own loop (:class:`~hetsgd.engines.distributed.loop.RankLoop`)
+Each rank runs the algorithm's own loop (:class:`~hetsgd.engines.ranks.loop.RankLoop`)
 against a :class:`VirtualGroup`, which has the real group's collectives. A rank's clock advances
 by its step's time (:class:`~.step_times.StepTimes`: the profile's, jittered) whenever it has
 computed a step; a collective ends for every rank
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from hetsgd.engines.distributed.group import Group, RankLost
+from hetsgd.engines.ranks.group import Group, RankLost
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.step_times import StepTimes
 from hetsgd.workers import WorkerSpec

@@ -15,10 +15,10 @@ import time
 
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import EngineBase
-from hetsgd.engines.distributed.group import RankLost
-from hetsgd.engines.distributed.loop import RankLoop
+from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.hooks import SetupSummary
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.ranks.group import RankLost
+from hetsgd.engines.ranks.loop import RankLoop
 from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.group import Meeting, VirtualClock, VirtualGroup

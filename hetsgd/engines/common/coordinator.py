@@ -31,6 +31,9 @@ from multiprocessing import resource_tracker
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
+from hetsgd.engines.common.links import UNANSWERED_STEPS
+from hetsgd.engines.common.memory import SharedData, SharedMaster
+from hetsgd.engines.common.watch import Watch, cpu_s, ended
 from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.processes import (
     LOST_TO_FORKSERVER,
@@ -39,9 +42,6 @@ from hetsgd.engines.processes import (
     settle,
     start_deadline,
 )
-from hetsgd.engines.shared.links import UNANSWERED_STEPS
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared.watch import Watch, cpu_s, ended
 from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem

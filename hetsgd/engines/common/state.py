@@ -11,10 +11,10 @@ import numpy.typing as npt
 import torch
 
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
+from hetsgd.engines.common.cursor import EpochCursor
+from hetsgd.engines.common.memory import SharedData, SharedMaster
+from hetsgd.engines.common.numpy_views import SharedFlag, SharedViews
 from hetsgd.engines.counters import WorkerCounters
-from hetsgd.engines.shared.cursor import EpochCursor
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
-from hetsgd.engines.shared.numpy_views import SharedFlag, SharedViews
 
 # A worker that has left its loop answers every publish request from then on.
 RETIRED = torch.iinfo(torch.int64).max

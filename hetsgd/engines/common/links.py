@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from hetsgd.engines import device_ops
-from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.common.state import SharedState
 from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel
 from hetsgd.workers import WorkerSpec

@@ -1,6 +1,6 @@
 """A rank process of the distributed engine: its algorithm's :class:`~.loop.RankLoop` (bound in
 by the coordinator, so this module never looks an algorithm up) run from the group's forming to
-its report, as :mod:`hetsgd.engines.shared_memory.process` runs a worker."""
+its report, as :mod:`hetsgd.engines.async_shared.process` runs a worker."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from functools import partial
 import torch
 
 from hetsgd.config import RunConfig
-from hetsgd.engines.distributed.group import Group
-from hetsgd.engines.distributed.loop import RankLoop
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.common.worker import set_up_math
+from hetsgd.engines.ranks.group import Group
+from hetsgd.engines.ranks.loop import RankLoop
 from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import set_up_math
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
 

@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from hetsgd.config import DistConfig, RunConfig
 from hetsgd.engines import device_ops
-from hetsgd.engines.distributed.clock import RankClock, WallClock
-from hetsgd.engines.distributed.torchrun import torchrun
+from hetsgd.engines.ranks.clock import RankClock, WallClock
+from hetsgd.engines.ranks.torchrun import torchrun
 from hetsgd.errors import UserError
 from hetsgd.workers import WorkerSpec
 

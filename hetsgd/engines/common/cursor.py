@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from hetsgd.engines.shared.numpy_views import SharedViews
+from hetsgd.engines.common.numpy_views import SharedViews
 
 
 class EpochCursor(SharedViews):

@@ -23,10 +23,10 @@ import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.engines.checkpoint import WorkerState
-from hetsgd.engines.distributed.exchange import Verdict
-from hetsgd.engines.distributed.group import Group
-from hetsgd.engines.distributed.rank import Rank
-from hetsgd.engines.shared.state import SharedState
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.ranks.exchange import Verdict
+from hetsgd.engines.ranks.group import Group
+from hetsgd.engines.ranks.rank import Rank
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec

@@ -1,5 +1,5 @@
 """A worker's loop: claim a chunk, take an SGD step, count it; in a process of the asynchronous
-engine (:mod:`hetsgd.engines.shared_memory`), as the virtual clock's events, or calibrating.
+engine (:mod:`hetsgd.engines.async_shared`), as the virtual clock's events, or calibrating.
 
 The loop reads top to bottom: claim -> gather -> copy in -> step -> merge -> count -> (emulated)
 sleep. The batch size is re-read every step, so a controller (Adaptive Hogbatch) can change it.
@@ -39,10 +39,10 @@ from hetsgd.engines.checkpoint import (
     restore_rng,
     rng_state,
 )
+from hetsgd.engines.common.links import LinkFactory, default_link
+from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.counters import CounterRow
 from hetsgd.engines.denormals import flush_denormals
-from hetsgd.engines.shared.links import LinkFactory, default_link
-from hetsgd.engines.shared.state import SharedState
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending, build_step

@@ -1,4 +1,4 @@
-"""A worker process of the asynchronous engine: the step loop of :mod:`hetsgd.engines.shared.worker`
+"""A worker process of the asynchronous engine: the step loop of :mod:`hetsgd.engines.common.worker`
 run in its own process, from the coordinator's start to its report."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from functools import partial
 
 from hetsgd.config import RunConfig
+from hetsgd.engines.common.links import LinkFactory
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.common.worker import Worker, set_up_math
 from hetsgd.engines.reports import Reports, beating, reporting, send_checkpoint, send_ready
-from hetsgd.engines.shared.links import LinkFactory
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import Worker, set_up_math
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
 

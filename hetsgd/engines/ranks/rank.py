@@ -37,12 +37,12 @@ from hetsgd.engines.checkpoint import (
     restore_rng,
     rng_state,
 )
+from hetsgd.engines.common.links import Link, default_link
+from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.common.worker import LOSS_READ_S
 from hetsgd.engines.counters import COUNTERS
-from hetsgd.engines.distributed.exchange import Exchange, Ledger, Verdict
-from hetsgd.engines.distributed.group import Group
-from hetsgd.engines.shared.links import Link, default_link
-from hetsgd.engines.shared.state import SharedState
-from hetsgd.engines.shared.worker import LOSS_READ_S
+from hetsgd.engines.ranks.exchange import Exchange, Ledger, Verdict
+from hetsgd.engines.ranks.group import Group
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step

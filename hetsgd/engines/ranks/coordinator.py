@@ -17,13 +17,13 @@ import torch
 
 from hetsgd.config import RunConfig
 from hetsgd.engines.checkpoint import Checkpoint
+from hetsgd.engines.common.coordinator import FAILURE_GRACE_S, Coordinator
+from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.counters import WorkerCounters
-from hetsgd.engines.distributed.group import check_port, torchrun, with_free_port
-from hetsgd.engines.distributed.loop import RankLoop
-from hetsgd.engines.distributed.process import rank_process
 from hetsgd.engines.hooks import SetupSummary
-from hetsgd.engines.shared.coordinator import FAILURE_GRACE_S, Coordinator
-from hetsgd.engines.shared.memory import SharedData, SharedMaster
+from hetsgd.engines.ranks.group import check_port, torchrun, with_free_port
+from hetsgd.engines.ranks.loop import RankLoop
+from hetsgd.engines.ranks.process import rank_process
 from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec

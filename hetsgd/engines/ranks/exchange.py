@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from hetsgd.engines.counters import COUNTERS, RANK_COUNTERS, CounterRow, WorkerCounters
-from hetsgd.engines.distributed.group import Group
+from hetsgd.engines.ranks.group import Group
 
 FLAGS = 3  # stop, diverged, checkpoint: summed, so any rank raises each for all
 
