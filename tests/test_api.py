@@ -49,7 +49,9 @@ def test_run_from_python_is_the_command_lines_run(from_python: hetsgd.RunResult,
     assert (summary.algo, summary.dataset, summary.model, summary.seed) == ("sync", "digits",
                                                                             "logreg", 3)
     by_python = json.loads((from_python.run_dir / "summary.json").read_text())
-    assert by_python.keys() == by_shell.keys()  # one entry: the same fields, whichever way in
+    # one entry: the same fields, whichever way in; warnings (a coordinator not scheduled for a
+    # while, on a loaded machine) are written only by the run they happened to
+    assert by_python.keys() - {"warnings"} == by_shell.keys() - {"warnings"}
     for field in ("updates", "examples", "epochs", "updates_by_group", "plan", "mix", "scaling"):
         assert summary.to_dict()[field] == by_shell[field], field
     for when in ("initial", "final"):
