@@ -136,6 +136,48 @@ def test_the_engines_build_on_the_shared_package_and_not_on_one_another() -> Non
             if f"{a}.".startswith(importer) and b.startswith(imported)] == []
 
 
+#: The size limits of docs/architecture.md: a module is one concept, a function one step.
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+
+
+def oversized(root: Path) -> list[str]:
+    """Modules over :data:`MAX_MODULE_LINES` lines and functions (methods and nested ones
+    included) over :data:`MAX_FUNCTION_LINES`, from ``def`` to their last line."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        source = path.read_text()
+        name = path.relative_to(root.parent).as_posix()
+        if (lines := len(source.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(source, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_module_and_no_function_is_over_its_limit() -> None:
+    assert oversized(PACKAGE_ROOT) == []
+
+
+def test_the_size_check_catches_a_long_module_and_a_long_method(tmp_path: Path) -> None:
+    """One line over each limit is caught; a function exactly at its limit is not."""
+    root = tmp_path / "hetsgd"
+    root.mkdir()
+
+    def body(lines: int, indent: str) -> str:
+        return "".join(f"{indent}x{i} = {i}\n" for i in range(lines))
+
+    (root / "long_method.py").write_text("class A:\n    def f(self):\n"
+                                         + body(MAX_FUNCTION_LINES, " " * 8))
+    (root / "fits.py").write_text("def g():\n" + body(MAX_FUNCTION_LINES - 1, " " * 4))
+    (root / "long_module.py").write_text(body(MAX_MODULE_LINES + 1, ""))
+    assert oversized(root) == [f"hetsgd/long_method.py:2 f: {MAX_FUNCTION_LINES + 1} lines",
+                               f"hetsgd/long_module.py: {MAX_MODULE_LINES + 1} lines"]
+
+
 @pytest.mark.parametrize("lazy", [False, True])
 def test_the_checks_catch_a_deliberate_circle_and_an_upward_import(tmp_path: Path,
                                                                    lazy: bool) -> None:

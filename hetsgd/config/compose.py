@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hetsgd.config.algorithms import ALGO_SCHEMAS, CustomAlgoConfig
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.group_names import recorded_config, recorded_groups, recorded_override
+from hetsgd.config.hydra_private import args_parser, basic_sweep, present_child
 from hetsgd.config.labels import dataset_label
 from hetsgd.config.paths import safe_component
 from hetsgd.config.problem import (
@@ -122,14 +123,10 @@ def sweep_jobs(arguments: Sequence[str]) -> list[list[str]]:
     basic sweeper makes them (its own expansion): the swept values an experiment gives in
     ``hydra.sweeper.params``, then the arguments. For scripts and tests that run or check a
     sweep's jobs without launching it."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
     arguments = with_first_group_choices(arguments)
     experiments = [a for a in arguments if a.startswith("+experiment=")]
     params = compose_run(experiments, hydra_config=True).hydra.sweeper.params
-    given = [f"{key}={value}" for key, value in (params or {}).items()] + arguments
-    jobs, = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)
-    return jobs
+    return basic_sweep([f"{key}={value}" for key, value in (params or {}).items()] + arguments)
 
 
 def quoted(value: object) -> str:
@@ -141,9 +138,7 @@ def hydra_arguments(args: Sequence[str]) -> tuple[argparse.ArgumentParser, argpa
     """`hetsgd run ARGS` read by Hydra's own parser (``-m``, ``--cfg``, ``--config-dir``, the
     overrides; ``-m`` anywhere, as a shell user types it), its own errors one
     :class:`UserError` line instead of argparse's usage and exit."""
-    from hydra._internal.utils import get_args_parser  # what @hydra.main parses sys.argv with
-
-    parser = get_args_parser()
+    parser = args_parser()
     parser.prog = "hetsgd run"
 
     def refuse(message: str) -> NoReturn:
@@ -195,8 +190,7 @@ def _unknown_keys(node: DictConfig, path: str = "") -> list[str]:
     keys = [str(key) for key in node.keys()]
     unknown = [f"{path}{key}" for key in keys if declared is not None and key not in declared]
     for key in keys:
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+        if (child := present_child(node, key)) is not None:
             unknown += _unknown_keys(child, f"{path}{key}.")
     return unknown
 
