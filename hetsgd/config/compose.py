@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hetsgd.config.algorithms import ALGO_SCHEMAS, CustomAlgoConfig
+from hetsgd.config.algorithms import ALGO_SCHEMAS, AlgoConfig, CustomAlgoConfig
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.group_names import recorded_config, recorded_groups, recorded_override
 from hetsgd.config.hydra_private import args_parser, basic_sweep, present_child
@@ -74,8 +74,21 @@ def register_configs() -> None:
                  if model_schema in OPEN_SCHEMAS else model_schema)
     cs.store(group="schema", name="devices", node=DevicesConfig)
     for algo_name, schema in ALGO_SCHEMAS.items():
-        cs.store(group="schema/algo", name=algo_name, node=_open(schema)
-                 if schema in OPEN_SCHEMAS else schema)
+        _store_algo(cs, algo_name, schema)
+
+
+def _store_algo(cs: ConfigStore, name: str, schema: type[AlgoConfig]) -> None:
+    """``schema/algo/NAME``, which each algo YAML starts from: the algorithm's schema and, where it
+    declares one (:attr:`~hetsgd.config.algorithms.AlgoConfig.DEVICES`), its own mix, chosen as
+    a default that `devices=` and a `+method=` override."""
+    node = _open(schema) if schema in OPEN_SCHEMAS else schema
+    if schema.DEVICES is None:
+        cs.store(group="schema/algo", name=name, node=node)
+        return
+    cs.store(group="schema/algo_fields", name=name, node=node)
+    cs.store(group="schema/algo", name=name, node={"defaults": [
+        f"/schema/algo_fields/{name}@_here_",
+        {"override /devices@_global_.devices": schema.DEVICES}, "_self_"]})
 
 
 def _swept(*, _root_: DictConfig) -> str:
