@@ -32,7 +32,7 @@ from hetsgd.config.plain import plain
 from hetsgd.engines import device_ops
 from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.hooks import DistributedHooks, Hooks, SharedMemoryHooks
+from hetsgd.engines.hooks import Hooks, LinkHooks, RankLoopHooks
 from hetsgd.engines.processes import warm_up
 from hetsgd.engines.ranks.handoff import hand_off
 from hetsgd.engines.ranks.torchrun import check_distributed, torchrun
@@ -143,7 +143,7 @@ def _planned(attempt: _Attempt, cfg: RunConfig, resolved_config: Any) -> tuple[P
     attempt.note(plan=plan.settled, mix=_mix(specs), launch=Launch.of(torchrun(), len(specs)))
     hooks = algorithm.hooks(plan)
     if torchrun() is not None:  # global rank 0: the other ranks take this plan
-        check_distributed(cfg.algo.name, isinstance(hooks, DistributedHooks))
+        check_distributed(cfg.algo.name, isinstance(hooks, RankLoopHooks))
         hand_off(Handoff(plan=algorithms.handed_off(plan, algorithm)).to_plain())
         attempt.handed_off = True
     return plan, hooks
@@ -197,8 +197,8 @@ def _recorded(attempt: _Attempt, plan: Plan, hooks: Hooks, data: RunData, traini
     """What training measured, into the run directory and the summary, then evaluated."""
     out, cfg, specs = attempt.out, plan.cfg, plan.workers
     # warnings: e.g. a coordinator that was not scheduled for a while; staleness where several
-    # workers update the master asynchronously (the shared-memory hooks)
-    asynchronous_engine = isinstance(hooks, SharedMemoryHooks)
+    # workers update the master asynchronously (link hooks)
+    asynchronous_engine = isinstance(hooks, LinkHooks)
     asynchronous = asynchronous_engine and len(specs) > 1
     error, _, trace = (training.error or "").partition("\n")  # a worker's traceback follows
     if trace:
