@@ -211,6 +211,8 @@ class Coordinator(EngineBase):
     # -- the run -----------------------------------------------------------------------------
 
     def run(self, monitor_factory: MonitorFactory) -> Training:
+        """Start the workers, tick until training ends, then end every worker started, whatever
+        happened; the run's status from the first failure."""
         training = Training()
         if self.resume is not None:  # before the workers start: they take their parts along
             self.state.restore(self.resume)
@@ -246,7 +248,7 @@ class Coordinator(EngineBase):
         """Start the workers and, once every one is ready, the clock (continuing a resumed
         run's) with the first snapshot; none trains if one could not start."""
         live.hung.update(self._start(live.procs) or self._await_ready(live.procs, live.finished))
-        if live.hung:  # nobody trains: those still setting up are ended at once, below
+        if live.hung:  # nobody trains: those still setting up are ended at once by run()
             live.stopped = time.perf_counter() - self.exit_s
         monitor.start()
         resumed_s = self.resume.time_s if self.resume is not None else 0.0
