@@ -45,9 +45,10 @@ CONF_DIR = Path(os.environ.get("HETSGD_CONF", Path(__file__).resolve().parents[1
 
 
 def register_configs() -> None:
-    """Register the schemas so that YAML files can name them in their defaults lists, and the
-    resolvers device mixes use: `${hetsgd.cores:}` (one worker per core), `${hetsgd.cores_but:1}`
-    (all cores but one, left to a GPU worker's host thread), `${hetsgd.gpus:}`, and
+    """Register the schemas so that YAML files can name them in their defaults lists (an
+    algorithm's with its own mix: :func:`_store_algo`), and the resolvers device mixes use:
+    `${hetsgd.cores:}` (one worker per core), `${hetsgd.cores_but:1}` (all cores but one, left
+    to a GPU worker's host thread), `${hetsgd.gpus:}`, and
     `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes);
     `${hetsgd.safe:...}`, which makes any value a safe directory name (run and sweep-job folders);
     `${hetsgd.dataset_label:${dataset}}`, what a run folder calls its dataset (a file's stem);
