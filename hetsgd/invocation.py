@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 from hetsgd.bounded import Stopped
 from hetsgd.config import CONF_DIR, ConfigError, register_configs
 from hetsgd.config.compose import hydra_arguments, quoted
+from hetsgd.config.hydra_private import run_hydra
 from hetsgd.config.keys import composition_error, missing_config
 from hetsgd.engines.ranks.torchrun import follower
 from hetsgd.errors import UserError, out_of_memory
@@ -159,7 +160,7 @@ def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
     handlers = list(logging.root.handlers)
     interrupted = False
     try:
-        _run_hydra(invocation, [*args, *_continue_in_place(args)])
+        _launch(invocation, [*args, *_continue_in_place(args)])
     except KeyboardInterrupt as stop:
         from hetsgd.tuning.phases import SearchInterrupted
 
@@ -191,26 +192,21 @@ def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
     return invocation
 
 
-def _run_hydra(invocation: Invocation, args: list[str]) -> None:
-    """What ``@hydra.main`` does with ``sys.argv``, with ``args``: Hydra's own parser and
-    runner (hydra-core 1.3's ``hydra._internal.utils``, which ``hydra.main`` calls). A sweep's
-    folder is settled first (:func:`~hetsgd.runs.sweep_dir.settle_sweep_dir`), so that the invocation knows it
-    whichever launcher runs the jobs."""
-    from hydra._internal.utils import _run_hydra as run_hydra
-    from hydra.version import setbase
-
+def _launch(invocation: Invocation, args: list[str]) -> None:
+    """What ``@hydra.main`` does with ``sys.argv``, with ``args``: Hydra's own parser and runner
+    (:mod:`hetsgd.config.hydra_private`). A sweep's folder is settled first
+    (:func:`~hetsgd.runs.sweep_dir.settle_sweep_dir`), so that the invocation knows it whichever
+    launcher runs the jobs."""
     parser, parsed = hydra_arguments(args)
     invocation.sweep_dir, tuning = settle_sweep_dir(parsed.overrides, parsed.multirun,
                                                     parsed.config_dir)
     if invocation.sweep_dir is not None:
         parsed.overrides.append(f"hydra.sweep.dir={quoted(invocation.sweep_dir)}")
-    setbase("1.3")
     job = _Job(invocation)
 
     def sweep(overrides: list[str]) -> None:
-        run_hydra(args=argparse.Namespace(**{**vars(parsed), "overrides": overrides}),
-                  args_parser=parser, task_function=job, config_path=str(CONF_DIR),
-                  config_name="config")
+        run_hydra(argparse.Namespace(**{**vars(parsed), "overrides": overrides}), parser, job,
+                  config_dir=str(CONF_DIR), config_name="config")
 
     if tuning is None or invocation.sweep_dir is None:
         sweep(parsed.overrides)

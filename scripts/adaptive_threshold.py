@@ -37,7 +37,7 @@ from hetsgd import algorithms
 from hetsgd.config import AdaptiveConfig, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import sweep_jobs
 from hetsgd.engines.common.memory import SharedMaster
-from hetsgd.engines.hooks import SharedMemoryHooks
+from hetsgd.engines.hooks import LinkHooks
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.outputs.figure_style import DPI, SIZE, save, styled
@@ -91,7 +91,7 @@ def replay(job: list[str]) -> Point:
     algo = algorithms.get(cheap.algo.name)
     plan = algo.plan(cheap, expand(cheap.devices))
     hooks = algo.hooks(plan)
-    assert isinstance(hooks, SharedMemoryHooks)
+    assert isinstance(hooks, LinkHooks)
     engine = VirtualCoordinator(plan.cfg, plan.workers, data.problem, data.train,
                                 SharedMaster.initial(cheap.model, data.problem, cheap.seed), None,
                                 hooks.link, hooks.controller,

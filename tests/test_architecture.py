@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,105 @@ def test_the_engines_build_on_the_shared_package_and_not_on_one_another() -> Non
     assert [f"{a} -> {b}" for a, targets in sorted(GRAPH.items()) for b in sorted(targets)
             for importer, imported in APART
             if f"{a}.".startswith(importer) and b.startswith(imported)] == []
+
+
+#: The size limits of docs/architecture.md: a module is one concept, a function one step.
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+
+
+def oversized(root: Path) -> list[str]:
+    """Modules over :data:`MAX_MODULE_LINES` lines and functions (methods and nested ones
+    included) over :data:`MAX_FUNCTION_LINES`, from ``def`` to their last line."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        source = path.read_text()
+        name = path.relative_to(root.parent).as_posix()
+        if (lines := len(source.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(source, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_module_and_no_function_is_over_its_limit() -> None:
+    assert oversized(PACKAGE_ROOT) == []
+
+
+def test_the_size_check_catches_a_long_module_and_a_long_method(tmp_path: Path) -> None:
+    """One line over each limit is caught; a function exactly at its limit is not."""
+    root = tmp_path / "hetsgd"
+    root.mkdir()
+
+    def body(lines: int, indent: str) -> str:
+        return "".join(f"{indent}x{i} = {i}\n" for i in range(lines))
+
+    (root / "long_method.py").write_text("class A:\n    def f(self):\n"
+                                         + body(MAX_FUNCTION_LINES, " " * 8))
+    (root / "fits.py").write_text("def g():\n" + body(MAX_FUNCTION_LINES - 1, " " * 4))
+    (root / "long_module.py").write_text(body(MAX_MODULE_LINES + 1, ""))
+    assert oversized(root) == [f"hetsgd/long_method.py:2 f: {MAX_FUNCTION_LINES + 1} lines",
+                               f"hetsgd/long_module.py: {MAX_MODULE_LINES + 1} lines"]
+
+
+REPO = PACKAGE_ROOT.parent
+#: A file the docs cite in backticks (`engines/common/links.py`, `config/compose.py: recomposable`,
+#: `engines/ranks/loop.py: RankLoop.run`), relative to the repository or the package; a
+#: placeholder (`DIR/algo/NAME.yaml`) or a glob is no citation.
+CITED = re.compile(r"`((?:[a-z_.]+/)+[a-z_0-9]+\.(?:py|sh|yaml|md))(?::\s*([A-Za-z_][\w.]*))?`")
+
+
+def defines(path: Path, dotted: str) -> bool:
+    """Whether ``path`` defines ``dotted`` (``run``, ``Coordinator.run``, ``LOSS_READ_S``) at its
+    top level, a method within its class."""
+    scope: list[ast.stmt] = ast.parse(path.read_text()).body
+    for part in dotted.split("."):
+        found = [node for node in scope if part in _names(node)]
+        if not found:
+            return False
+        scope = getattr(found[0], "body", [])
+    return True
+
+
+def _names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    targets = node.targets if isinstance(node, ast.Assign) else (
+        [node.target] if isinstance(node, ast.AnnAssign) else [])
+    return {t.id for t in targets if isinstance(t, ast.Name)}
+
+
+def wrong_citations(docs: list[Path], repo: Path) -> list[str]:
+    """Each cited file that does not exist, and each cited name its file does not define."""
+    wrong = []
+    for doc in docs:
+        for cited, name in CITED.findall(doc.read_text()):
+            path = next((p for p in (repo / cited, repo / "hetsgd" / cited) if p.is_file()), None)
+            if path is None:
+                wrong.append(f"{doc.name}: {cited}")
+            elif name and not defines(path, name):
+                wrong.append(f"{doc.name}: {cited}: {name}")
+    return wrong
+
+
+def test_every_file_and_name_the_docs_cite_exists() -> None:
+    """README.md and docs/*.md (not docs/results/, which record past runs as they were)."""
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    assert wrong_citations(docs, REPO) == []
+
+
+def test_the_citation_check_catches_a_gone_file_and_a_gone_name(tmp_path: Path) -> None:
+    (tmp_path / "hetsgd" / "runs").mkdir(parents=True)
+    (tmp_path / "hetsgd" / "runs" / "runner.py").write_text("class A:\n    def run(self): ...\n")
+    doc = tmp_path / "page.md"
+    doc.write_text("`runs/runner.py: A.run`, `runs/runner.py: A.walk`, `hetsgd/runs/gone.py`, "
+                   "`runs/runner.py: run`, `DIR/algo/NAME.yaml`")
+    assert wrong_citations([doc], tmp_path) == [
+        "page.md: runs/runner.py: A.walk", "page.md: hetsgd/runs/gone.py",
+        "page.md: runs/runner.py: run"]
 
 
 @pytest.mark.parametrize("lazy", [False, True])

@@ -4,12 +4,17 @@ Hydra's compose API, nothing trained)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+import yaml
 from hydra import compose
 from test_sweeps import hydra_conf  # noqa: F401 - the fixture: Hydra on the config tree
 
 from hetsgd import algorithms
 from hetsgd.config import CONF_DIR, RunConfig, to_run_config
+from hetsgd.config.algorithms import ALGO_SCHEMAS
 from hetsgd.config.compose import sweep_jobs
 from hetsgd.errors import UserError
 from hetsgd.workers import expand
@@ -67,3 +72,46 @@ def test_every_job_of_every_experiment_composes_and_plans(experiment: str) -> No
             continue
         seen.add(shape)
         _planned(_checked([*job, *tuned]))
+
+
+#: Each composition's device mix as the tree composed it when algo YAMLs chose mixes themselves
+#: (before each algorithm declared its own: ``AlgoConfig.DEVICES``): every algo choice alone,
+#: with `devices=`, with each `+method=`; every method alone and with `devices=`; every
+#: experiment's jobs.
+BEFORE: dict[str, str] = json.loads(
+    (Path(__file__).parent / "assets" / "devices_before.json").read_text())["devices"]
+
+
+def _devices_choice(overrides: list[str]) -> str:
+    """The ``devices`` group's choice that ``overrides`` compose, or ERROR where they do not."""
+    try:
+        config = compose("config", overrides=overrides, return_hydra_config=True)
+    except Exception:  # noqa: BLE001 - a combination that never composed (a method's keys)
+        return "ERROR"
+    return str(config.hydra.runtime.choices.devices)
+
+
+@pytest.mark.usefixtures("hydra_conf")
+@pytest.mark.parametrize("overrides", sorted(k for k in BEFORE if "+experiment=" not in k))
+def test_every_algo_and_method_composes_the_mix_it_did(overrides: str) -> None:
+    """An algorithm's own mix, `devices=` over it, a method's over it: as before."""
+    assert _devices_choice(overrides.split()) == BEFORE[overrides]
+
+
+@pytest.mark.slow  # tens of compositions
+@pytest.mark.usefixtures("hydra_conf")
+def test_every_experiment_job_composes_the_mix_it_did() -> None:
+    jobs = sorted(k for k in BEFORE if "+experiment=" in k)
+    assert len(jobs) > len(_choices("experiment"))  # the sweeps' jobs, not only the experiments
+    assert {job: _devices_choice(job.split()) for job in jobs} == {job: BEFORE[job] for job in jobs}
+
+
+@pytest.mark.usefixtures("hydra_conf")
+@pytest.mark.parametrize("name", sorted(ALGO_SCHEMAS))
+def test_an_algorithm_runs_on_the_mix_it_declares(name: str) -> None:
+    """``DEVICES`` is the one place an algorithm picks a mix; none declared: config.yaml's."""
+    declared = ALGO_SCHEMAS[name].DEVICES
+    assert _devices_choice([f"algo={name}", *NEEDS.get(("algo", name), [])]) == (
+        declared or "single_cpu")
+    defaults = yaml.safe_load((CONF_DIR / "algo" / f"{name}.yaml").read_text())["defaults"]
+    assert not [entry for entry in defaults if "devices" in str(entry)]  # the YAML picks none

@@ -17,7 +17,7 @@ from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.common.worker import set_up_math
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.denormals import DENORMAL, flushed, flushing
-from hetsgd.engines.hooks import DistributedHooks, SharedMemoryHooks
+from hetsgd.engines.hooks import LinkHooks, RankLoopHooks
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.runs.setup import load_run_data
@@ -78,11 +78,11 @@ def _flushing_at_ticks(engine: str, flush: bool) -> list[bool]:
         seen.append(flushing())
 
     profiles = [Fixed(0.01), Fixed(0.02)]
-    if isinstance(hooks, DistributedHooks):
+    if isinstance(hooks, RankLoopHooks):
         VirtualRanks(plan.cfg, plan.workers, data.problem, data.train, master, on_tick,
                      hooks.loop, hooks.setup_summary, profiles).run(None)
     else:
-        assert isinstance(hooks, SharedMemoryHooks)
+        assert isinstance(hooks, LinkHooks)
         VirtualCoordinator(plan.cfg, plan.workers, data.problem, data.train, master, on_tick,
                            hooks.link, hooks.controller, profiles).run(None)
     return seen

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from hetsgd.algorithms import hogwild, local_sgd
-from hetsgd.algorithms.api import DistributedHooks, InPlace, SharedMemoryHooks
+from hetsgd.algorithms.api import RankLoopHooks, InPlace, LinkHooks
 from hetsgd.algorithms.local_sgd import LocalSGDLoop
 
 
@@ -68,7 +68,7 @@ def _zero(counters):
 
 def _with(controller):
     def hooks(plan):
-        return SharedMemoryHooks(hogwild.hooks(plan).link, controller)
+        return LinkHooks(hogwild.hooks(plan).link, controller)
     return hooks
 
 
@@ -139,7 +139,7 @@ class Namespace:
 
 forges = Namespace(plan=hogwild.plan, hooks=_with(Forger()))
 forges_and_fails = Namespace(plan=hogwild.plan,
-                             hooks=lambda plan: SharedMemoryHooks(LandsBroken, Forger()))
+                             hooks=lambda plan: LinkHooks(LandsBroken, Forger()))
 exits_in_plan = Namespace(plan=_exits, hooks=hogwild.hooks)
 interrupts_in_plan = Namespace(plan=_interrupts, hooks=hogwild.hooks)
 os_exits_in_plan = Namespace(plan=_os_exits, hooks=hogwild.hooks)
@@ -147,13 +147,13 @@ exits_in_hooks = Namespace(plan=hogwild.plan, hooks=_exits)
 exits_in_tick = Namespace(plan=hogwild.plan, hooks=_with(Ticks(_exits)))
 hangs_in_tick = Namespace(plan=hogwild.plan, hooks=_with(Ticks(lambda c: time.sleep(3600))))
 zero_batch = Namespace(plan=hogwild.plan, hooks=_with(Ticks(_zero)))
-worker_exits_0 = Namespace(plan=hogwild.plan, hooks=lambda plan: SharedMemoryHooks(ExitsInWorker))
-reports_nan = Namespace(plan=hogwild.plan, hooks=lambda plan: SharedMemoryHooks(ReportsNaN))
+worker_exits_0 = Namespace(plan=hogwild.plan, hooks=lambda plan: LinkHooks(ExitsInWorker))
+reports_nan = Namespace(plan=hogwild.plan, hooks=lambda plan: LinkHooks(ReportsNaN))
 nan_budget = Namespace(plan=_planned(_nan_budget), hooks=hogwild.hooks)
 replans = Namespace(plan=_planned(_replanned), hooks=hogwild.hooks)
 leaves_a_thread = Namespace(plan=_leaves_a_thread, hooks=hogwild.hooks)
 hung_rank = Namespace(plan=local_sgd.plan, CONFIG=local_sgd.CONFIG, hooks=lambda plan:
-                      DistributedHooks(HangsInRank1, local_sgd.setup_summary, publishing=False))
+                      RankLoopHooks(HangsInRank1, local_sgd.setup_summary, publishing=False))
 '''
 # the virtual clock: a run in the test's own process, in well under a second
 SIMULATED = ("devices=paper_hogbatch_v100", "devices.groups.cpu.count=2",

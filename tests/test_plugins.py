@@ -20,7 +20,7 @@ from hetsgd import algorithms
 from hetsgd.algorithms.plugin import Plugin
 from hetsgd.config import AdaptiveConfig, ConfigError, to_run_config
 from hetsgd.config.algorithms import ALGO_SCHEMAS, CustomAlgoConfig
-from hetsgd.engines.hooks import SharedMemoryHooks
+from hetsgd.engines.hooks import LinkHooks
 from hetsgd.errors import UserError
 from hetsgd.runs import runner
 from hetsgd.runs.setup import Handoff
@@ -45,7 +45,7 @@ FILES = {
         from functools import partial
 
         from hetsgd.algorithms import hogbatch
-        from hetsgd.algorithms.api import InPlace, Replica, SharedMemoryHooks
+        from hetsgd.algorithms.api import InPlace, Replica, LinkHooks
 
         plan = hogbatch.plan
 
@@ -55,13 +55,13 @@ FILES = {
 
 
         def hooks(plan):
-            return SharedMemoryHooks(partial(link, merge=plan.cfg.algo.settings["merge"]))
+            return LinkHooks(partial(link, merge=plan.cfg.algo.settings["merge"]))
     ''',
     "bad.py": '''
         from types import SimpleNamespace
 
         from hetsgd.algorithms import hogbatch, hogwild
-        from hetsgd.algorithms.api import InPlace, Resident, SharedMemoryHooks
+        from hetsgd.algorithms.api import InPlace, Resident, LinkHooks
 
 
         def _raise(*args):
@@ -97,12 +97,12 @@ FILES = {
 
         raises_in_plan = SimpleNamespace(plan=_raise, hooks=hogbatch.hooks)
         silent_link = SimpleNamespace(
-            plan=hogbatch.plan, hooks=lambda plan: SharedMemoryHooks(never_answers))
-        no_flat = SimpleNamespace(plan=hogbatch.plan, hooks=lambda plan: SharedMemoryHooks(NoFlat))
+            plan=hogbatch.plan, hooks=lambda plan: LinkHooks(never_answers))
+        no_flat = SimpleNamespace(plan=hogbatch.plan, hooks=lambda plan: LinkHooks(NoFlat))
         raises_in_worker = SimpleNamespace(
-            plan=hogbatch.plan, hooks=lambda plan: SharedMemoryHooks(broken_link))
+            plan=hogbatch.plan, hooks=lambda plan: LinkHooks(broken_link))
         raises_mid_training = SimpleNamespace(
-            plan=hogwild.plan, hooks=lambda plan: SharedMemoryHooks(LandsBroken))
+            plan=hogwild.plan, hooks=lambda plan: LinkHooks(LandsBroken))
         no_hooks = SimpleNamespace(plan=hogbatch.plan)
         wrong_hooks = SimpleNamespace(plan=hogbatch.plan, hooks=lambda plan: "hooks")
         wrong_config = SimpleNamespace(plan=hogbatch.plan, hooks=hogbatch.hooks, CONFIG=dict)
@@ -165,7 +165,7 @@ def test_an_untyped_plugin_keeps_its_settings_and_is_named_by_its_target(plugins
     assert algorithm.NAME == "untyped"
     assert typed.algo == CustomAlgoConfig("untyped", f"{PACKAGE}.untyped", {"merge": "overwrite"})
     hooks = algorithm.hooks(algorithm.plan(typed, expand(typed.devices)))
-    assert isinstance(hooks, SharedMemoryHooks) and hooks.controller is None
+    assert isinstance(hooks, LinkHooks) and hooks.controller is None
 
 
 @pytest.mark.parametrize("target, message", [

@@ -19,7 +19,7 @@ from hetsgd.outputs import paper_table
 from hetsgd.outputs.metrics import Reach, sustained, time_to_losses
 from hetsgd.outputs.report import write_report
 from hetsgd.outputs.summary import RunSummary, learnt_between
-from hetsgd.runs.runner import _results
+from hetsgd.runs.evaluation import _results
 
 # normalized 0, 0.5, 1.0, then back to 0.5 and 0: reaches 0.9 at 1.8 s and leaves it
 COLLAPSE = [2.0, 1.05, 0.1, 1.05, 2.0]

@@ -22,7 +22,7 @@ from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.common.worker import LOSS_READ_S
 from hetsgd.engines.counters import RANK_COUNTERS
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.hooks import DistributedHooks
+from hetsgd.engines.hooks import RankLoopHooks
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.profiles import ExchangeCost, load_calibration
@@ -261,7 +261,7 @@ def test_simulated_sync_steps_at_the_slowest_ranks_pace(exchange: ExchangeCost |
     plan = algorithm.plan(cfg, expand(cfg.devices))
     master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
     hooks = algorithm.hooks(plan)
-    assert isinstance(hooks, DistributedHooks)
+    assert isinstance(hooks, RankLoopHooks)
     training = VirtualRanks(plan.cfg, plan.workers, data.problem, data.train, master, None,
                             hooks.loop, hooks.setup_summary,
                             [Fixed(0.01, exchange=exchange), Fixed(0.03, exchange=exchange)]

@@ -30,9 +30,9 @@ from hetsgd.algorithms import hogbatch
 from hetsgd.algorithms.api import (
     AdaptiveConfig,
     Hooks,
+    LinkHooks,
     Plan,
     RunConfig,
-    SharedMemoryHooks,
     WorkerCounters,
     WorkerSpec,
 )
@@ -67,8 +67,8 @@ def hooks(plan: Plan) -> Hooks:
     algo = plan.cfg.algo
     assert isinstance(algo, AdaptiveConfig)
     link = hogbatch.hooks(plan)
-    assert isinstance(link, SharedMemoryHooks)
-    return SharedMemoryHooks(link.link, BatchController(algo, plan.workers))
+    assert isinstance(link, LinkHooks)
+    return LinkHooks(link.link, BatchController(algo, plan.workers))
 
 
 def _clamp(value: float, low: float, high: float) -> float:

@@ -16,13 +16,13 @@ are refused for an algorithm that does not declare it); run it with
   for summary.json), from the :class:`RunConfig` and one :class:`WorkerSpec` per worker of the
   mix. A layout the algorithm cannot run is a one-line :class:`UserError`.
 - Workers on the shared master (the shared-memory engine and its virtual clock):
-  :class:`SharedMemoryHooks` with a :data:`LinkFactory` (picklable: a module-level function or a
+  :class:`LinkHooks` with a :data:`LinkFactory` (picklable: a module-level function or a
   ``functools.partial`` of one) choosing each worker's :class:`Link` (the protocol; the
   built-in links :class:`InPlace`, :class:`Replica`, :class:`Resident`, or
   :func:`default_link`), and an optional :class:`Controller` that steers batch sizes from the
   coordinator through the :class:`WorkerCounters`.
 - Ranks of torch.distributed (real processes, torchrun, or threads on the virtual clock):
-  :class:`DistributedHooks` with a :class:`RankLoop` subclass, which writes only its
+  :class:`RankLoopHooks` with a :class:`RankLoop` subclass, which writes only its
   ``local_steps``, ``aggregate`` and ``state_dict``/``load_state_dict``; the loop owns the
   rest. :class:`Rank` is what every rank has (its replica, ``train_step``, ``clock``,
   ``ledger`` and the exchanges :meth:`Rank.average` and :meth:`Rank.exchange`, each
@@ -52,10 +52,10 @@ from hetsgd.engines.common.links import InPlace, Link, LinkFactory, Replica, Res
 from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.hooks import (
-    DistributedHooks,
     Hooks,
+    LinkHooks,
+    RankLoopHooks,
     SetupSummary,
-    SharedMemoryHooks,
     per_group,
 )
 from hetsgd.engines.ranks.exchange import Verdict
@@ -70,8 +70,8 @@ from hetsgd.workers import WorkerSpec, renumber
 
 __all__ = [
     "AdaptiveConfig", "AlgoConfig", "Algorithm", "AutogradStep", "Batches", "Controller",
-    "Diverged", "DistributedHooks", "EpochCursor", "Group", "HogbatchConfig", "HogwildConfig",
-    "Hooks", "InPlace", "Link", "LinkFactory", "LocalSGDConfig", "Pending", "Plan", "Problem",
-    "Rank", "RankLoop", "Replica", "Resident", "RunConfig", "SetupSummary", "SharedMemoryHooks",
-    "SharedState", "SyncConfig", "UserError", "Verdict", "WorkerCounters", "WorkerSpec",
-    "WorkerState", "check_world", "choose_backend", "default_link", "per_group", "renumber"]
+    "Diverged", "EpochCursor", "Group", "HogbatchConfig", "HogwildConfig", "Hooks", "InPlace",
+    "Link", "LinkFactory", "LinkHooks", "LocalSGDConfig", "Pending", "Plan", "Problem", "Rank",
+    "RankLoop", "RankLoopHooks", "Replica", "Resident", "RunConfig", "SetupSummary", "SharedState",
+    "SyncConfig", "UserError", "Verdict", "WorkerCounters", "WorkerSpec", "WorkerState",
+    "check_world", "choose_backend", "default_link", "per_group", "renumber"]

@@ -14,10 +14,10 @@ from hetsgd.algorithms.api import (
     Hooks,
     InPlace,
     Link,
+    LinkHooks,
     Plan,
     Replica,
     RunConfig,
-    SharedMemoryHooks,
     SharedState,
     UserError,
     WorkerSpec,
@@ -50,4 +50,4 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
 def hooks(plan: Plan) -> Hooks:
     algo = plan.cfg.algo
     assert isinstance(algo, HogbatchConfig)
-    return SharedMemoryHooks(partial(hogbatch_link, merge=algo.merge))
+    return LinkHooks(partial(hogbatch_link, merge=algo.merge))

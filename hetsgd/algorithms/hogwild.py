@@ -9,9 +9,9 @@ import logging
 from hetsgd.algorithms.api import (
     HogwildConfig,
     Hooks,
+    LinkHooks,
     Plan,
     RunConfig,
-    SharedMemoryHooks,
     UserError,
     WorkerSpec,
     default_link,
@@ -35,4 +35,4 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
 
 
 def hooks(plan: Plan) -> Hooks:
-    return SharedMemoryHooks(default_link)
+    return LinkHooks(default_link)

@@ -50,11 +50,11 @@ import torch
 
 from hetsgd.algorithms.api import (
     Batches,
-    DistributedHooks,
     Hooks,
     LocalSGDConfig,
     Plan,
     RankLoop,
+    RankLoopHooks,
     RunConfig,
     UserError,
     Verdict,
@@ -143,7 +143,7 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
 
 
 def hooks(plan: Plan) -> Hooks:
-    return DistributedHooks(LocalSGDLoop, setup_summary, publishing=False)
+    return RankLoopHooks(LocalSGDLoop, setup_summary, publishing=False)
 
 
 def setup_summary(world: list[WorkerSpec], columns: dict[str, list[float]]) -> dict:

@@ -42,7 +42,7 @@ from hetsgd.config.checks import ConfigError
 from hetsgd.config.plain import plain
 from hetsgd.engines.common.links import Link, LinkFactory, check_link
 from hetsgd.engines.common.state import SharedState
-from hetsgd.engines.hooks import DistributedHooks, Hooks, SetupSummary, SharedMemoryHooks
+from hetsgd.engines.hooks import Hooks, LinkHooks, RankLoopHooks, SetupSummary
 from hetsgd.errors import UserError, one_line
 from hetsgd.targets import locate
 from hetsgd.workers import WorkerSpec
@@ -129,13 +129,13 @@ class Plugin:
     def hooks(self, plan: Plan) -> Hooks:
         hooks = bounded_call(self.target, "its hooks", plan.cfg.workers.stall_s,
                          lambda: self.provider.hooks(plan))
-        if isinstance(hooks, SharedMemoryHooks):  # its links are built in the workers
+        if isinstance(hooks, LinkHooks):  # its links are built in the workers
             controller = (None if hooks.controller is None else
                           Watched(self.target, hooks.controller, plan.cfg.workers.stall_s))
-            return SharedMemoryHooks(partial(_link, self.target, hooks.link), controller)
-        if not isinstance(hooks, DistributedHooks):
+            return LinkHooks(partial(_link, self.target, hooks.link), controller)
+        if not isinstance(hooks, RankLoopHooks):
             raise UserError(f"{KEY}={self.target}: its hooks returned a {type(hooks).__name__}, "
-                            "not SharedMemoryHooks or DistributedHooks")
+                            "not LinkHooks or RankLoopHooks")
         return dataclasses.replace(hooks, setup_summary=partial(_setup_summary, self.target,
                                                                 hooks.setup_summary))
 

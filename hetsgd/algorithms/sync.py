@@ -26,14 +26,14 @@ import torch
 
 from hetsgd.algorithms.api import (
     AutogradStep,
-    DistributedHooks,
     EpochCursor,
     Hooks,
+    LinkHooks,
     Pending,
     Plan,
     RankLoop,
+    RankLoopHooks,
     RunConfig,
-    SharedMemoryHooks,
     SyncConfig,
     UserError,
     Verdict,
@@ -68,8 +68,8 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
 
 def hooks(plan: Plan) -> Hooks:
     if len(plan.workers) == 1:
-        return SharedMemoryHooks(default_link)
-    return DistributedHooks(SyncLoop, setup_summary, publishing=plan.workers[0].accel)
+        return LinkHooks(default_link)
+    return RankLoopHooks(SyncLoop, setup_summary, publishing=plan.workers[0].accel)
 
 
 def setup_summary(world: list[WorkerSpec], columns: dict[str, list[float]]) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
@@ -15,6 +15,11 @@ log = logging.getLogger("hetsgd")
 
 @dataclass
 class AlgoConfig:
+    #: The mix (a choice of the ``devices`` group) the algorithm runs on unless `devices=` or a
+    #: `+method=` chooses one; None: config.yaml's default. The one place an algorithm picks a
+    #: mix (composition reads it: :func:`hetsgd.config.compose.register_configs`).
+    DEVICES: ClassVar[str | None] = None
+
     name: str = MISSING
 
 
@@ -36,6 +41,7 @@ class SyncConfig(AlgoConfig):
 class HogwildConfig(AlgoConfig):
     """CPU-only asynchronous SGD: lock-free in-place updates of the shared master."""
 
+    DEVICES: ClassVar[str | None] = "cpu"  # every core
     name: str = "hogwild"
 
 
@@ -48,6 +54,7 @@ class HogbatchConfig(AlgoConfig):
     `delta` adds the replica's own change and keeps concurrent CPU updates (the project's
     default); `overwrite` copies the replica over the master (the authors' released code)."""
 
+    DEVICES: ClassVar[str | None] = "auto"  # the machine's CPU and GPU (emulated without CUDA)
     name: str = "hogbatch"
     merge: str = "delta"
 
@@ -172,6 +179,7 @@ class LocalSGDConfig(AlgoConfig):
     together, the slowest group taking `tau_min` steps. Parsed into a :class:`Tau` on validation.
     See hetsgd/algorithms/local_sgd.py."""
 
+    DEVICES: ClassVar[str | None] = "auto"  # the machine's CPU and GPU (emulated without CUDA)
     name: str = "local_sgd"
     tau: Any = "auto"
     tau_min: int = 1  # tau: auto gives the slowest group this many local steps per round

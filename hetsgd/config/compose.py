@@ -19,9 +19,10 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hetsgd.config.algorithms import ALGO_SCHEMAS, CustomAlgoConfig
+from hetsgd.config.algorithms import ALGO_SCHEMAS, AlgoConfig, CustomAlgoConfig
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.group_names import recorded_config, recorded_groups, recorded_override
+from hetsgd.config.hydra_private import args_parser, basic_sweep, present_child
 from hetsgd.config.labels import dataset_label
 from hetsgd.config.paths import safe_component
 from hetsgd.config.problem import (
@@ -44,9 +45,10 @@ CONF_DIR = Path(os.environ.get("HETSGD_CONF", Path(__file__).resolve().parents[1
 
 
 def register_configs() -> None:
-    """Register the schemas so that YAML files can name them in their defaults lists, and the
-    resolvers device mixes use: `${hetsgd.cores:}` (one worker per core), `${hetsgd.cores_but:1}`
-    (all cores but one, left to a GPU worker's host thread), `${hetsgd.gpus:}`, and
+    """Register the schemas so that YAML files can name them in their defaults lists (an
+    algorithm's with its own mix: :func:`_store_algo`), and the resolvers device mixes use:
+    `${hetsgd.cores:}` (one worker per core), `${hetsgd.cores_but:1}` (all cores but one, left
+    to a GPU worker's host thread), `${hetsgd.gpus:}`, and
     `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes);
     `${hetsgd.safe:...}`, which makes any value a safe directory name (run and sweep-job folders);
     `${hetsgd.dataset_label:${dataset}}`, what a run folder calls its dataset (a file's stem);
@@ -73,8 +75,21 @@ def register_configs() -> None:
                  if model_schema in OPEN_SCHEMAS else model_schema)
     cs.store(group="schema", name="devices", node=DevicesConfig)
     for algo_name, schema in ALGO_SCHEMAS.items():
-        cs.store(group="schema/algo", name=algo_name, node=_open(schema)
-                 if schema in OPEN_SCHEMAS else schema)
+        _store_algo(cs, algo_name, schema)
+
+
+def _store_algo(cs: ConfigStore, name: str, schema: type[AlgoConfig]) -> None:
+    """``schema/algo/NAME``, which each algo YAML starts from: the algorithm's schema and, where it
+    declares one (:attr:`~hetsgd.config.algorithms.AlgoConfig.DEVICES`), its own mix, chosen as
+    a default that `devices=` and a `+method=` override."""
+    node = _open(schema) if schema in OPEN_SCHEMAS else schema
+    if schema.DEVICES is None:
+        cs.store(group="schema/algo", name=name, node=node)
+        return
+    cs.store(group="schema/algo_fields", name=name, node=node)
+    cs.store(group="schema/algo", name=name, node={"defaults": [
+        f"/schema/algo_fields/{name}@_here_",
+        {"override /devices@_global_.devices": schema.DEVICES}, "_self_"]})
 
 
 def _swept(*, _root_: DictConfig) -> str:
@@ -122,14 +137,10 @@ def sweep_jobs(arguments: Sequence[str]) -> list[list[str]]:
     basic sweeper makes them (its own expansion): the swept values an experiment gives in
     ``hydra.sweeper.params``, then the arguments. For scripts and tests that run or check a
     sweep's jobs without launching it."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
     arguments = with_first_group_choices(arguments)
     experiments = [a for a in arguments if a.startswith("+experiment=")]
     params = compose_run(experiments, hydra_config=True).hydra.sweeper.params
-    given = [f"{key}={value}" for key, value in (params or {}).items()] + arguments
-    jobs, = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)
-    return jobs
+    return basic_sweep([f"{key}={value}" for key, value in (params or {}).items()] + arguments)
 
 
 def quoted(value: object) -> str:
@@ -141,9 +152,7 @@ def hydra_arguments(args: Sequence[str]) -> tuple[argparse.ArgumentParser, argpa
     """`hetsgd run ARGS` read by Hydra's own parser (``-m``, ``--cfg``, ``--config-dir``, the
     overrides; ``-m`` anywhere, as a shell user types it), its own errors one
     :class:`UserError` line instead of argparse's usage and exit."""
-    from hydra._internal.utils import get_args_parser  # what @hydra.main parses sys.argv with
-
-    parser = get_args_parser()
+    parser = args_parser()
     parser.prog = "hetsgd run"
 
     def refuse(message: str) -> NoReturn:
@@ -195,8 +204,7 @@ def _unknown_keys(node: DictConfig, path: str = "") -> list[str]:
     keys = [str(key) for key in node.keys()]
     unknown = [f"{path}{key}" for key in keys if declared is not None and key not in declared]
     for key in keys:
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+        if (child := present_child(node, key)) is not None:
             unknown += _unknown_keys(child, f"{path}{key}.")
     return unknown
 

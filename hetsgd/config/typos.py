@@ -10,14 +10,15 @@ from collections.abc import Iterable, Sequence
 
 from omegaconf import DictConfig
 
+from hetsgd.config.hydra_private import present_child
+
 
 def dotted_keys(node: DictConfig, prefix: str = "") -> list[str]:
     """Every leaf key of ``node`` as an override names it (``budget.seconds``), unresolved."""
     keys = []
     for key in node.keys():
-        child = node._get_node(key)
         path = f"{prefix}{key!s}"
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+        if (child := present_child(node, str(key))) is not None:
             keys += dotted_keys(child, f"{path}.")
         else:
             keys.append(path)

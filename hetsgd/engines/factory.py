@@ -1,5 +1,5 @@
 """Which engine runs a plan: the virtual clock for a simulated mix, else processes; the
-torch.distributed ranks for :class:`DistributedHooks`, else shared-memory workers. The one place
+torch.distributed ranks for :class:`RankLoopHooks`, else shared-memory workers. The one place
 that knows every engine, so the runner names none."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hetsgd.engines.async_shared.process import worker_process
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.common.coordinator import Coordinator
 from hetsgd.engines.common.memory import SharedData, SharedMaster
-from hetsgd.engines.hooks import DistributedHooks, Hooks
+from hetsgd.engines.hooks import Hooks, RankLoopHooks
 from hetsgd.engines.ranks.coordinator import DistributedCoordinator
 from hetsgd.engines.training import Engine, Journal, OnTick
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
@@ -46,12 +46,12 @@ def build_engine(plan: Planned, hooks: Hooks, problem: Problem, data: SharedData
                             "is deterministic: run it again instead): set checkpoint.every_s=null, "
                             "without resume")
         profiles = profiles_for(cfg, workers, problem)
-        if isinstance(hooks, DistributedHooks):
+        if isinstance(hooks, RankLoopHooks):
             return VirtualRanks(cfg, workers, problem, data, master, on_tick, hooks.loop,
                                 hooks.setup_summary, profiles, journal)
         return VirtualCoordinator(cfg, workers, problem, data, master, on_tick, hooks.link,
                                   hooks.controller, profiles, journal)
-    if isinstance(hooks, DistributedHooks):
+    if isinstance(hooks, RankLoopHooks):
         return DistributedCoordinator(cfg, workers, problem, data, master, on_tick, hooks.loop,
                                       hooks.publishing, hooks.setup_summary, resume, journal)
     return Coordinator(cfg, workers, problem, data, master, on_tick,

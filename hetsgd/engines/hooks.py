@@ -1,13 +1,14 @@
 """The hooks an algorithm hands an engine: engines consume these, never algorithm names, so the
 virtual-clock engine schedules the same steps and landings without a second copy of any
-algorithm.
+algorithm. Each is named for what it hands over, not for an engine: every kind runs on a real
+engine and on the virtual clock.
 
-- :class:`SharedMemoryHooks` for workers that claim chunks of the epoch and step on the shared
-  master (one-worker sync, Hogwild, Hogbatch, Adaptive). What a step computes is the engine's
-  worker; how its result lands in the master is the algorithm's :data:`LinkFactory`; a
+- :class:`LinkHooks` for workers that claim chunks of the epoch and step on the shared master
+  (one-worker sync, Hogwild, Hogbatch, Adaptive). What a step computes is the engine's worker;
+  how its result lands in the master is the algorithm's :data:`LinkFactory`; a
   :class:`Controller` may steer batch sizes from the coordinator while workers train.
-- :class:`DistributedHooks` for torch.distributed ranks (sync on several workers, local SGD):
-  the algorithm's :class:`RankLoop`, and how what rank 0 settled at setup reads in summary.json.
+- :class:`RankLoopHooks` for ranks that each run the algorithm's :class:`RankLoop` (sync on
+  several workers, local SGD), and how what rank 0 settled at setup reads in summary.json.
 """
 
 from __future__ import annotations
@@ -38,16 +39,16 @@ def per_group(world: list[WorkerSpec], values: list[float], total: bool = False
 
 
 @dataclass(frozen=True)
-class SharedMemoryHooks:
+class LinkHooks:
     link: LinkFactory  # how each worker's step lands in the master; picklable
     controller: Controller | None = None
 
 
 @dataclass(frozen=True)
-class DistributedHooks:
+class RankLoopHooks:
     loop: type[RankLoop]
     setup_summary: SetupSummary
     publishing: bool  # rank 0 keeps its replica and publishes it into the master on request
 
 
-Hooks = SharedMemoryHooks | DistributedHooks
+Hooks = LinkHooks | RankLoopHooks

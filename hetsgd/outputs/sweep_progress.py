@@ -16,15 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from hetsgd.config.hydra_private import BASIC_SWEEPER, basic_sweep
 from hetsgd.durations import duration
 from hetsgd.outputs.safe_text import shown
-
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def job_count(hydra: DictConfig) -> int | None:
@@ -34,12 +32,8 @@ def job_count(hydra: DictConfig) -> int | None:
     if sweeper.get("_target_") != BASIC_SWEEPER:
         trials = sweeper.get("n_trials")
         return trials if isinstance(trials, int) else None
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
     params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
-    parsed = OverridesParser.create().parse_overrides([*params, *hydra.overrides.task])
-    batches = BasicSweeper.split_arguments(parsed, None)
-    return sum(len(batch) for batch in batches)
+    return len(basic_sweep([*params, *hydra.overrides.task]))
 
 
 def progress_line(number: int, total: int | None, folder: str, elapsed_s: float) -> str:

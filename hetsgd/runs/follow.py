@@ -20,7 +20,7 @@ from hetsgd.config import compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments
 from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.common.state import SharedState
-from hetsgd.engines.hooks import DistributedHooks
+from hetsgd.engines.hooks import RankLoopHooks
 from hetsgd.engines.ranks.handoff import receive
 from hetsgd.engines.ranks.process import rank_process
 from hetsgd.engines.ranks.torchrun import check_distributed, torchrun
@@ -44,8 +44,8 @@ def follow(overrides: Sequence[str]) -> int:
                   _named_here(overrides), "give model._target_={} on the command line")
     algorithm, plan = algorithms.followed(plan)  # a custom algorithm's settings typed again
     hooks = algorithm.hooks(plan)
-    check_distributed(plan.cfg.algo.name, isinstance(hooks, DistributedHooks))
-    assert isinstance(hooks, DistributedHooks)  # refused above: a follower has several ranks
+    check_distributed(plan.cfg.algo.name, isinstance(hooks, RankLoopHooks))
+    assert isinstance(hooks, RankLoopHooks)  # refused above: a follower has several ranks
     data = load_run_data(plan.cfg, progress=False, workers=plan.workers)
     master = SharedMaster.initial(plan.cfg.model, data.problem, plan.cfg.seed)
     state = SharedState.create(data.train, master, plan.cfg.budget.epochs, len(plan.workers),

@@ -38,7 +38,7 @@ from hetsgd.outputs.index import (
 from hetsgd.outputs.journal import INDEX, read_snapshots, remove_snapshots, warn_skipped
 from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, check_no_links
 from hetsgd.outputs.summary import RunSummary
-from hetsgd.runs.runner import evaluate
+from hetsgd.runs.evaluation import evaluate
 from hetsgd.runs.setup import load_run_data
 from hetsgd.runs.trust import check_recorded_overrides, check_targets
 

@@ -20,12 +20,11 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
-from rich.progress import track
 
 from hetsgd import algorithms
+from hetsgd.algorithms.base import Plan
 from hetsgd.bounded import exits_caught, own_interrupt, stops_marked
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
@@ -33,11 +32,10 @@ from hetsgd.config.plain import plain
 from hetsgd.engines import device_ops
 from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.hooks import DistributedHooks, SharedMemoryHooks
+from hetsgd.engines.hooks import Hooks, LinkHooks, RankLoopHooks
 from hetsgd.engines.processes import warm_up
 from hetsgd.engines.ranks.handoff import hand_off
 from hetsgd.engines.ranks.torchrun import check_distributed, torchrun
-from hetsgd.engines.snapshots import Snapshot
 from hetsgd.engines.training import Training
 from hetsgd.engines.virtual.cost import CostProbe
 from hetsgd.engines.virtual.mix import math_threads
@@ -47,19 +45,11 @@ from hetsgd.model.custom import check_token_ids
 from hetsgd.model.step import resolved_step
 from hetsgd.observe.contention import contention, simulator_share, workers_share
 from hetsgd.observe.contention import warning as contention_warning
-from hetsgd.observe.evaluate import Evaluator
 from hetsgd.observe.host import HostLoad, HostWatch
-from hetsgd.observe.monitor import UtilizationMonitor, summarize
-from hetsgd.observe.progress import TrainingProgress, stderr_console
+from hetsgd.observe.monitor import UtilizationMonitor
+from hetsgd.observe.progress import TrainingProgress
 from hetsgd.outputs.index import CRASHED
 from hetsgd.outputs.journal import RunJournal, remove_snapshots, workers_table
-from hetsgd.outputs.metrics import (
-    reaches,
-    snapshot_spacing,
-    target_losses,
-    time_to_losses,
-    timed_loss,
-)
 from hetsgd.outputs.run_directory import (
     SNAPSHOTS,
     RunDirectory,
@@ -69,17 +59,13 @@ from hetsgd.outputs.run_directory import (
 from hetsgd.outputs.summary import (
     GroupMix,
     Launch,
-    Losses,
     Mix,
     RunSummary,
     Simulation,
     Staleness,
-    TargetLosses,
     Timing,
-    by_group,
-    learnt_between,
-    shares,
 )
+from hetsgd.runs.evaluation import evaluate
 from hetsgd.runs.refused import refuse
 from hetsgd.runs.resume import Resumption, resume
 from hetsgd.runs.setup import Handoff, RunData, load_run_data
@@ -87,19 +73,6 @@ from hetsgd.workers import WorkerSpec, expand
 
 log = logging.getLogger("hetsgd")
 LEFT_THREAD_GRACE_S = 1.0  # how long threads the run's code left running get to end
-
-
-def _convergence(snapshots: list[Snapshot], metrics: list, workers: list[dict[str, Any]],
-                 num_examples: int) -> pd.DataFrame:
-    groups = [w["group"] for w in workers]
-    rows = []
-    for snap, m in zip(snapshots, metrics):
-        row = {"time_s": snap.time_s, "epoch": snap.examples / num_examples,
-               "updates": sum(snap.updates)}
-        row.update({f"updates_{group}": n for group, n in by_group(groups, snap.updates).items()})
-        row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def _worker_groups(specs: list[WorkerSpec]) -> Counter[tuple[str, str]]:
@@ -117,73 +90,6 @@ def _mix(specs: list[WorkerSpec]) -> Mix:
                                count=len(group), threads=first.threads,
                                batch_size=first.batch_size, devices=[s.device for s in group])
                 for name, group in groups.items() for first in group[:1]})
-
-
-def _losses(snapshot: pd.Series) -> Losses:
-    return Losses(float(snapshot["train_loss"]), float(snapshot["test_loss"]),
-                  float(snapshot["test_acc"]))
-
-
-def _best(convergence: pd.DataFrame) -> float:
-    """The lowest training loss of the run's snapshots (NaN where none is finite)."""
-    return float(convergence["train_loss"].min())
-
-
-def _results(summary: RunSummary, training: Training, convergence: pd.DataFrame,
-             workers: list[dict[str, Any]], num_examples: int,
-             stated_targets: list[float]) -> RunSummary:
-    updates = {g: int(n) for g, n in by_group([w["group"] for w in workers],
-                                              [int(w["updates"]) for w in workers]).items()}
-    examples = int(sum(w["examples"] for w in workers))
-    first, last = convergence.iloc[0], convergence.iloc[-1]
-    column = timed_loss(convergence)
-    targets = TargetLosses(*target_losses(stated_targets, float(first[column]), column), column)
-    loss = convergence[column]
-    in_time = reaches(convergence["time_s"], loss, targets.losses)
-    return replace(
-        summary,
-        time_s=training.time_s,
-        epochs=examples / num_examples,
-        examples=examples,
-        updates=sum(updates.values()),
-        updates_by_group=updates,
-        update_share=shares(updates),
-        examples_per_s=examples / training.time_s if training.time_s > 0 else None,
-        initial=_losses(first),
-        final=_losses(last),
-        learnt=learnt_between(float(first["train_loss"]), float(last["train_loss"]),
-                              _best(convergence)),
-        target_losses=targets,
-        time_to_loss={key: reach.time for key, reach in in_time.items()},
-        epochs_to_loss=time_to_losses(convergence["epoch"], loss, targets.losses),
-        unstable_losses=[key for key, reach in in_time.items() if reach.unstable],
-        snapshot_spacing_s=snapshot_spacing(convergence["time_s"]),
-        utilization=summarize(training.utilization,
-                              cores_given=int(sum(w["threads"] for w in workers))))
-
-
-def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Training,
-             workers: list[dict[str, Any]], summary: RunSummary) -> RunSummary:
-    """Evaluate the snapshots into convergence.csv; return ``summary`` with the results.
-
-    ``workers`` are the rows of workers.csv, which say each worker's group. A run that ended
-    and a crashed run being recovered both end here; each then writes its summary and only then
-    removes the raw snapshots, so that a crash in between leaves them for recovery."""
-    evaluator = Evaluator(cfg, data.problem, data.train, data.test)
-    metrics = [evaluator(s.params, s.buffers) for s in track(
-        training.snapshots, description="evaluating snapshots", disable=not cfg.progress,
-        console=stderr_console(), transient=True)]
-    convergence = _convergence(training.snapshots, metrics, workers, data.train.num_examples)
-    out.write_table("convergence", convergence)
-    summary = _results(summary, training, convergence, workers, data.train.num_examples,
-                       cfg.eval.target_losses)
-    if summary.learnt is False and summary.initial is not None and summary.final is not None:
-        warning = (f"the run has not learnt: its training loss went from "
-                   f"{summary.initial.train_loss:.4g} to {summary.final.train_loss:.4g}, its "
-                   f"best {_best(convergence):.4g} (look at optim.lr and the budget)")
-        log.warning("%s", warning)
-        summary = replace(summary, warnings=[*(summary.warnings or []), warning])
-    return summary
 
 
 @dataclass
@@ -213,6 +119,15 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         resumption.start_in(out.path)
     if isinstance(cfg, DictConfig):
         cfg = to_run_config(cfg)
+    plan, hooks = _planned(attempt, cfg, resolved_config)
+    data, master = _loaded(attempt, plan)
+    out.write_summary(replace(attempt.summary, coordinator=running).to_dict())  # for recovery
+    training, host = _trained(attempt, plan, hooks, data, master, resumption)
+    _recorded(attempt, plan, hooks, data, training, host)
+
+
+def _planned(attempt: _Attempt, cfg: RunConfig, resolved_config: Any) -> tuple[Plan, Hooks]:
+    """The mix, the algorithm's plan for it and its hooks; torchrun's other ranks get the plan."""
     specs = expand(cfg.devices)
     attempt.note(environment=environment(), emulated=any(spec.emulated for spec in specs),
                  simulated=cfg.devices.simulated,  # times are virtual (engines/virtual)
@@ -223,14 +138,20 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     attempt.note(algo=cfg.algo.name)
     plan = algorithm.plan(cfg, specs)
     if (planned := _as_planned(resolved_config, cfg, plan.cfg)) is not None:
-        out.write_config(planned)  # the values it trains with, as a rerun or resume reads them
+        attempt.out.write_config(planned)  # the values it trains with, as a rerun or resume reads
     cfg, specs = plan.cfg, plan.workers
     attempt.note(plan=plan.settled, mix=_mix(specs), launch=Launch.of(torchrun(), len(specs)))
     hooks = algorithm.hooks(plan)
     if torchrun() is not None:  # global rank 0: the other ranks take this plan
-        check_distributed(cfg.algo.name, isinstance(hooks, DistributedHooks))
+        check_distributed(cfg.algo.name, isinstance(hooks, RankLoopHooks))
         hand_off(Handoff(plan=algorithms.handed_off(plan, algorithm)).to_plain())
         attempt.handed_off = True
+    return plan, hooks
+
+
+def _loaded(attempt: _Attempt, plan: Plan) -> tuple[RunData, SharedMaster]:
+    """The run's data and its initial master model, with what the summary says of them."""
+    cfg, specs = plan.cfg, plan.workers
     if not cfg.devices.simulated:  # its imports overlap the data's loading
         warm_up(cfg.workers.start)
     data = load_run_data(cfg, progress=cfg.progress, workers=specs)
@@ -246,9 +167,15 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         classes=None if data.class_names is None else list(data.class_names),  # sorted, numbered
         # which step the workers take: fused only where it computes the model's own forward
         plan={**plan.settled, "step": resolved_step(model, cfg.optim.step)})
-    out.write_summary(replace(attempt.summary, coordinator=running).to_dict())  # for recovery
+    return data, master
+
+
+def _trained(attempt: _Attempt, plan: Plan, hooks: Hooks, data: RunData, master: SharedMaster,
+             resumption: Resumption | None) -> tuple[Training, HostLoad]:
+    """The engine's training, journaled as it goes, and the host's load meanwhile."""
+    cfg, specs = plan.cfg, plan.workers
     with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
-          RunJournal(out, specs) as journal):
+          RunJournal(attempt.out, specs) as journal):
         # a simulated run times its first steps, to say what the whole run will cost
         cost = (CostProbe(cfg.budget, data.train.num_examples, progress.update)
                 if cfg.devices.simulated else None)
@@ -262,9 +189,16 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     if cost is not None:
         attempt.note(simulation=Simulation.from_dict(cost.measured(training.time_s)))
     attempt.trained = (journal.training_started_at, time.time())
+    return training, host.load
+
+
+def _recorded(attempt: _Attempt, plan: Plan, hooks: Hooks, data: RunData, training: Training,
+              host: HostLoad) -> None:
+    """What training measured, into the run directory and the summary, then evaluated."""
+    out, cfg, specs = attempt.out, plan.cfg, plan.workers
     # warnings: e.g. a coordinator that was not scheduled for a while; staleness where several
-    # workers update the master asynchronously (the shared-memory hooks)
-    asynchronous_engine = isinstance(hooks, SharedMemoryHooks)
+    # workers update the master asynchronously (link hooks)
+    asynchronous_engine = isinstance(hooks, LinkHooks)
     asynchronous = asynchronous_engine and len(specs) > 1
     error, _, trace = (training.error or "").partition("\n")  # a worker's traceback follows
     if trace:
@@ -277,7 +211,7 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         log.warning("%s", warning)
     workers = workers_table(specs, training.counters)
     out.write_table("workers", workers)
-    _note_contention(attempt, cfg, specs, workers, host.load, asynchronous_engine)
+    _note_contention(attempt, cfg, specs, workers, host, asynchronous_engine)
     if training.batches:
         out.write_table("batches", training.batches)
     if not training.snapshots and training.status != "interrupted":

@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 
 from hetsgd.config import RunConfig
@@ -43,7 +44,14 @@ from hetsgd.engines.processes import (
     start_deadline,
 )
 from hetsgd.engines.snapshots import Snapshots
-from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
+from hetsgd.engines.training import (
+    Controller,
+    Journal,
+    Monitor,
+    MonitorFactory,
+    OnTick,
+    Training,
+)
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
 
@@ -80,6 +88,21 @@ def guarded(target: Callable, environment: dict[str, str], *args) -> None:
             os._exit(1)
     settle(environment)
     target(*args)
+
+
+@dataclass
+class _Pass:
+    """What the coordinator tracks while its workers train, from their start to their end."""
+
+    procs: list
+    snapshots: Snapshots
+    watch: Watch
+    finished: dict[int, tuple[str, str]] = field(default_factory=dict)  # how each reported its end
+    hung: dict[int, str] = field(default_factory=dict)  # the coordinator's verdict on one it ends
+    t0: float | None = None  # the clock's origin, once every worker is ready
+    stopped: float | None = None  # when the coordinator first saw training end
+    died_first: bool = False  # a worker died before the coordinator found any hung
+    last_request: float = 0.0  # when it last asked the workers for their state
 
 
 class Coordinator(EngineBase):
@@ -188,6 +211,8 @@ class Coordinator(EngineBase):
     # -- the run -----------------------------------------------------------------------------
 
     def run(self, monitor_factory: MonitorFactory) -> Training:
+        """Start the workers, tick until training ends, then end every worker started, whatever
+        happened; the run's status from the first failure."""
         training = Training()
         if self.resume is not None:  # before the workers start: they take their parts along
             self.state.restore(self.resume)
@@ -196,90 +221,104 @@ class Coordinator(EngineBase):
                                         self.problem, self.state, self.reports))
                  for s in self.specs]
         monitor = monitor_factory(lambda: [p.pid for p in procs if p.pid is not None])
-        finished: dict[int, tuple[str, str]] = {}  # by rank: how each reported its end
-        hung: dict[int, str] = {}  # by rank: the coordinator's own verdict on one it ends
-        snapshots = self._new_snapshots()
-        examples = self.state.counters.column("examples")
-        n = self.state.data.num_examples
-        watch = Watch([s.rank for s in self.specs], self.stall_s, FIRST_STEP_FACTOR * self.stall_s)
-        t0: float | None = None
-        every_s = self.cfg.checkpoint.every_s
-        signals = self.state.signals
-        stopped: float | None = None  # when the coordinator first saw training end
-        died_first = False  # a worker died before the coordinator found any hung
+        live = _Pass(procs, self._new_snapshots(), Watch(
+            [s.rank for s in self.specs], self.stall_s, FIRST_STEP_FACTOR * self.stall_s))
         try:
-            hung.update(self._start(procs) or self._await_ready(procs, finished))
-            if hung:  # nobody trains: those still setting up are ended at once, below
-                stopped = time.perf_counter() - self.exit_s
-            monitor.start()
-            t0 = time.perf_counter() - (self.resume.time_s if self.resume is not None else 0.0)
-            monitor.set_time_origin(t0)
-            if self.resume is not None:
-                self._resume_snapshots(t0, snapshots)
-            self._take_snapshot(time.perf_counter() - t0, snapshots)
-            last_request = time.perf_counter()
-            signals.go.set()
-            watch.start(time.perf_counter(), self._progress())
-            while not hung and len(finished) < len(procs):
-                wall, cpu = time.perf_counter(), time.thread_time()
-                self._collect(procs, finished, timeout=TICK_S)
-                now = time.perf_counter()
-                watch.waited(now - wall, time.thread_time() - cpu, now - t0)
-                # a stall after a worker's death is its consequence (a cursor lock it held)
-                died_first = self.died
-                for rank in watch.hung(now, self._progress(), set(finished)):
-                    hung[rank] = (f"{self._name(rank)} made no progress for "
-                                  f"{watch.window(rank):g} s (stopped, or hung in a device call, "
-                                  "a lock or a collective): killed")
-                budget = self.cfg.budget.seconds
-                if hung or (budget is not None and now - t0 >= budget):
-                    signals.stop.set()
-                if stopped is None and signals.stop.is_set():
-                    stopped = now
-                if stopped is not None and now - stopped > self.exit_s:
-                    break  # those still training are ended below
-                epoch = float(examples.sum()) / n
-                if snapshots.due(now - t0, epoch) and len(finished) < len(procs):
-                    if self.publishers:
-                        hung.update(self._publish(
-                            lambda: [r for r in self.publishers if r not in finished]))
-                    self._take_snapshot(time.perf_counter() - t0, snapshots)
-                if every_s is not None and now - last_request >= every_s:
-                    signals.request_checkpoint()
-                    last_request = now
-                self._write_checkpoints(t0, snapshots)
-                self._duties(now - t0)
-            training.time_s = time.perf_counter() - t0
-            self._take_snapshot(time.perf_counter() - t0, snapshots)
-            training.snapshots = snapshots.items
+            self._begin(live, monitor)
+            self._train(live)
+            self._end_clock(live, training)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one: keep what was measured
             training.status, training.error = "interrupted", "interrupted by the user"
-            signals.stop.set()
-            if t0 is not None:
-                training.time_s = time.perf_counter() - t0
-                self._take_snapshot(time.perf_counter() - t0, snapshots)
-                training.snapshots = snapshots.items
+            self.state.signals.stop.set()
+            self._end_clock(live, training)
         finally:
-            signals.stop.set()
-            signals.go.set()
+            self.state.signals.stop.set()
+            self.state.signals.go.set()
             # its last sample while the workers are there: ended, they would read as idle
             training.utilization = monitor.stop()
-            killed = self._wind_down(procs, finished, hung,
-                                     (stopped or time.perf_counter()) + self.exit_s)
-            if self.state.checkpointing and t0 is not None:
-                self._write_checkpoints(t0, snapshots)
-        # the coordinator's verdict on hung workers first (the others' failures are their release
-        # from a wait on them), unless a worker died before any hung: then the workers' own
-        # reports and deaths first; last, those that never ended
-        verdict = [("failed", "; ".join(hung.values()))] if hung else []
-        reports = list(finished.values())
-        failures = [*reports, *verdict] if died_first else [*verdict, *reports]
+            killed = self._wind_down(procs, live.finished, live.hung,
+                                     (live.stopped or time.perf_counter()) + self.exit_s)
+            if self.state.checkpointing and live.t0 is not None:
+                self._write_checkpoints(live.t0, live.snapshots)
+        self._judge(training, live, killed)
+        training.warnings = live.watch.warnings(training.time_s, self.cfg.budget.seconds)
+        return self._finish(training)
+
+    def _begin(self, live: _Pass, monitor: Monitor) -> None:
+        """Start the workers and, once every one is ready, the clock (continuing a resumed
+        run's) with the first snapshot; none trains if one could not start."""
+        live.hung.update(self._start(live.procs) or self._await_ready(live.procs, live.finished))
+        if live.hung:  # nobody trains: those still setting up are ended at once by run()
+            live.stopped = time.perf_counter() - self.exit_s
+        monitor.start()
+        resumed_s = self.resume.time_s if self.resume is not None else 0.0
+        live.t0 = t0 = time.perf_counter() - resumed_s
+        monitor.set_time_origin(t0)
+        if self.resume is not None:
+            self._resume_snapshots(t0, live.snapshots)
+        self._take_snapshot(time.perf_counter() - t0, live.snapshots)
+        live.last_request = time.perf_counter()
+        self.state.signals.go.set()
+        live.watch.start(time.perf_counter(), self._progress())
+
+    def _train(self, live: _Pass) -> None:
+        """Tick until every worker has ended, one hung, or those still training had their time to
+        exit after the stop (the budget, or a hung one); snapshots, checkpoint requests and the
+        engine's duties on each tick."""
+        assert live.t0 is not None
+        t0, signals = live.t0, self.state.signals
+        examples = self.state.counters.column("examples")
+        every_s = self.cfg.checkpoint.every_s
+        while not live.hung and len(live.finished) < len(live.procs):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            self._collect(live.procs, live.finished, timeout=TICK_S)
+            now = time.perf_counter()
+            live.watch.waited(now - wall, time.thread_time() - cpu, now - t0)
+            # a stall after a worker's death is its consequence (a cursor lock it held)
+            live.died_first = self.died
+            for rank in live.watch.hung(now, self._progress(), set(live.finished)):
+                live.hung[rank] = (f"{self._name(rank)} made no progress for "
+                                   f"{live.watch.window(rank):g} s (stopped, or hung in a device "
+                                   "call, a lock or a collective): killed")
+            budget = self.cfg.budget.seconds
+            if live.hung or (budget is not None and now - t0 >= budget):
+                signals.stop.set()
+            if live.stopped is None and signals.stop.is_set():
+                live.stopped = now
+            if live.stopped is not None and now - live.stopped > self.exit_s:
+                break  # those still training are ended by run()
+            epoch = float(examples.sum()) / self.state.data.num_examples
+            if live.snapshots.due(now - t0, epoch) and len(live.finished) < len(live.procs):
+                if self.publishers:
+                    live.hung.update(self._publish(
+                        lambda: [r for r in self.publishers if r not in live.finished]))
+                self._take_snapshot(time.perf_counter() - t0, live.snapshots)
+            if every_s is not None and now - live.last_request >= every_s:
+                signals.request_checkpoint()
+                live.last_request = now
+            self._write_checkpoints(t0, live.snapshots)
+            self._duties(now - t0)
+
+    def _end_clock(self, live: _Pass, training: Training) -> None:
+        """The training time and the last snapshot, where the clock had started."""
+        if live.t0 is not None:
+            training.time_s = time.perf_counter() - live.t0
+            self._take_snapshot(time.perf_counter() - live.t0, live.snapshots)
+            training.snapshots = live.snapshots.items
+
+    @staticmethod
+    def _judge(training: Training, live: _Pass, killed: dict[int, str]) -> None:
+        """The run's status from the first failure: the coordinator's verdict on hung workers
+        first (the others' failures are their release from a wait on them), unless a worker
+        died before any hung: then the workers' own reports and deaths first; last, those that
+        never ended."""
+        verdict = [("failed", "; ".join(live.hung.values()))] if live.hung else []
+        reports = list(live.finished.values())
+        failures = [*reports, *verdict] if live.died_first else [*verdict, *reports]
         failures += [("failed", m) for m in killed.values()]
         for status, message in failures:
             if status != "done" and training.status == "completed":
                 training.status, training.error = status, message
-        training.warnings = watch.warnings(training.time_s, self.cfg.budget.seconds)
-        return self._finish(training)
 
     def _wind_down(self, procs: list, finished: dict[int, tuple[str, str]],
                    hung: dict[int, str], deadline: float) -> dict[int, str]:
