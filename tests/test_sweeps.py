@@ -115,7 +115,6 @@ def test_a_sweep_over_methods_takes_overrides_of_the_mix_they_bring(results_dir:
 
 
 @pytest.mark.integration
-@pytest.mark.wall
 def test_a_sweep_job_that_cannot_take_an_override_stops_the_sweep_before_any_job(
         results_dir: Path) -> None:
     # hogwild brings the cpu mix, which has no accel group

@@ -78,7 +78,6 @@ def test_an_interrupted_search_keeps_its_table_and_its_folder_is_claimed(tmp_pat
 
 
 @pytest.mark.integration
-@pytest.mark.wall
 @pytest.mark.parametrize("key", ["tuning.methods=hogbatch,hogwild", "tuning.extend=0,1"])
 def test_a_sweep_of_a_tuning_key_is_refused_in_one_line(tmp_path: Path, key: str) -> None:
     invocation = invoke(["-m", "+experiment=tuned_comparison", key, f"results_dir={tmp_path}"])
@@ -164,7 +163,6 @@ def test_hydras_optuna_sweeper_searches_hetsgd_runs_by_their_objective(tmp_path:
 
 
 @pytest.mark.integration
-@pytest.mark.wall
 @pytest.mark.skipif(not OPTUNA, reason="hydra-optuna-sweeper is not installed")
 def test_a_sweeper_direction_against_the_metric_is_refused(tmp_path: Path) -> None:
     invocation = invoke(["-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=minimize",
