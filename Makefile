@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup bytecode run test test-quick lint plots bench bench-quick clean
+.PHONY: setup bytecode run test test-wall test-all test-quick lint plots bench bench-quick clean
 
 setup: $(STAMP) bytecode
 
@@ -35,16 +35,25 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/hetsgd run -m +experiment=make_run
 
-## the whole test suite, every tier (GPU tests skip, with the reason, without CUDA), two tests at
-## a time: most of its time is processes starting and waiting on each other, not computing; then
-## the tests that compare this machine's speed with itself, alone
+## the fast tier, two tests at a time (GPU tests skip, with the reason, without CUDA): unit
+## tests, virtual-clock runs, config checks; what waits on the wall clock (`wall`) or times this
+## machine (`serial`) is left to `make test-wall`. `make test` and `make test-wall` together run
+## every test once (tests/test_tiers.py)
 test: setup
-	$(BIN)/python -m pytest -q -n 2 -m "not serial"
+	$(BIN)/python -m pytest -q -n 2 -m "not serial and not wall"
+
+## the wall tier: real-time training, whole runs in processes, stall watches and timeouts, two at
+## a time (most of their time is waiting, not computing); then the tests that compare this
+## machine's speed with itself, alone
+test-wall: setup
+	$(BIN)/python -m pytest -q -n 2 -m "wall and not serial"
 	$(BIN)/python -m pytest -q -m serial
 
-## the fast tier: unit tests only, no process-spawning (integration) or slow tests
+test-all: test test-wall
+
+## unit tests only: no process-spawning (integration) or wall-clock tests
 test-quick: setup
-	$(BIN)/python -m pytest -q -m "not integration and not slow"
+	$(BIN)/python -m pytest -q -m "not integration and not wall and not serial"
 
 lint: setup
 	$(BIN)/ruff check hetsgd tests scripts

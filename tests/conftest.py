@@ -36,6 +36,16 @@ def run_config(*overrides: str) -> RunConfig:
     return to_run_config(compose_config(*overrides))
 
 
+# Tiers. `make test` runs the fast tests; `make test-wall` those marked `wall` or `serial`
+# (tests/test_tiers.py checks that the two run every test once). A test is `wall`
+# (`@pytest.mark.wall`, or a file's `pytestmark` where every test of it is) when its time goes
+# to the wall clock or to whole runs rather than to the logic it checks: it trains on
+# `budget.seconds` outside the virtual clock, runs `hetsgd` or torchrun as processes and waits
+# for them to end, waits on a stall watch or a timeout, or runs every job of a sweep. Unit
+# tests, virtual-clock runs and config checks stay unmarked, so that `make test` catches most
+# regressions in minutes. `serial` is for the few that time this machine: they run alone.
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`gpu` tests (``@pytest.mark.gpu`` or ``gpu(n)`` for n GPUs) skip, with the reason, where
     torch cannot use that many CUDA GPUs; `make test` runs every tier."""

@@ -58,7 +58,7 @@ def test_the_experiment_sweeps_the_threshold_on_both_paper_machines(hydra_conf, 
             1024} <= thresholds
 
 
-@pytest.mark.slow
+@pytest.mark.wall
 @pytest.mark.parametrize("machine,band", [("paper_hogbatch_v100", (0.52, 0.60)),
                                           ("paper_hogbatch_k80", (0.71, 0.81))])
 def test_the_paper_setting_lands_in_the_papers_cpu_share_on_each_machine(
@@ -74,7 +74,7 @@ def test_the_paper_setting_lands_in_the_papers_cpu_share_on_each_machine(
     assert point.final_batches == (paper.min_accel_batch, paper.max_host_batch)
 
 
-@pytest.mark.slow
+@pytest.mark.wall
 def test_hogbatch_leaves_the_cpu_nearly_all_the_updates(script: ModuleType) -> None:
     point = script.replay(["algo=hogbatch", "devices=paper_hogbatch_v100", "dataset=digits",
                            "model=mlp_paper", "budget.epochs=null", "budget.seconds=0.2",
@@ -83,7 +83,7 @@ def test_hogbatch_leaves_the_cpu_nearly_all_the_updates(script: ModuleType) -> N
     assert point.cpu_share() >= 0.9
 
 
-@pytest.mark.slow
+@pytest.mark.wall
 def test_a_higher_threshold_leaves_the_cpu_more_updates_and_the_gpu_busier(
         script: ModuleType) -> None:
     """The documented direction: the threshold trades update balance for GPU utilization."""

@@ -151,7 +151,7 @@ W8A_EMULATED = ("dataset=w8a", "devices=emulated", "model=mlp", "budget.epochs=n
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 def test_hogbatch_shows_the_update_imbalance_on_w8a(w8a_home: Path, tmp_path: Path) -> None:
     summary, run_dir = _run(tmp_path, "algo=hogbatch", *W8A_EMULATED, "budget.seconds=3")
     assert summary["update_share"]["cpu"] > 0.5  # the small-batch host makes most updates
@@ -170,7 +170,7 @@ def test_hogbatch_shows_the_update_imbalance_on_w8a(w8a_home: Path, tmp_path: Pa
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 @pytest.mark.serial  # the controller's move outruns load noise only on a machine of its own
 def test_adaptive_moves_the_accel_share_toward_its_target_or_names_the_bound(
         w8a_home: Path, tmp_path: Path) -> None:
@@ -204,7 +204,7 @@ def test_adaptive_moves_the_accel_share_toward_its_target_or_names_the_bound(
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 @pytest.mark.serial  # bounds the run's wall time: a step in flight stretches on a loaded machine
 @pytest.mark.parametrize("algo,devices", [("hogbatch", "emulated"), ("adaptive", "emulated"),
                                           ("sync", "auto_gpu")])
@@ -224,7 +224,7 @@ def test_accelerator_runs_end_on_their_time_budget_with_every_snapshot(
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 @pytest.mark.parametrize("algo,devices", [
     ("sync", "single_cpu"), ("hogwild", "cpu devices.groups.cpu.count=2"),  # not one per core
     ("hogbatch", "emulated"), ("adaptive", "emulated")])

@@ -14,7 +14,7 @@ from scripts.bench.jobs import W8A_LIKE, Jobs
 SMALL = (*W8A_LIKE[:1], "dataset.n_samples=512", "dataset.n_features=16")
 
 
-@pytest.mark.slow
+@pytest.mark.wall
 def test_the_accel_section_times_hetsgd_and_the_textbook_loop(tmp_path: Path) -> None:
     section = bench_accel(Jobs(tmp_path, SMALL), 0.4, models=("mlp",), batches=(8, 32))
     assert section.error is None

@@ -178,7 +178,7 @@ def test_progress_line_says_job_k_of_n_and_the_time_left() -> None:
     assert progress_line(1, 2, "1_\x1b[2J", 1.0) == "hetsgd: job 2 of 2 (1_\\x1b[2J), about 1 s left"
 
 
-@pytest.mark.slow
+@pytest.mark.wall
 def test_a_sweep_prints_job_k_of_n_then_runs_lists_its_runs(results_dir: Path) -> None:
     done = hetsgd("run", "-m", "seed=0,1", "budget.epochs=1", "progress=false")
     assert done.returncode == 0, done.stderr

@@ -57,7 +57,7 @@ def test_every_choice_of_every_group_composes(group: str, choice: str) -> None:
         _planned(cfg)
 
 
-@pytest.mark.slow  # composes tens of jobs each: about a minute an experiment on a busy 2-core VM
+@pytest.mark.wall  # composes tens of jobs each: about a minute an experiment on a busy 2-core VM
 @pytest.mark.usefixtures("hydra_conf")
 @pytest.mark.parametrize("experiment", _choices("experiment"))
 def test_every_job_of_every_experiment_composes_and_plans(experiment: str) -> None:

@@ -74,7 +74,7 @@ def plain_loop(x: np.ndarray, y: np.ndarray, batch: int, epochs: int) -> tuple[f
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 @pytest.mark.parametrize("batch,epochs", [(1, 3), (256, 100)])
 def test_defaults_on_a_binary_libsvm_file_match_a_plain_pytorch_loop(
         batch: int, epochs: int, tmp_path: Path, results_dir: Path,

@@ -132,6 +132,7 @@ def test_split_is_equal_or_proportional_and_gives_everyone_a_share() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_sync_splits_the_global_batch_in_proportion_to_measured_speed(tmp_path: Path) -> None:
     summary = _run(tmp_path, "algo=sync", "algo.split=proportional", *EMULATED,
                    "devices.groups.cpu.batch_size=32", "budget.epochs=0.5")
@@ -161,6 +162,7 @@ def _ddp_rank(rank: int, port: int, cfg: RunConfig, out: torch.Tensor, steps: in
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_sync_with_an_equal_split_equals_distributed_data_parallel() -> None:
     steps = 8
     cfg = run_config(*TWO_RANKS, "algo=sync", "algo.split=equal", "optim.lr=0.05",
@@ -200,6 +202,7 @@ def _averager_rank(rank: int, port: int, cfg: RunConfig, out: torch.Tensor, tau:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_balanced_local_sgd_equals_periodic_model_averaging() -> None:
     tau, rounds = 3, 9  # 7 rounds per reshuffle on digits: the second period is covered too
     cfg = run_config(*TWO_RANKS, "algo=local_sgd", f"algo.tau={tau}", "algo.aggregation=uniform",
@@ -213,6 +216,7 @@ def test_balanced_local_sgd_equals_periodic_model_averaging() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 @pytest.mark.serial  # bounds the wall time from the kill to the failure
 def test_a_killed_rank_fails_the_run_within_the_collective_timeout() -> None:
     timeout_s = 10.0
@@ -254,6 +258,7 @@ def _torchrun_nodes(tmp_path: Path, overrides: dict[int, list[str]]) -> tuple[li
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_two_torchrun_nodes_on_one_machine_leave_one_run_directory(tmp_path: Path) -> None:
     """Node 1 is given other overrides on purpose: followers train with the plan rank 0
     resolved and handed over, never with a config of their own."""
@@ -271,6 +276,7 @@ def test_two_torchrun_nodes_on_one_machine_leave_one_run_directory(tmp_path: Pat
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 @pytest.mark.parametrize("checkpoints", ["checkpoint.every_s=1", "resume=results/runs/x"])
 def test_checkpoints_under_torchrun_are_a_one_line_error_on_every_node(
         tmp_path: Path, checkpoints: str) -> None:
@@ -284,6 +290,7 @@ def test_checkpoints_under_torchrun_are_a_one_line_error_on_every_node(
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", ["sync", "local_sgd"])
 def test_a_gpu_rank_and_a_cpu_rank_train_together_over_gloo(tmp_path: Path, algo: str) -> None:
@@ -295,6 +302,7 @@ def test_a_gpu_rank_and_a_cpu_rank_train_together_over_gloo(tmp_path: Path, algo
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 @pytest.mark.gpu(2)
 @pytest.mark.parametrize("algo", ["sync", "local_sgd"])
 def test_gpu_ranks_train_over_nccl(tmp_path: Path, algo: str) -> None:

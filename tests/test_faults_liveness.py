@@ -101,6 +101,7 @@ def test_a_rendezvous_port_in_use_is_one_line_naming_it() -> None:
 # -- processes ----------------------------------------------------------------------------------
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_worker_stopped_while_it_sets_up_fails_the_run_before_training(
         results_dir: Path) -> None:
     """While it imports and builds, a worker counts no step; getting no CPU time either, it is
@@ -119,7 +120,7 @@ def test_a_worker_stopped_while_it_sets_up_fails_the_run_before_training(
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 def test_a_stopped_rank_fails_the_run_and_the_command_exits(results_dir: Path) -> None:
     """Rank 0 gives up on the stopped rank 1 within dist.timeout_s; rank 1 is named and killed
     (the multiprocessing exit handler would otherwise join it forever)."""
@@ -144,7 +145,7 @@ def test_how_a_process_ended_is_said_in_words() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 @pytest.mark.serial  # workers.stall_s=3: on a loaded machine a starved healthy worker reads as hung
 @pytest.mark.parametrize(("signum", "says"), [
     # hung: a stopped process never handles SIGTERM again
@@ -178,7 +179,7 @@ def test_a_stopped_or_killed_worker_fails_its_job_naming_it_leaves_nothing_and_t
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 @pytest.mark.serial  # workers.stall_s=2: on a loaded machine a starved healthy worker reads as hung
 def test_a_stopped_coordinator_says_so_and_its_workers_are_not_blamed(results_dir: Path) -> None:
     """Stopped 5 s, longer than workers.stall_s: it saw no progress then, and must not call the

@@ -74,7 +74,7 @@ def test_a_bracketed_path_is_one_error_line_naming_it(results_dir: Path) -> None
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 def test_a_run_whose_stdout_reader_left_writes_everything_and_exits_0(results_dir: Path) -> None:
     result = into_a_gone_reader("run", *SHORT)
     assert result.returncode == 0, result.stderr
@@ -86,7 +86,7 @@ def test_a_run_whose_stdout_reader_left_writes_everything_and_exits_0(results_di
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 def test_a_sweep_whose_stdout_reader_left_runs_every_job_and_reports(results_dir: Path) -> None:
     result = into_a_gone_reader("run", "-m", "seed=0,1", *SHORT)
     assert result.returncode == 0, result.stderr
@@ -99,7 +99,7 @@ def test_a_sweep_whose_stdout_reader_left_runs_every_job_and_reports(results_dir
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 def test_a_progress_bar_whose_terminal_left_does_not_stop_the_run(results_dir: Path) -> None:
     # TTY_COMPATIBLE: rich draws the bar as on a terminal, into a pipe nobody reads any more
     result = into_a_gone_reader("run", *SHORT[:2], "progress=true", stream="stderr",

@@ -59,6 +59,7 @@ def the_sweep(results: Path) -> Path:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
 def test_a_long_sweep_holds_the_same_file_descriptors_from_job_to_job(
         results_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,6 +134,7 @@ main()
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_full_disk_between_jobs_names_the_job_folder_and_keeps_the_summary(
         results_dir: Path) -> None:
     ran = subprocess.run([sys.executable, "-c", FULL_AT_JOB_1, "run", "-m", "seed=0,1,2", *SHORT],
@@ -197,6 +199,7 @@ def silent_server() -> Iterator[int]:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_silent_tracking_server_costs_one_warning_per_sweep(results_dir: Path,
                                                              silent_server: int) -> None:
     pytest.importorskip("mlflow")
@@ -244,6 +247,7 @@ def job_errors(results: Path) -> list[tuple[str, str | None]]:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_stopped_forkserver_fails_one_job_and_the_next_starts_a_new_one(
         results_dir: Path) -> None:
     proc = start(results_dir, "run", "-m", "seed=0,1,2", "budget.seconds=0.5",
@@ -265,6 +269,7 @@ def test_a_stopped_forkserver_fails_one_job_and_the_next_starts_a_new_one(
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_forkserver_killed_mid_job_is_named_and_the_next_job_runs(results_dir: Path) -> None:
     proc = start(results_dir, "run", "-m", "seed=0,1", "budget.seconds=3", *SHORT[1:])
     try:

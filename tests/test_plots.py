@@ -90,7 +90,7 @@ def _assert_comparison_curves(fig: Figure, jobs: list[Path]) -> None:
                                                for c, n in zip(runs, normalized)], axis=0))
 
 
-@pytest.mark.slow
+@pytest.mark.wall
 def test_plot_all_draws_every_figure_and_redraws_the_same_bytes(
         tmp_path: Path, saved_figures: dict[Path, Figure]) -> None:
     results = tmp_path / "results"

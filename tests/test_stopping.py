@@ -20,7 +20,7 @@ from hetsgd.outputs.checkpoint import load_snapshot
 from hetsgd.outputs.index import CRASHED, read_summary
 from hetsgd.outputs.run_directory import SNAPSHOTS
 
-pytestmark = pytest.mark.integration  # every test here runs the `hetsgd` command
+pytestmark = [pytest.mark.integration, pytest.mark.wall]  # each runs `hetsgd` and waits on its exit
 
 # two workers on any machine (hogwild's mix has one per core): the tests wait for both
 LONG_RUN = ("run", "algo=hogwild", "devices.groups.cpu.count=2", "dataset=digits",

@@ -90,6 +90,7 @@ def test_a_job_folder_is_named_by_the_keys_its_sweep_varies_only(tmp_path: Path)
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_sweeps_job_folders_name_the_swept_values(results_dir: Path) -> None:
     result = api.sweep("seed=0,1", "budget.epochs=0.2", "dataset=digits", "progress=false")
     assert result.exit_code == 0
@@ -100,6 +101,7 @@ def test_a_sweeps_job_folders_name_the_swept_values(results_dir: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_sweep_over_methods_takes_overrides_of_the_mix_they_bring(results_dir: Path) -> None:
     result = api.sweep("+method=hogbatch,sync", "devices.groups.accel.batch_size=64", *SHORT)
     assert result.exit_code == 0
@@ -126,6 +128,7 @@ def test_a_sweep_job_that_cannot_take_an_override_stops_the_sweep_before_any_job
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_submitit_sweep_summarises_and_exits_from_the_jobs_folders(results_dir: Path) -> None:
     """The jobs ran in other processes: the summary, the report and the exit code (a failed
     job fails the sweep) can only come from their folders. One sweep of a job that completes

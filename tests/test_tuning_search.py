@@ -89,6 +89,7 @@ def test_a_sweep_of_a_tuning_key_is_refused_in_one_line(tmp_path: Path, key: str
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_an_edge_choice_is_extended_then_stays_flagged_at_the_bound(tmp_path: Path) -> None:
     """lrs far too small for the budget: the largest is chosen, the grid grows past it once
     (tuning.extend=1), and the choice, on the new edge, stays flagged in the table and report."""
@@ -107,7 +108,7 @@ def test_an_edge_choice_is_extended_then_stays_flagged_at_the_bound(tmp_path: Pa
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 @pytest.mark.timeout(1800)
 def test_a_methods_objective_does_not_move_with_another_methods_trials(tmp_path: Path) -> None:
     """time_to_0.9 against each method's own best loss: hogwild's values and choice are the
@@ -124,6 +125,7 @@ def test_a_methods_objective_does_not_move_with_another_methods_trials(tmp_path:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_method_from_the_users_config_dir_is_tuned(tmp_path: Path) -> None:
     own = tmp_path / "conf" / "method"
     own.mkdir(parents=True)
@@ -143,6 +145,7 @@ OPTUNA = importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is not N
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 @pytest.mark.skipif(not OPTUNA, reason="hydra-optuna-sweeper is not installed (pip install "
                                        "'hetsgd[tune]')")
 def test_hydras_optuna_sweeper_searches_hetsgd_runs_by_their_objective(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from hetsgd.runs.validate import CASES, Comparison, UnsteadyMachine, drift_betwe
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.wall
 @pytest.mark.serial
 def test_simulated_hogbatch_keeps_the_real_runs_pace_and_shares(results_dir: Path) -> None:
     """Hogbatch with the host 4x slower, one seed, 2 s, alone on the machine (``serial``: a
