@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from hetsgd.outputs import paper_table
+from hetsgd.outputs.intervals import mean_cell
 
 
 def run(seed: int, reached: float | None, snapshots: int = 50, time_s: float = 0.5):
@@ -28,9 +29,10 @@ def test_speedup_is_the_mean_of_per_seed_ratios_with_its_interval_and_n():
 
 
 def test_times_show_the_interval_and_the_seeds_that_have_one():
-    assert paper_table.spread([0.2, 0.4, None], ".2f", 3) == "0.30 [0.20, 0.40] n=2/3"
-    assert paper_table.spread([0.25, 0.25], ".2f", 2) == "0.25 [0.25, 0.25] n=2"
-    assert paper_table.spread([None, math.nan], ".2f", 2) == "—"
+    assert mean_cell([0.2, 0.4, None], ".2f") == "0.30 [0.20, 0.40] n=2/3"
+    assert mean_cell([0.25, 0.25], ".2f") == "0.25 [0.25, 0.25] n=2"
+    assert mean_cell([None, math.nan], ".2f") == "—"
+    assert mean_cell([2.0], ".1f", of=3, unit="x") == "2.0x n=1/3"  # one run: no interval
     gpu = row("sync", run(0, 0.4), run(1, 0.2))
     table = paper_table.convergence_table([gpu])
     assert "bootstrap percentile interval" in table

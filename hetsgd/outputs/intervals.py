@@ -13,6 +13,7 @@ that is what they know.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -71,3 +72,14 @@ def cell(mean: float, interval: Interval | None, n: int, fmt: str, of: int | Non
     spread = "" if interval is None else bracket(*interval, fmt)
     counted = f"n={n}" + (f"/{of}" if of is not None and n < of else "")
     return " ".join(part for part in (f"{mean:{fmt}}{unit}", spread, counted) if part)
+
+
+def mean_cell(values: Sequence[float | None], fmt: str, of: int | None = None,
+              unit: str = "") -> str:
+    """:func:`cell` of the values that exist (None or NaN: a run without one), ``n=k/m`` with m
+    ``of`` runs (all the values by default); a dash where none exists."""
+    present = [v for v in values if v is not None and math.isfinite(v)]
+    if not present:
+        return "—"
+    return cell(statistics.fmean(present), mean_interval(present), len(present), fmt,
+                len(values) if of is None else of, unit)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import find_runs, load_csv, read_summary
-from hetsgd.outputs.intervals import CONFIDENCE, METHOD, cell, mean_interval
+from hetsgd.outputs.intervals import CONFIDENCE, METHOD, mean_cell
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
 
@@ -165,21 +165,11 @@ def _ratio(value: float) -> str:
     return f"{value:.1f}x" if value < 10 else f"{value:.0f}x"
 
 
-def spread(values: Sequence[float | None], spec: str, total: int, unit: str = "") -> str:
-    """A time or a speedup as report.md shows one (:func:`~hetsgd.outputs.intervals.cell`):
-    the mean of the values that exist, its bootstrap interval and ``n=k/total``."""
-    present = _present(values)
-    if not present:
-        return "—"
-    return cell(statistics.fmean(present), mean_interval(present), len(present), spec, total,
-                unit)
-
-
 def speedup(row: Row, gpu: Row | None, target: float) -> str:
     """Per seed, the GPU alone's time to ``target`` over the row's (a seed that did not stay at
-    ``target`` is not credited); their mean, interval and n. Where the GPU alone never stayed
-    there, its run's length over the row's time is a lower bound, and the cell shows the
-    smallest bound or ratio as '≥'."""
+    ``target`` is not credited); their mean, interval and n (``mean_cell``). Where the GPU
+    alone never stayed there, its run's length over the row's time is a lower bound, and the
+    cell shows the smallest bound or ratio as '≥'."""
     if gpu is None:
         return "—"
     exact, bounds = [], []
@@ -193,7 +183,7 @@ def speedup(row: Row, gpu: Row | None, target: float) -> str:
         elif not math.isnan(theirs):
             exact.append(theirs / mine)
     if not bounds:
-        return spread(exact, ".1f", len(row.runs), "x")
+        return mean_cell(exact, ".1f", len(row.runs), "x")
     known = len(bounds) + len(exact)
     return f"≥ {_ratio(min(bounds + exact))} n={known}" + (
         f"/{len(row.runs)}" if known < len(row.runs) else "")
@@ -218,7 +208,7 @@ def convergence_table(rows: list[Row]) -> str:
     for row in rows:
         n = len(row.runs)
         lines.append([MACHINES[row.machine], METHODS[row.algo],
-                      *(spread([time_to(r, t) for r in row.runs], ".3f", n) for t in targets),
+                      *(mean_cell([time_to(r, t) for r in row.runs], ".3f") for t in targets),
                       *(speedup(row, gpus.get(row.machine), t) for t in targets),
                       mean_std([r.final_loss for r in row.runs], ".4f", n),
                       PAPER[(row.machine, row.algo)].curve])
