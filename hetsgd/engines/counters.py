@@ -16,19 +16,19 @@ from hetsgd.engines.common.run_queue import waited_s, waits
 # and `stale_max` add up and bound the staleness of the worker's updates: how many other
 # workers' updates reached the master while each was computed (asynchronous engines only; 0 for
 # ranks, which step together). See :mod:`hetsgd.outputs.summary`'s ``Staleness``. `cpu_s` is the
-# CPU time the worker's process used while it trained (:meth:`CounterRow.count_cpu`), `cpu_wait_s`
-# the time its threads were runnable but waited for a CPU (NaN where the OS does not say; see
-# :mod:`~hetsgd.engines.common.run_queue`). `comm_s` is
+# CPU time the worker's process used while it trained (:meth:`CounterRow.count_cpu`). `comm_s` is
 # all the time a worker spent moving the model to or from the master; `copy_s` the part of it
 # that copied the master in before a step (a replica's), so the rest (comm_s - copy_s) merged a
 # step's result back, published it or, for a rank, exchanged it (workers.csv's `merge_s`).
+# `cpu_wait_s` is the time the process's threads were ready to run but waited for a CPU (NaN
+# where the OS does not say; :mod:`~hetsgd.engines.common.run_queue`), appended last.
 LOSS_SMOOTHING = 0.1
 COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "first_batch",
             "loss", "stale_sum", "stale_max", "cpu_s", "copy_s", "cpu_wait_s")
 # The counters a rank's every exchange carries (the leading ones), so that its modelled size on
 # the virtual clock stays that of the model and these: a rank copies no replica in (copy_s stays
-# 0) and counts its cpu_s and cpu_wait_s at checkpoints and at the end only, which its last exchange (every
-# counter, :meth:`~hetsgd.engines.ranks.rank.Rank.finish`) carries exactly.
+# 0) and counts its cpu_s and cpu_wait_s at checkpoints and at the end only, which its last
+# exchange (every counter, :meth:`~hetsgd.engines.ranks.rank.Rank.finish`) carries exactly.
 RANK_COUNTERS = COUNTERS[:COUNTERS.index("cpu_s")]
 
 
