@@ -28,6 +28,9 @@ from hetsgd.observe.contention import contention, got_share, simulator_share, wa
 from hetsgd.observe.host import HostLoad, HostReading, cpu_pressure, tree_cpu_s
 from hetsgd.observe.monitor import UtilizationMonitor, process_trees
 
+NEEDS_SCHEDSTAT = pytest.mark.skipif(waits() is None,
+                                     reason="the kernel does not count run-queue delay")
+
 
 def worker(group: str, got: float | None, waited: float | None) -> dict:
     """A row of workers.csv, as far as the share reads it."""
@@ -248,6 +251,7 @@ def test_tree_cpu_counts_a_reaped_childs_time():
 @pytest.mark.integration
 @pytest.mark.serial
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+@NEEDS_SCHEDSTAT
 def test_workers_squeezed_onto_one_core_are_flagged(tmp_path):
     """Three one-thread Hogwild workers (and their coordinator) pinned to one core ask three
     cores and get one at most: a share of a third or less, far below the default threshold
@@ -271,6 +275,7 @@ def test_workers_squeezed_onto_one_core_are_flagged(tmp_path):
 
 
 @pytest.mark.integration
+@NEEDS_SCHEDSTAT
 def test_gloo_ranks_collective_cpu_is_wanted_and_got_so_their_share_is_at_most_one(tmp_path):
     """Two sync ranks over gloo spend much of their CPU in the allreduce, which the share once
     counted as got but not asked (reading above 1); now each rank's wait is its own."""
