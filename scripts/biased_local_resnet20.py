@@ -35,6 +35,7 @@ from hetsgd.data.registry import get_source
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.engines.virtual.profiles import DeviceProfile, RooflineProfile
 from hetsgd.model.problem import Problem
+from hetsgd.outputs import intervals
 from hetsgd.outputs.report import markdown_table
 from hetsgd.workers import expand
 
@@ -190,6 +191,16 @@ def spread(values: pd.Series, fmt: str) -> str:
     return f"{values.mean():{fmt}}{std}"
 
 
+def speedup(base: pd.Series, times: pd.Series) -> str:
+    """The ratio of the mean times and its bootstrap interval (each side resampled on its own)."""
+    base, times = base.dropna().tolist(), times.dropna().tolist()
+    if not base or not times:
+        return "—"
+    spread = intervals.ratio_interval(base, times)
+    ratio = f"{np.mean(base) / np.mean(times):.2f}"
+    return f"{ratio} {intervals.bracket(*spread, '.2f')}" if spread else ratio
+
+
 def table(out: Path, accuracy: float | None = None) -> str:
     """The markdown table of the runs under ``out``, after a line naming the target accuracy and
     the epoch budget. Times are as the snapshots are stamped (as in ``hetsgd report``);
@@ -203,21 +214,24 @@ def table(out: Path, accuracy: float | None = None) -> str:
     frame["acc"] = [at_epoch(c, budget) for c in frame["curve"]]
     frame["rate"] = [s["examples_per_s"] for s in frame["summary"]]
     sync = frame[frame["method"] == "sync"]
-    sync_t, sync_ep, sync_rate = sync["t"].mean(), sync["ep"].mean(), sync["rate"].mean()
+    sync_ep, sync_rate = sync["ep"].mean(), sync["rate"].mean()
     rows = []
     for method in [m for m in ORDER if m in set(frame["method"])]:
         group = frame[frame["method"] == method]
         local = group["summary"].iloc[0].get("local_sgd")
         tau = " ".join(f"{g}:{t}" for g, t in local["tau"].items()) if local else "—"
         reached = group["t"].notna().sum()
-        rows.append([method, f"{reached}/{len(group)}", tau, spread(group["t"], ".1f"),
-                     f"{sync_t / group['t'].mean():.2f}", spread(group["ep"], ".2f"),
+        rows.append([method, f"{reached}/{len(group)}", tau,
+                     intervals.mean_cell(group["t"].tolist(), ".1f"), speedup(sync["t"], group["t"]),
+                     intervals.mean_cell(group["ep"].tolist(), ".2f"),
                      spread(group["acc"], ".3f"), spread(group["rate"], ".0f"),
                      f"{group['rate'].mean() / sync_rate:.2f}",
                      f"{group['rate'].mean() / sync_rate * sync_ep / group['ep'].mean():.2f}",
                      PAPER.get(method, "not reported")])
     head = (f"common test accuracy {target:.2f} (t@acc, ep@acc), common budget {budget:g} epochs "
-            "(test acc @ budget); mean ± std over the completed runs (seeds)")
+            "(test acc @ budget); times, epochs and speedups: mean [95% bootstrap interval] n=k/m "
+            "over the runs that reached it, other numbers mean ± std over the completed runs "
+            "(seeds)")
     return head + "\n\n" + markdown_table(HEADERS, rows)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from hetsgd.outputs import intervals
 from hetsgd.outputs.report import markdown_table
 
 ORDER = ("sync", "fast_alone", "local_balanced", "local_unbalanced", "local_biased")
@@ -37,6 +38,24 @@ def method_runs(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     return runs, model
 
 
+def timed(row: pd.Series, col: str) -> str:
+    """A time as report.md shows it: mean [bootstrap interval] n=k/m of the timed runs."""
+    mean = row[f"{col}_mean"]
+    if pd.isna(mean):
+        return "—"
+    return intervals.cell(mean, (row[f"{col}_low"], row[f"{col}_high"]), int(row[f"{col}_n"]),
+                          ".3f", int(row["timed"]))
+
+
+def speedup(row: pd.Series) -> str:
+    """The speedup over sync as report.md has it: ``≥`` a lower bound, its interval."""
+    if pd.isna(row["speedup"]):
+        return "—"
+    spread = intervals.bracket(row["speedup_low"], row["speedup_high"], ".2f")
+    return " ".join(part for part in ("≥" * bool(row["speedup_bound"]), f"{row['speedup']:.2f}",
+                                      spread) if part)
+
+
 def cell(row: pd.Series, col: str, fmt: str) -> str:
     mean, std = row[f"{col}_mean"], row[f"{col}_std"]
     if pd.isna(mean):
@@ -53,8 +72,7 @@ def table_row(row: pd.Series, run: dict[str, Any]) -> list[str]:
                   if g["role"] == "host")
     sockets = row["workers_cpu_cores_mean"] / threads * 100 if threads else float("nan")
     return [row["method"], f"{row['n']}/{row['runs']}", tau,
-            cell(row, "time_to_0.9", ".3f"), cell(row, "time_to_0.95", ".3f"),
-            "—" if pd.isna(row["speedup"]) else f"{row['speedup']:.2f}",
+            timed(row, "time_to_0.9"), timed(row, "time_to_0.95"), speedup(row),
             cell(row, "train_loss", ".4f"), cell(row, "test_loss", ".4f"),
             cell(row, "test_acc", ".4f"), cell(row, "share_accel", ".2f"),
             cell(row, "gpu_util", ".0f"), "—" if pd.isna(sockets) else f"{sockets:.0f}",
@@ -70,8 +88,10 @@ def main(out: Path) -> None:
     # tau auto records the profiles' step times (a fixed tau records none)
     steps = runs.get("local_unbalanced", {}).get("local_sgd", {}).get("step_s", {})
     print(f"{report['dataset'].iloc[0]} · {model['name']} {model.get('hidden', '')} on "
-          f"paper_biased_local (simulated), L_best = {report['l_best'].iloc[0]:.4g}; mean ± std "
-          "over seeds; t@x: virtual seconds to a normalized loss of x; a step as profiled: "
+          f"paper_biased_local (simulated), L_best = {report['l_best'].iloc[0]:.4g}; times and "
+          "speedups: mean [95% bootstrap interval] n=k/m over the seeds that have one, other "
+          "numbers mean ± std over seeds; t@x: virtual seconds after which a run stays at "
+          "normalized loss x or beyond; a step as profiled: "
           + ", ".join(f"{g} {t * 1e3:.3f} ms" for g, t in steps.items()))
     print(markdown_table(HEADERS, rows))
 

@@ -136,3 +136,11 @@ def test_the_table_reads_accuracy_crossings_between_snapshots() -> None:
     assert np.isnan(table.at_epoch(curve, 3.0))
     other = curve.assign(test_acc=[0.1, 0.456, 0.3])
     assert table.common_accuracy(pd.DataFrame({"curve": [curve, other]})) == pytest.approx(0.45)
+
+
+def test_the_tables_speedup_carries_its_bootstrap_interval() -> None:
+    table = script()
+    # sync's mean 3 over 1: resampled sync means 2, 3 or 4 make the 95 % interval [2, 4]
+    assert table.speedup(pd.Series([4.0, 2.0]), pd.Series([1.0, 1.0])) == "3.00 [2.00, 4.00]"
+    assert table.speedup(pd.Series([4.0]), pd.Series([2.0, np.nan])) == "2.00"  # one each
+    assert table.speedup(pd.Series([np.nan]), pd.Series([1.0])) == "—"

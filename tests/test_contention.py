@@ -1,5 +1,6 @@
-"""Contention: the workers' CPU share (got over asked), the host around a run, the flag and its
-warning, the machine facts beside them, and the monitor's one pass over /proc per sample."""
+"""Contention: the workers' CPU share (got over got + waited for a CPU), the host around a run,
+the flag and its warning, the machine facts beside them, and the monitor's one pass over /proc
+per sample."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,51 +19,79 @@ import torch
 
 from hetsgd.config import ConfigError
 from hetsgd.config.schema import MonitorConfig
-from hetsgd.engines.counters import COUNTERS, CounterRow
+from hetsgd.engines import counters
+from hetsgd.engines.common.run_queue import waited_s, waits
+from hetsgd.engines.counters import COUNTERS, RANK_COUNTERS, CounterRow
 from hetsgd.machine import cgroup_cpu_limit, cpu_sharing
 from hetsgd.observe import monitor
-from hetsgd.observe.contention import contention, simulator_share, warning, workers_share
+from hetsgd.observe.contention import contention, got_share, simulator_share, warning, workers_share
 from hetsgd.observe.host import HostLoad, HostReading, cpu_pressure, tree_cpu_s
 from hetsgd.observe.monitor import UtilizationMonitor, process_trees
 
+NEEDS_SCHEDSTAT = pytest.mark.skipif(waits() is None,
+                                     reason="the kernel does not count run-queue delay")
 
-def worker(group: str, got: float, busy: float, comm: float = 0.0, threads: int = 1,
-           device: str = "cpu") -> dict:
+
+def worker(group: str, got: float | None, waited: float | None) -> dict:
     """A row of workers.csv, as far as the share reads it."""
-    return {"group": group, "device": device, "threads": threads, "busy_s": busy,
-            "wait_s": 5.0, "comm_s": comm, "cpu_s": got}
+    return {"group": group, "device": "cpu", "threads": 1, "busy_s": 9.0, "comm_s": 9.0,
+            "cpu_s": got, "cpu_wait_s": waited}
 
 
-def test_share_is_cpu_got_over_threads_times_the_time_spent_computing():
-    rows = [worker("cpu", got=1.8, busy=2.0), worker("cpu", got=1.0, busy=2.0),
-            worker("wide", got=3.0, busy=1.0, threads=4)]
-    share, by_group = workers_share(rows, copies_are_work=True)
-    assert share == pytest.approx((1.8 + 1.0 + 3.0) / (2.0 + 2.0 + 4 * 1.0))
-    assert by_group == {"cpu": pytest.approx(0.7), "wide": pytest.approx(0.75)}
+def test_share_is_cpu_got_over_got_plus_the_wait_for_a_cpu_pooled_per_group():
+    rows = [worker("cpu", got=1.8, waited=0.2), worker("cpu", got=1.0, waited=1.0),
+            worker("accel", got=3.0, waited=1.0)]
+    share, by_group = workers_share(rows)
+    assert share == pytest.approx((1.8 + 1.0 + 3.0) / (2.0 + 2.0 + 4.0))
+    assert by_group == {"cpu": pytest.approx(0.7), "accel": pytest.approx(0.75)}
+    # the time computing, copying or in a collective does not enter: only got and waited
+    assert workers_share([worker("ranks", got=2.0, waited=0.0)])[0] == 1.0
 
 
-def test_copies_ask_in_the_asynchronous_engine_and_a_ranks_collective_does_not():
-    # an emulated accelerator: 1 s computing, 0.5 s copying, its sleep and waits not counted
-    rows = [worker("accel", got=1.5, busy=1.0, comm=0.5)]
-    assert workers_share(rows, copies_are_work=True)[0] == pytest.approx(1.0)
-    assert workers_share(rows, copies_are_work=False)[0] == pytest.approx(1.5)
-
-
-def test_cuda_workers_do_not_count_and_unknown_is_null_never_zero():
-    gpu = worker("gpu", got=0.1, busy=10.0, device="cuda:0")
-    assert workers_share([gpu, worker("cpu", got=0.9, busy=1.0)], True) == (
+def test_the_share_never_exceeds_one_and_unknown_is_null_never_zero():
+    for got, waited in ((5.0, 0.0), (0.1, 0.0), (1.0, 1e-9), (0.0, 3.0)):
+        share = got_share(got, waited)
+        assert share is not None and 0.0 <= share <= 1.0
+    assert got_share(0.0, 0.0) is None  # nothing wanted
+    assert got_share(1.0, None) is None and got_share(-1.0, 2.0) is None
+    assert workers_share([]) == (None, {})
+    simulated = worker("sim", got=None, waited=None)  # no process of its own: left out
+    assert workers_share([simulated, worker("cpu", 0.9, 0.1)]) == (
         pytest.approx(0.9), {"cpu": pytest.approx(0.9)})
-    assert workers_share([gpu], True) == (None, {})  # nothing asked on the CPU
-    assert workers_share([], True) == (None, {})
-    lost = worker("cpu", got=math.nan, busy=1.0)  # a worker whose CPU time is unknown
-    assert workers_share([lost, worker("other", got=1.0, busy=1.0)], True) == (
-        None, {"cpu": None, "other": 1.0})
-    assert workers_share([worker("cpu", got=0.0, busy=0.0)], True) == (None, {"cpu": None})
+    blind = worker("cpu", got=1.0, waited=math.nan)  # an OS that does not count the wait
+    assert workers_share([blind, worker("other", 1.0, 1.0)]) == (
+        None, {"cpu": None, "other": 0.5})
+
+
+def schedstat(tasks: Path, waits_ns: dict[str, int]) -> str:
+    """A fake /proc/<pid>/task with these threads' run-queue delays (field 2)."""
+    for tid, wait in waits_ns.items():
+        (tasks / tid).mkdir(exist_ok=True)
+        (tasks / tid / "schedstat").write_text(f"123456789 {wait} 42\n")
+    return str(tasks)
+
+
+def test_the_wait_for_a_cpu_is_each_threads_growth_in_schedstat(tmp_path):
+    tasks = tmp_path / "task"
+    tasks.mkdir()
+    before = waits(schedstat(tasks, {"100": 1_000_000_000, "101": 500_000_000}))
+    assert before == {"100": 1_000_000_000, "101": 500_000_000}
+    (tasks / "101" / "schedstat").unlink()  # a thread that ended: its earlier wait stays counted
+    (tasks / "101").rmdir()
+    after = waits(schedstat(tasks, {"100": 1_250_000_000, "102": 300_000_000}))  # one born
+    assert after is not None and waited_s(before, after) == pytest.approx(0.25 + 0.3)
+    reused = waits(schedstat(tasks, {"100": 100_000_000}))  # a new thread under an old id
+    assert reused is not None and waited_s(after, reused) == pytest.approx(0.1 + 0.0)
+    assert waits(str(tmp_path / "absent")) is None
+    (tasks / "100" / "schedstat").write_text("garbled\n")
+    (tasks / "102" / "schedstat").unlink()
+    assert waits(str(tasks)) is None  # nothing readable: the OS does not say
 
 
 def reading(wall: float, busy: float, tree: float, own: float = 0.0, steal: float | None = 0.0,
-            pressure: tuple[float, float] | None = (0.0, 0.0)) -> HostReading:
-    return HostReading(wall, busy, steal, tree, own, pressure)
+            pressure: tuple[float, float] | None = (0.0, 0.0),
+            waits_ns: dict[str, int] | None = None) -> HostReading:
+    return HostReading(wall, busy, steal, tree, own, pressure, waits_ns)
 
 
 def test_the_hosts_load_beyond_the_runs_own_tree():
@@ -75,8 +105,11 @@ def test_the_hosts_load_beyond_the_runs_own_tree():
     unknown = HostLoad(reading(0.0, 0.0, 0.0, steal=None, pressure=None),
                        reading(1.0, 1.0, 1.0, steal=None, pressure=None), cores=1)
     assert unknown.steal_share is None and unknown.pressure_share is None
-    assert simulator_share(load, threads=1) == pytest.approx(0.5)  # 1 CPU s in 2 wall s
-    assert simulator_share(load, threads=2) == pytest.approx(0.25)
+    assert simulator_share(load) is None  # its threads' wait unknown
+    waited = HostLoad(reading(10.0, 100.0, 5.0, waits_ns={"7": 0}),
+                      reading(12.0, 103.0, 7.0, own=1.0, waits_ns={"7": 3_000_000_000}), cores=2)
+    assert waited.own_wait_s == pytest.approx(3.0)
+    assert simulator_share(waited) == pytest.approx(1.0 / 4.0)  # 1 CPU s got, 4 s wanted
 
 
 def test_flagged_below_the_threshold_with_what_the_os_does_not_say_null():
@@ -96,7 +129,7 @@ def test_a_flagged_run_ends_with_one_line_saying_what_its_share_means():
     load = HostLoad(reading(0.0, 0.0, 0.0), reading(1.0, 1.5, 0.5), cores=2)
     line = warning(contention(0.42, None, load, 0.9, "workers"))
     assert line is not None and "\n" not in line
-    assert "the workers got 0.42 of the CPU time they asked for (below 0.9)" in line
+    assert "the workers got 0.42 of the CPU time they wanted (below 0.9)" in line
     assert "50% of the host's cores" in line and "not comparable" in line
     # a simulated run's virtual times do not depend on the host: its share is only recorded
     simulated = contention(0.42, None, load, 0.9, "simulator")
@@ -144,6 +177,22 @@ def test_a_counter_row_counts_the_cpu_its_process_used_since_training_began():
     time.sleep(0.2)  # asleep: no CPU
     row.count_cpu()
     assert 0.2 <= row["cpu_s"] < 0.35
+
+
+def test_a_counter_row_adds_its_threads_wait_for_a_cpu_beside_its_cpu_time(monkeypatch):
+    readings = iter([{"1": 0}, {"1": 400_000_000, "2": 100_000_000}, {"1": 600_000_000},
+                     None])
+    monkeypatch.setattr(counters, "waits", lambda: next(readings))
+    row = CounterRow(torch.zeros(len(COUNTERS), dtype=torch.float64), batch_size=8)
+    row.start_cpu()
+    row.count_cpu()
+    assert row["cpu_wait_s"] == pytest.approx(0.5)
+    row.count_cpu()
+    assert row["cpu_wait_s"] == pytest.approx(0.7)
+    row.count_cpu()  # the OS stopped saying: unknown, never a wait of 0
+    assert math.isnan(row["cpu_wait_s"])
+    # appended after cpu_s: a rank's every exchange still carries only the leading counters
+    assert COUNTERS[-1] == "cpu_wait_s" and "cpu_wait_s" not in RANK_COUNTERS
 
 
 @pytest.fixture
@@ -202,6 +251,7 @@ def test_tree_cpu_counts_a_reaped_childs_time():
 @pytest.mark.integration
 @pytest.mark.serial
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+@NEEDS_SCHEDSTAT
 def test_workers_squeezed_onto_one_core_are_flagged(tmp_path):
     """Three one-thread Hogwild workers (and their coordinator) pinned to one core ask three
     cores and get one at most: a share of a third or less, far below the default threshold
@@ -222,3 +272,25 @@ def test_workers_squeezed_onto_one_core_are_flagged(tmp_path):
     assert any(w.startswith("contention: the workers got") for w in summary["warnings"])
     last = done.stdout.strip().splitlines()[-1]  # the run's last word, below its table
     assert "contention: the workers got" in last and "not comparable" in last
+
+
+@pytest.mark.integration
+@NEEDS_SCHEDSTAT
+def test_gloo_ranks_collective_cpu_is_wanted_and_got_so_their_share_is_at_most_one(tmp_path):
+    """Two sync ranks over gloo spend much of their CPU in the allreduce, which the share once
+    counted as got but not asked (reading above 1); now each rank's wait is its own."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "hetsgd", "run", "algo=sync", "devices=cpu",
+         "devices.groups.cpu.count=2", "dataset=digits", "model=logreg", "budget.seconds=2",
+         "budget.epochs=null", "progress=false", f"hydra.run.dir={run_dir}"],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    entry = json.loads((run_dir / "summary.json").read_text())["contention"]
+    assert entry["measured"] == "workers" and set(entry["by_group"]) == {"cpu"}
+    assert 0.0 < entry["workers_cpu_share"] <= 1.0
+    rows = (run_dir / "workers.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    for row in rows[1:]:
+        values = dict(zip(header, row.split(",")))
+        assert float(values["cpu_s"]) > 0 and float(values["cpu_wait_s"]) >= 0

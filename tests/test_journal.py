@@ -30,7 +30,7 @@ def _snapshot(time_s: float) -> Snapshot:
 def _counters(updates: float) -> list[dict[str, float]]:
     row = {"updates": updates, "examples": 8 * updates, "busy_s": 0.5, "wait_s": 0.0,
            "comm_s": 0.0, "copy_s": 0.0, "batch_size": 8, "first_batch": 8, "loss": 1.0,
-           "cpu_s": 0.4}
+           "cpu_s": 0.4, "cpu_wait_s": 0.1}
     return [row, row]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from hetsgd.outputs import paper_table
+from hetsgd.outputs.intervals import mean_cell
 
 
 def run(seed: int, reached: float | None, snapshots: int = 50, time_s: float = 0.5):
@@ -18,16 +19,31 @@ def row(algo: str, *runs):
     return paper_table.Row("paper_hogbatch_v100", algo, list(runs))
 
 
-def test_speedup_is_the_mean_of_per_seed_ratios():
+def test_speedup_is_the_mean_of_per_seed_ratios_with_its_interval_and_n():
     gpu = row("sync", run(0, 0.4), run(1, 0.2))
     hogbatch = row("hogbatch", run(0, 0.1), run(1, 0.1))
-    assert paper_table.speedup(hogbatch, gpu, 0.1) == "3.0 ± 1.4x"
+    # ratios 4 and 2: resampled means 2, 3 or 4, so the 95 % percentile interval is [2, 4]
+    assert paper_table.speedup(hogbatch, gpu, 0.1) == "3.0x [2.0, 4.0] n=2"
+    one = row("hogbatch", run(0, 0.1), run(1, None))  # seed 1 never got there
+    assert paper_table.speedup(one, gpu, 0.1) == "4.0x n=1/2"  # one ratio: no interval
+
+
+def test_times_show_the_interval_and_the_seeds_that_have_one():
+    assert mean_cell([0.2, 0.4, None], ".2f") == "0.30 [0.20, 0.40] n=2/3"
+    assert mean_cell([0.25, 0.25], ".2f") == "0.25 [0.25, 0.25] n=2"
+    assert mean_cell([None, math.nan], ".2f") == "—"
+    assert mean_cell([2.0], ".1f", of=3, unit="x") == "2.0x n=1/3"  # one run: no interval
+    gpu = row("sync", run(0, 0.4), run(1, 0.2))
+    table = paper_table.convergence_table([gpu])
+    assert "bootstrap percentile interval" in table
+    # its time and its speedup over itself; the final loss stays mean ± std
+    assert "| 0.300 [0.200, 0.400] n=2 | 1.0x [1.0, 1.0] n=2 | 0.0500 ± 0.0000 |" in table
 
 
 def test_a_gpu_alone_that_never_got_there_gives_a_lower_bound():
     gpu = row("sync", run(0, None, time_s=0.5), run(1, 0.2))
     hogbatch = row("hogbatch", run(0, 0.01), run(1, 0.1))
-    assert paper_table.speedup(hogbatch, gpu, 0.1) == "≥ 2.0x"
+    assert paper_table.speedup(hogbatch, gpu, 0.1) == "≥ 2.0x n=2"
 
 
 def test_a_run_without_snapshots_between_its_ends_has_no_time_to_a_loss_it_reached():
@@ -36,5 +52,5 @@ def test_a_run_without_snapshots_between_its_ends_has_no_time_to_a_loss_it_reach
     assert paper_table.time_to(run(1, None, snapshots=2), 0.1) is None
     gpu = row("sync", run(0, None), blind)
     hogbatch = row("hogbatch", run(0, 0.01), run(1, 0.01))
-    assert paper_table.speedup(hogbatch, gpu, 0.1) == "≥ 50x (1/2)"
+    assert paper_table.speedup(hogbatch, gpu, 0.1) == "≥ 50x n=1/2"
     assert paper_table.mean_std([math.nan, 0.2], ".2f", 2) == "0.20 (1/2)"

@@ -97,3 +97,25 @@ def test_the_table_says_which_comparisons_it_cannot_make() -> None:
     lines = table(comparisons).splitlines()
     assert lines[2] == "| a | examples/s | 100 | 90 | 0.90 |"
     assert lines[3] == "| a | time to loss 0.1 | — | 2 | — |"
+    assert len(lines) == 4  # no run flagged: no line about what a flagged one means
+
+
+def test_the_cpu_share_shows_how_many_runs_of_each_side_were_flagged(tmp_path: Path) -> None:
+    def summary(share: float, flagged: bool) -> RunSummary:
+        return RunSummary("completed", None, "hogwild", "digits", "mlp", "cpu", 0,
+                          contention={"workers_cpu_share": share, "flagged": flagged})
+
+    real = [summary(0.5, True), summary(0.95, False)]
+    simulated = [summary(0.9, False), summary(0.8, False)]
+    assert [validation.flagged(s) for s in real] == [True, False]
+    assert not validation.flagged(RunSummary("completed", None, "hogwild", "digits", "mlp",
+                                             "cpu", 0))  # no contention recorded
+    share = Comparison.of("a", validation.CPU_SHARE,
+                          [validation.METRICS[validation.CPU_SHARE](s) for s in real],
+                          [validation.METRICS[validation.CPU_SHARE](s) for s in simulated],
+                          ([validation.flagged(s) for s in real],
+                           [validation.flagged(s) for s in simulated]))
+    assert share.flagged == (1, 0, 2)
+    lines = table([share]).splitlines()
+    assert lines[2] == "| a | workers' CPU share | 0.725, 1/2 flagged | 0.85, 0/2 flagged | 1.32 |"
+    assert "measure the contention, not the virtual clock" in lines[-1]

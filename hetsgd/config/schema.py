@@ -107,7 +107,7 @@ class EvalConfig:
 @dataclass
 class MonitorConfig:
     """Utilization samples every `interval_s`; a run whose workers got less than
-    `contention_threshold` of the CPU time they asked for is flagged in summary.json's
+    `contention_threshold` of the CPU time they wanted is flagged in summary.json's
     `contention` (:mod:`hetsgd.observe.contention`; 0 flags none)."""
 
     interval_s: float = 0.5

@@ -3,9 +3,12 @@ reads them all (epochs, progress, update shares, the Adaptive controller)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
+
+from hetsgd.engines.common.run_queue import waited_s, waits
 
 # Per-worker counters: one row per worker, columns below (float64, written by the worker only).
 # `loss` is a running average of the mini-batch losses the worker read (a few per second), for
@@ -17,13 +20,15 @@ import torch
 # all the time a worker spent moving the model to or from the master; `copy_s` the part of it
 # that copied the master in before a step (a replica's), so the rest (comm_s - copy_s) merged a
 # step's result back, published it or, for a rank, exchanged it (workers.csv's `merge_s`).
+# `cpu_wait_s` is the time the process's threads were ready to run but waited for a CPU (NaN
+# where the OS does not say; :mod:`~hetsgd.engines.common.run_queue`), appended last.
 LOSS_SMOOTHING = 0.1
 COUNTERS = ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size", "first_batch",
-            "loss", "stale_sum", "stale_max", "cpu_s", "copy_s")
+            "loss", "stale_sum", "stale_max", "cpu_s", "copy_s", "cpu_wait_s")
 # The counters a rank's every exchange carries (the leading ones), so that its modelled size on
 # the virtual clock stays that of the model and these: a rank copies no replica in (copy_s stays
-# 0) and counts its cpu_s at checkpoints and at the end only, which its last exchange (every
-# counter, :meth:`~hetsgd.engines.ranks.rank.Rank.finish`) carries exactly.
+# 0) and counts its cpu_s and cpu_wait_s at checkpoints and at the end only, which its last
+# exchange (every counter, :meth:`~hetsgd.engines.ranks.rank.Rank.finish`) carries exactly.
 RANK_COUNTERS = COUNTERS[:COUNTERS.index("cpu_s")]
 
 
@@ -39,6 +44,7 @@ class CounterRow:
         self.values = row.numpy()
         self.values[self.COLUMN["batch_size"]] = self.values[self.COLUMN["first_batch"]] = batch_size
         self._cpu_mark: float | None = None
+        self._waits: dict[str, int] | None = None
 
     def __getitem__(self, column: str) -> float:
         return float(self.values[self.COLUMN[column]])
@@ -71,17 +77,23 @@ class CounterRow:
     def start_cpu(self) -> None:
         """Training starts in this worker's process: :meth:`count_cpu` counts from here."""
         self._cpu_mark = time.process_time()
+        self._waits = waits()
 
     def count_cpu(self) -> None:
         """Add the CPU time this process used since the last count (or :meth:`start_cpu`) to
         ``cpu_s``: every thread's (torch's intra-op threads, a collective's), which is what
         a worker with several threads gets; one worker a process, so the process is the
-        worker. A few times a second and at the end: the clock is a system call."""
+        worker. Beside it, ``cpu_wait_s``: how long its threads waited for a CPU, which makes
+        the CPU it wanted (NaN where the OS does not count it). A few times a second and at
+        the end: each read is a system call or a few."""
         if self._cpu_mark is None:
             return
         now = time.process_time()
         self.values[self.COLUMN["cpu_s"]] += now - self._cpu_mark
         self._cpu_mark = now
+        before, self._waits = self._waits, waits()
+        added = math.nan if before is None or self._waits is None else waited_s(before, self._waits)
+        self.values[self.COLUMN["cpu_wait_s"]] += added
 
     def record_loss(self, loss: float) -> None:
         """A mini-batch loss read after a step, into the running average the progress shows."""

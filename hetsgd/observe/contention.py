@@ -1,23 +1,21 @@
-"""Whether a run's workers got the CPU time they asked for: ``summary.json``'s ``contention``.
+"""Whether a run's workers got the CPU time they wanted: ``summary.json``'s ``contention``.
 
 A run whose workers shared their cores with other processes, or with each other beyond the
 cores there are, measures a slower machine than the one it names, and its times must not pass
 for the machine's. So each run records:
 
-- ``workers_cpu_share``: the CPU time the workers got over the CPU time they asked for. A worker
-  asks for ``threads`` cores while it computes: its threads x the wall seconds of its steps
-  (workers.csv's ``busy_s``) and, in the asynchronous engine, of its copies to and from the
-  master (``comm_s``, CPU work there). It does not ask while it waits: for the epoch cursor's
-  lock (``wait_s``), in an emulated accelerator's sleep (the ``slowdown``), or for the other
-  ranks in a collective (a rank's ``comm_s``). What it got is its process's CPU time over
-  training, every thread's (workers.csv's ``cpu_s``, each worker counting its own, so that
-  torchrun's ranks on other machines count too). Only workers that compute on the CPU count: a
-  CUDA worker's host thread mostly waits on its GPU, spinning or asleep as CUDA chooses, which
-  says nothing about its cores. 1.0 is a worker that ran whenever it wanted to; a little above
-  1 is the CPU it also spent outside its timed spans (a claim, a loss read); 0.5 is one that
-  waited as long as it ran. A simulated run (the virtual clock) has no worker processes: its
-  share is the simulator's, the coordinator process's CPU time over the real seconds of
-  training x the threads the simulated math runs on (``measured: simulator``). It is never
+- ``workers_cpu_share``: the CPU time the workers got over the CPU time they wanted, where what
+  a worker wanted is what it got plus the time its threads were runnable but waited for a CPU
+  (Linux's run-queue delay, :mod:`hetsgd.engines.common.run_queue`): got / (got + waited),
+  never above 1 by construction. Each worker counts its own process, every thread's
+  (workers.csv's ``cpu_s`` and ``cpu_wait_s``), so torchrun's ranks on other machines count
+  too, on every engine alike: a thread asleep (on the epoch cursor's lock, in a collective, in
+  an emulated accelerator's sleep, a CUDA worker's host thread blocked on its GPU) wants
+  nothing, and a collective's CPU work is both wanted and got. 1.0 is a run whose workers
+  ran whenever they were ready; 0.5 one whose workers waited for a core as long as they ran.
+  Null where the OS does not count run-queue delay (not Linux). A simulated run (the virtual
+  clock) has no worker processes: its share is the simulator's, the coordinator process's
+  CPU time over that plus its threads' run-queue delay (``measured: simulator``). It is never
   flagged: a busy host slows the simulation's real seconds, never its virtual times.
 - ``coordinator_cpu_s``: the CPU time of the coordinator process (snapshots, the monitor, the
   progress display; in a simulated run, the simulation) over the engine's run.
@@ -27,12 +25,15 @@ for the machine's. So each run records:
   CPU, over training and its ``avg10`` at the end). Each is null where the OS does not expose
   it; under torchrun it is rank 0's machine, whose other ranks count as others.
 - ``flagged``: true when the share is below ``monitor.contention_threshold``; false also where
-  the share is unknown (a run of CUDA workers only), which its null says. The default, 0.7, is
-  set so that a clean run on a quiet 2-core machine is not flagged: a mix that asks for every
-  core (``make run``'s Hogwild: two one-thread workers on 2 cores) leaves the coordinator's own
-  CPU (snapshots, the monitor, the progress display: about 0.35 of a core, measured quiet) to
-  come out of the workers' time; such a run measured 0.79. Workers getting 0.5-0.65 of their
-  cores (the runs that distorted results) stay below it.
+  the share is unknown, which its null says. The default, 0.7, was set under the earlier
+  definition (CPU got over threads x the time computing), where a clean ``make run`` Hogwild
+  job (two one-thread workers on a quiet 2-core machine, the coordinator's snapshots taking
+  about 0.35 of a core) measured 0.79 and runs whose workers got 0.5-0.65 of their cores (the
+  runs that distorted results) fell below it. On Hogwild workers the two definitions agree
+  closely (loaded runs read 0.118 / 0.383 now against 0.125 / 0.396 then, the new one also
+  counting the waits between timed spans); only ranks changed (a collective's CPU, once got
+  but not asked, read above 1). The threshold stays at 0.7 until a quiet machine measures a
+  clean run under this definition: the machine was shared while it changed.
 """
 
 from __future__ import annotations
@@ -52,48 +53,39 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def asked_s(worker: Mapping[str, Any], copies_are_work: bool) -> float | None:
-    """The CPU seconds a worker (a row of workers.csv) asked for; None for one that does not
-    compute on the CPU. ``copies_are_work``: its ``comm_s`` is copying (the asynchronous engine),
-    not waiting in a collective (ranks)."""
-    if str(worker.get("device", "")) != "cpu":
+def got_share(got: float | None, waited: float | None) -> float | None:
+    """CPU got over CPU wanted (got + waited for a CPU): in [0, 1]; None where either is
+    unknown or nothing was wanted."""
+    if got is None or waited is None or got < 0 or waited < 0 or got + waited <= 0:
         return None
-    busy, comm = _finite(worker.get("busy_s")), _finite(worker.get("comm_s")) or 0.0
-    threads = _finite(worker.get("threads"))
-    if busy is None or threads is None:
-        return None
-    return threads * (busy + (comm if copies_are_work else 0.0))
+    return got / (got + waited)
 
 
-def workers_share(workers: Sequence[Mapping[str, Any]], copies_are_work: bool
+def workers_share(workers: Sequence[Mapping[str, Any]]
                   ) -> tuple[float | None, dict[str, float | None]]:
-    """The workers' CPU share (got over asked, see the module), and each group's; None where
-    nothing was asked or a worker's CPU time is unknown."""
-    sums: dict[str, list[float]] = {}
-    unknown: set[str] = set()
+    """The workers' CPU share (see the module), and each group's, from the rows of workers.csv:
+    their CPU seconds pooled over their wanted seconds; None where a worker's is unknown.
+    A simulated worker (no process, null ``cpu_s``) is left out."""
+    sums: dict[str, tuple[float, float] | None] = {}
     for worker in workers:
-        asked = asked_s(worker, copies_are_work)
-        if asked is None:
+        if worker.get("cpu_s") is None:
             continue
         group = str(worker.get("group"))
-        got = _finite(worker.get("cpu_s"))
-        if got is None:
-            unknown.add(group)
-        totals = sums.setdefault(group, [0.0, 0.0])
-        totals[0] += got or 0.0
-        totals[1] += asked
-    by_group = {g: None if g in unknown or not asked else got / asked
-                for g, (got, asked) in sums.items()}
-    got, asked = (sum(t[i] for t in sums.values()) for i in (0, 1))
-    share = None if unknown or not asked else got / asked
-    return share, by_group
+        got, waited = _finite(worker.get("cpu_s")), _finite(worker.get("cpu_wait_s"))
+        known = sums.get(group, (0.0, 0.0))
+        sums[group] = (None if known is None or got is None or waited is None
+                       else (known[0] + got, known[1] + waited))
+    by_group = {group: None if t is None else got_share(*t) for group, t in sums.items()}
+    known_sums = [t for t in sums.values() if t is not None]
+    if not known_sums or len(known_sums) < len(sums):
+        return None, by_group
+    return got_share(sum(t[0] for t in known_sums), sum(t[1] for t in known_sums)), by_group
 
 
-def simulator_share(load: HostLoad, threads: int) -> float | None:
-    """The simulator's CPU share: this process's CPU time over the block's wall seconds x the
-    threads its math runs on."""
-    asked = load.wall_s * threads
-    return (load.end.own_s - load.start.own_s) / asked if asked > 0 else None
+def simulator_share(load: HostLoad) -> float | None:
+    """The simulator's CPU share: this process's CPU time over that plus its threads' wait for
+    a CPU, over the block."""
+    return got_share(load.end.own_s - load.start.own_s, load.own_wait_s)
 
 
 def contention(share: float | None, by_group: Mapping[str, float | None] | None,
@@ -116,5 +108,5 @@ def warning(entry: Mapping[str, Any]) -> str | None:
     others = entry.get("others_busy_share")
     beside = f"; other processes kept {others:.0%} of the host's cores busy" if others else ""
     return (f"contention: the workers got {entry['workers_cpu_share']:.2f} of the CPU time they "
-            f"asked for (below {entry['threshold']:g}){beside}: the cores were shared, so this "
+            f"wanted (below {entry['threshold']:g}){beside}: the cores were shared, so this "
             "run's times are slower than this machine's and not comparable with a quiet run's")

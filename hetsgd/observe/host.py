@@ -1,5 +1,6 @@
 """How busy the host was around a block of work: its cores' busy and steal time, its CPU pressure,
-and the CPU this process's own tree used, read at the block's two ends.
+the CPU this process's own tree used and how long its threads waited for a CPU, read at the
+block's two ends.
 
 A run (:mod:`hetsgd.observe.contention`) and the bench (``scripts/bench/load.py``) both read
 the host this way: what the host's cores were busy with beyond this process tree was someone
@@ -14,6 +15,8 @@ import time
 from dataclasses import dataclass
 
 import psutil
+
+from hetsgd.engines.common.run_queue import waited_s, waits
 
 PRESSURE = "/proc/pressure/cpu"
 # what the kernel counts as a core's busy time (guest time is inside user's)
@@ -60,6 +63,7 @@ class HostReading:
     tree_s: float  # this process tree's CPU time (tree_cpu_s)
     own_s: float  # this process's own CPU time, every thread's
     pressure: tuple[float, float] | None  # cpu_pressure()
+    own_waits: dict[str, int] | None = None  # this process's threads' run-queue delay (waits())
 
     @classmethod
     def now(cls) -> HostReading:
@@ -68,7 +72,7 @@ class HostReading:
         steal = getattr(cpu, "steal", None)
         return cls(time.perf_counter(), sum(getattr(cpu, name, 0.0) for name in BUSY),
                    None if steal is None else float(steal), tree_cpu_s(), own.user + own.system,
-                   cpu_pressure())
+                   cpu_pressure(), waits())
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,14 @@ class HostLoad:
         """The cores' busy time beyond this process tree's."""
         ours = self.end.tree_s - self.start.tree_s
         return max(0.0, (self.end.busy_s - self.start.busy_s) - ours) / self.capacity_s
+
+    @property
+    def own_wait_s(self) -> float | None:
+        """How long this process's threads were runnable but waited for a CPU; None where the
+        OS does not say."""
+        if self.start.own_waits is None or self.end.own_waits is None:
+            return None
+        return waited_s(self.start.own_waits, self.end.own_waits)
 
     @property
     def steal_share(self) -> float | None:

@@ -64,7 +64,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
 )
 #: Utilization metrics, shown after the update shares: the run's own (cores busy with its worker
 #: processes, its GPUs), then the host's CPU, which counts every other process too; then the
-#: CPU time its workers got over what they asked (``contention.workers_cpu_share``) and the
+#: CPU time its workers got over what they wanted (``contention.workers_cpu_share``) and the
 #: median snapshot spacing, the resolution of its times.
 UTILIZATION: tuple[tuple[str, str, str], ...] = (
     ("workers_cpu_cores", "workers' CPU [cores]", ".1f"),

@@ -58,7 +58,9 @@ def workers_table(specs: list[WorkerSpec], counters: list[dict[str, float]]
              "comm_s": c["comm_s"], "compute_s": c["busy_s"], "copy_s": c["copy_s"],
              "merge_s": c["comm_s"] - c["copy_s"],
              # a simulated worker is the simulator's events, not a process of its own
-             "cpu_s": None if s.simulated else c["cpu_s"]} for s, c in zip(specs, counters)]
+             "cpu_s": None if s.simulated else c["cpu_s"],
+             "cpu_wait_s": None if s.simulated else c["cpu_wait_s"]}
+            for s, c in zip(specs, counters)]
 
 
 class RunJournal:

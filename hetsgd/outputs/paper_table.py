@@ -2,12 +2,13 @@
 
 ``python -m hetsgd.outputs.paper_table FOLDER [--shares-only]`` reads every run under FOLDER
 (written by ``scripts/reproduce_hogbatch_sim.sh``), prints markdown tables to stdout and writes
-them to FOLDER/paper_table.md. Per machine and method, mean ± std over seeds of: the update
+them to FOLDER/paper_table.md. Per machine and method, mean ± std over seeds of the update
 shares, the simulated GPU's busy share (``utilization.gpu_util_mean``) and the CPU workers'
-(workers.csv busy / time), the virtual time after which each run stays at or below each of its
-absolute target losses (``time_to_loss``: sustained, on the test loss), and the speedup over the
-GPU alone (per seed, the GPU's time over the method's: every method of a seed starts from the
-same model). A seed that reached a target and left it (``unstable_losses``) has no time to it,
+(workers.csv busy / time); and, as report.md shows times (mean, bootstrap interval, n: see
+:mod:`hetsgd.outputs.intervals`), the virtual time after which each run stays at or below each
+of its absolute target losses (``time_to_loss``: sustained, on the test loss) and the speedup
+over the GPU alone (per seed, the GPU's time over the method's: every method of a seed starts
+from the same model). A seed that reached a target and left it (``unstable_losses``) has no time to it,
 is not credited in a speedup, and is named in the notes. The paper's numbers are those of
 ``docs/papers.md`` (read off its figures, w8a); "not reported" where it gives none.
 ``--shares-only``: the first table alone, for runs too short for their losses to mean anything.
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import find_runs, load_csv, read_summary
+from hetsgd.outputs.intervals import CONFIDENCE, METHOD, mean_cell
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
 
@@ -165,8 +167,9 @@ def _ratio(value: float) -> str:
 
 def speedup(row: Row, gpu: Row | None, target: float) -> str:
     """Per seed, the GPU alone's time to ``target`` over the row's (a seed that did not stay at
-    ``target`` is not credited). Where the GPU alone never stayed there, its run's length over
-    the row's time is a lower bound, and the cell shows the smallest bound or ratio as '≥'."""
+    ``target`` is not credited); their mean, interval and n (``mean_cell``). Where the GPU
+    alone never stayed there, its run's length over the row's time is a lower bound, and the
+    cell shows the smallest bound or ratio as '≥'."""
     if gpu is None:
         return "—"
     exact, bounds = [], []
@@ -180,10 +183,10 @@ def speedup(row: Row, gpu: Row | None, target: float) -> str:
         elif not math.isnan(theirs):
             exact.append(theirs / mine)
     if not bounds:
-        return mean_std(exact, ".1f", len(row.runs)) + ("x" if exact else "")
+        return mean_cell(exact, ".1f", len(row.runs), "x")
     known = len(bounds) + len(exact)
-    return "≥ " + _ratio(min(bounds + exact)) + (f" ({known}/{len(row.runs)})"
-                                                 if known < len(row.runs) else "")
+    return f"≥ {_ratio(min(bounds + exact))} n={known}" + (
+        f"/{len(row.runs)}" if known < len(row.runs) else "")
 
 
 def shares_table(rows: list[Row]) -> str:
@@ -205,15 +208,19 @@ def convergence_table(rows: list[Row]) -> str:
     for row in rows:
         n = len(row.runs)
         lines.append([MACHINES[row.machine], METHODS[row.algo],
-                      *(mean_std([time_to(r, t) for r in row.runs], ".3f", n) for t in targets),
+                      *(mean_cell([time_to(r, t) for r in row.runs], ".3f") for t in targets),
                       *(speedup(row, gpus.get(row.machine), t) for t in targets),
                       mean_std([r.final_loss for r in row.runs], ".4f", n),
                       PAPER[(row.machine, row.algo)].curve])
     curves = sorted({run.curve for row in rows for run in row.runs})
     loss = "/".join(map(loss_name, curves))
-    return markdown_table(["machine", "method", *(f"t@{t:g} {loss} [virtual s]" for t in targets),
-                           *(f"speedup vs GPU @{t:g}" for t in targets), "final train loss",
-                           "paper: normalized loss @ time"], lines)
+    legend = (f"Times and speedups: mean [{CONFIDENCE:.0%} bootstrap {METHOD} interval of the "
+              "mean] over the n seeds that have one (n=k/m: k of the row's m; n=1: no "
+              "interval); other numbers: mean ± std over the seeds.")
+    table = markdown_table(["machine", "method", *(f"t@{t:g} {loss} [virtual s]" for t in targets),
+                            *(f"speedup vs GPU @{t:g}" for t in targets), "final train loss",
+                            "paper: normalized loss @ time"], lines)
+    return f"{legend}\n\n{table}"
 
 
 def _losses(targets: Sequence[float]) -> str:

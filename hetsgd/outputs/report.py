@@ -38,7 +38,7 @@ from hetsgd.outputs.comparison import (
 )
 from hetsgd.outputs.comparison import plain as _plain
 from hetsgd.outputs.index import index_runs
-from hetsgd.outputs.intervals import CONFIDENCE, METHOD
+from hetsgd.outputs.intervals import CONFIDENCE, METHOD, bracket, cell
 from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.outputs.safe_text import shown
@@ -68,12 +68,8 @@ def _speedup_cell(row: pd.Series) -> str:
     text = _number(row["speedup"], ".2f")
     if text == DASH:
         return text
-    spread = _interval(row["speedup_low"], row["speedup_high"], ".2f")
+    spread = bracket(row["speedup_low"], row["speedup_high"], ".2f")
     return ("≥ " if row["speedup_bound"] else "") + text + (f" {spread}" if spread else "")
-
-
-def _interval(low: float, high: float, fmt: str) -> str:
-    return f"[{low:{fmt}}, {high:{fmt}}]" if np.isfinite(low) and np.isfinite(high) else ""
 
 
 def _number(value: float, fmt: str) -> str:
@@ -92,12 +88,11 @@ def _cell(row: pd.Series, col: str, fmt: str) -> str:
 def _time_cell(row: pd.Series, col: str, fmt: str) -> str:
     """``mean [low, high] n=k`` over the timed runs that stayed at the target, ``n=k/m`` when
     only k of the row's m timed runs did; no interval for one run."""
-    mean, count = row[f"{col}_mean"], row[f"{col}_n"]
+    mean = row[f"{col}_mean"]
     if not np.isfinite(mean):
         return DASH
-    spread = _interval(row[f"{col}_low"], row[f"{col}_high"], fmt)
-    counted = f"n={count}" + (f"/{row['timed']}" if count < row["timed"] else "")
-    return " ".join(part for part in (_number(mean, fmt), spread, counted) if part)
+    return cell(mean, (row[f"{col}_low"], row[f"{col}_high"]), row[f"{col}_n"], fmt,
+                row["timed"])
 
 
 def _shares(row: pd.Series, groups: list[str]) -> str:

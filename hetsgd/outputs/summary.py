@@ -264,7 +264,7 @@ class RunSummary:
     unstable_losses: list[str] | None = None  # targets reached, then left (keys as above)
     snapshot_spacing_s: float | None = None  # median seconds between snapshots: the resolution
     utilization: dict[str, float | None] | None = None  # the run's own means
-    # whether the workers got the CPU they asked for (hetsgd.observe.contention)
+    # whether the workers got the CPU they wanted (hetsgd.observe.contention)
     contention: dict[str, Any] | None = None
     timing: Timing | None = None  # the cost around training (a run that trained)
     simulation: Simulation | None = None  # a simulated run's real cost

@@ -38,7 +38,6 @@ from hetsgd.engines.ranks.handoff import hand_off
 from hetsgd.engines.ranks.torchrun import check_distributed, torchrun
 from hetsgd.engines.training import Training
 from hetsgd.engines.virtual.cost import CostProbe
-from hetsgd.engines.virtual.mix import math_threads
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.liveness import this_process
 from hetsgd.model.custom import check_token_ids
@@ -198,8 +197,7 @@ def _recorded(attempt: _Attempt, plan: Plan, hooks: Hooks, data: RunData, traini
     out, cfg, specs = attempt.out, plan.cfg, plan.workers
     # warnings: e.g. a coordinator that was not scheduled for a while; staleness where several
     # workers update the master asynchronously (link hooks)
-    asynchronous_engine = isinstance(hooks, LinkHooks)
-    asynchronous = asynchronous_engine and len(specs) > 1
+    asynchronous = isinstance(hooks, LinkHooks) and len(specs) > 1
     error, _, trace = (training.error or "").partition("\n")  # a worker's traceback follows
     if trace:
         _keep_traceback(out.path, trace)
@@ -211,7 +209,7 @@ def _recorded(attempt: _Attempt, plan: Plan, hooks: Hooks, data: RunData, traini
         log.warning("%s", warning)
     workers = workers_table(specs, training.counters)
     out.write_table("workers", workers)
-    _note_contention(attempt, cfg, specs, workers, host, asynchronous_engine)
+    _note_contention(attempt, cfg, workers, host)
     if training.batches:
         out.write_table("batches", training.batches)
     if not training.snapshots and training.status != "interrupted":
@@ -236,16 +234,15 @@ def _as_planned(recorded: Any, before: RunConfig, planned: RunConfig) -> Any:
     return OmegaConf.merge(recorded, changed) if changed else None
 
 
-def _note_contention(attempt: _Attempt, cfg: RunConfig, specs: list[WorkerSpec],
-                     workers: list[dict[str, Any]], load: HostLoad, copies_are_work: bool
-                     ) -> None:
-    """Whether the workers got the CPU they asked for (the simulator, in a simulated run), and
+def _note_contention(attempt: _Attempt, cfg: RunConfig, workers: list[dict[str, Any]],
+                     load: HostLoad) -> None:
+    """Whether the workers got the CPU they wanted (the simulator, in a simulated run), and
     how busy the host was: summary.json's ``contention``, and a warning when flagged (which
     the command prints last, below the run's table)."""
     if cfg.devices.simulated:
-        share, by_group = simulator_share(load, math_threads(specs)), None
+        share, by_group = simulator_share(load), None
     else:
-        share, by_group = workers_share(workers, copies_are_work)
+        share, by_group = workers_share(workers)
     entry = contention(share, by_group, load, cfg.monitor.contention_threshold,
                        "simulator" if cfg.devices.simulated else "workers")
     warning = contention_warning(entry)

@@ -3,11 +3,12 @@
 Each case is one config run twice per seed: by the real engine, and on the virtual clock with
 the profiles that a calibration of its mix measured just before the real run (``hetsgd machine
 --calibrate``). Compared: examples per second, the host group's share of the updates, the
-workers' CPU share (where the runs record it: a busy machine slows the real run alone) and the
-time to a fixed loss (sustained, on the test loss), simulated over real, the median of the
-seeds' ratios. A wrong
-model of the machine (a step's time, a replica's copies, the slowdown, how the ranks wait for
-each other) shows as a ratio far from 1; a noisy machine moves it by some percent.
+workers' CPU share with how many of each side's runs were flagged as contended (where the runs
+record it: a busy machine slows the real run alone; a simulated run's share is the
+simulator's, never flagged) and the time to a fixed loss (sustained, on the test loss),
+simulated over real, the median of the seeds' ratios. A wrong model of the machine (a step's
+time, a replica's copies, the slowdown, how the ranks wait for each other) shows as a ratio
+far from 1; a noisy machine moves it by some percent.
 
 A machine whose speed moved during a real run (another process, a VM's neighbours) makes that
 run no measure of the clock: each real run is therefore bracketed by calibrations, and a seed
@@ -30,19 +31,30 @@ from hetsgd.runs import runner
 from hetsgd.runs.calibrate import calibrate, save
 
 
+def _contention(summary: RunSummary) -> dict:
+    """The run's ``contention`` entry in summary.json; empty where it does not record one."""
+    entry = summary.to_dict().get("contention")
+    return entry if isinstance(entry, dict) else {}
+
+
 def _workers_cpu_share(summary: RunSummary) -> float | None:
-    """The CPU time the run's workers got over what they asked (``contention`` in summary.json;
-    None where the run does not record it): a busy machine explains a slow real run."""
-    contention = summary.to_dict().get("contention")
-    share = contention.get("workers_cpu_share") if isinstance(contention, dict) else None
+    """The CPU time the run's workers got over what they wanted (None where the run does not
+    record it): a busy machine explains a slow real run."""
+    share = _contention(summary).get("workers_cpu_share")
     return float(share) if isinstance(share, int | float) else None
 
 
+def flagged(summary: RunSummary) -> bool:
+    """Whether the run's workers got too little of the CPU they wanted (``contention.flagged``)."""
+    return _contention(summary).get("flagged") is True
+
+
+CPU_SHARE = "workers' CPU share"
 # the metrics compared, as (name, reader of a completed run's summary)
 METRICS: dict[str, Callable[[RunSummary], float | None]] = {
     "examples/s": lambda summary: summary.examples_per_s,
     "host update share": lambda summary: (summary.update_share or {}).get("cpu"),
-    "workers' CPU share": _workers_cpu_share,
+    CPU_SHARE: _workers_cpu_share,
 }
 TIME_TO_LOSS = "time to loss"
 
@@ -91,13 +103,17 @@ class Comparison:
     real: float | None
     simulated: float | None
     ratio: float | None
+    # for the CPU share: how many real and simulated runs were flagged as contended, of how many
+    flagged: tuple[int, int, int] | None = None
 
     @classmethod
     def of(cls, case: str, metric: str, real: Sequence[float | None],
-           simulated: Sequence[float | None]) -> Comparison:
+           simulated: Sequence[float | None],
+           flags: tuple[Sequence[bool], Sequence[bool]] | None = None) -> Comparison:
         ratios = [None if r is None or s is None or r == 0 else s / r
                   for r, s in zip(real, simulated)]
-        return cls(case, metric, _median(real), _median(simulated), _median(ratios))
+        counts = None if flags is None else (sum(flags[0]), sum(flags[1]), len(real))
+        return cls(case, metric, _median(real), _median(simulated), _median(ratios), counts)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -172,20 +188,32 @@ def validate(cases: Sequence[Case], common: Sequence[str], seeds: Sequence[int],
                 (*overrides, "devices.simulated=true", f"devices.calibration={calibration}"),
                 folder / f"seed{seed}_simulated"))
         readers = {**METRICS, f"{TIME_TO_LOSS} {target:g}": _time_to_loss(loss_key(target))}
+        flags = ([flagged(s) for s in summaries["real"]],
+                 [flagged(s) for s in summaries["simulated"]])
         for metric, read in readers.items():
             comparisons.append(Comparison.of(case.name, metric,
                                              [read(s) for s in summaries["real"]],
-                                             [read(s) for s in summaries["simulated"]]))
+                                             [read(s) for s in summaries["simulated"]],
+                                             flags if metric == CPU_SHARE else None))
     return comparisons
 
 
 def table(comparisons: Sequence[Comparison]) -> str:
-    """The comparisons as a markdown table."""
-    def cell(value: float | None) -> str:
-        return "—" if value is None else f"{value:.4g}"
+    """The comparisons as a markdown table; the CPU share's cells say how many runs were
+    flagged as contended, and a line under the table what a flagged real run means."""
+    def cell(value: float | None, flags: int | None = None, runs: int = 0) -> str:
+        text = "—" if value is None else f"{value:.4g}"
+        return text if flags is None else f"{text}, {flags}/{runs} flagged"
 
     lines = ["| case | metric | real | simulated | simulated / real, by seed |",
              "|---|---|---|---|---|"]
-    lines += [f"| {c.case} | {c.metric} | {cell(c.real)} | {cell(c.simulated)} | "
-              f"{'—' if c.ratio is None else f'{c.ratio:.2f}'} |" for c in comparisons]
+    for c in comparisons:
+        real_flags, simulated_flags, runs = c.flagged or (None, None, 0)
+        lines.append(f"| {c.case} | {c.metric} | {cell(c.real, real_flags, runs)} | "
+                     f"{cell(c.simulated, simulated_flags, runs)} | "
+                     f"{'—' if c.ratio is None else f'{c.ratio:.2f}'} |")
+    if any(c.flagged and c.flagged[0] for c in comparisons):
+        lines += ["", "A flagged real run's workers got less of the CPU they wanted than "
+                  "monitor.contention_threshold: its seed's ratios measure the contention, "
+                  "not the virtual clock."]
     return "\n".join(lines)
