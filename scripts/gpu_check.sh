@@ -4,7 +4,8 @@
 # accelerator section (hetsgd's step against a textbook and a CUDA-graph loop), the paper's
 # comparison (+method=gpu,hogwild,hogbatch,adaptive, model=mlp_paper, 2 seeds, snapshots every
 # 0.25 s; the GPU alone is the baseline) and its report with each worker's time split, with a
-# background probe of the machine throughout, calibration and replay with mlp_paper, Hogwild at
+# background probe of the machine throughout, the accelerator's step eager and replayed from CUDA
+# graphs (devices.cuda_graphs), calibration and replay with mlp_paper, Hogwild at
 # 1, 8 and 16 workers rated after a 1 s warm-up, then local SGD and the full bench where time is
 # left. Every step is time-bounded and logged under DIR; a failed step is recorded and the next
 # one runs; the exit status is non-zero when any step failed.
@@ -13,7 +14,7 @@
 #
 # Steps run in that order; each is skipped, with a line in DIR/steps.txt, when what is left of
 # GPU_CHECK_TOTAL_S is less than it needs, so a short check loses (first) the full bench, then
-# local SGD, Hogwild's scaling, the calibration and replay, in that order.
+# local SGD, Hogwild's scaling, the calibration and replay, the graphed runs, in that order.
 #
 # Uses .venv/bin (as the Makefile does), or makes it: offline from WHEELHOUSE when that is set,
 # else with `make setup TORCH=torch` (PyPI's CUDA build). Where nvidia-smi lists no GPU, or the
@@ -163,6 +164,19 @@ else
   FAILED+=(report)
 fi
 
+# -- the accelerator's step replayed from CUDA graphs, against its eager step ---------------------
+# the GPU alone (auto_gpu: its replica path) and Hogbatch's mix with devices.cuda_graphs off and
+# on: the updates per second and final losses say whether graphs may become the default
+SHORT_S=$((SECONDS_PER_RUN < 5 ? SECONDS_PER_RUN : 5))
+if fits graphs $((4 * (SHORT_S + 20))); then
+  step graphs $((4 * (SHORT_S + 30))) \
+    "$BIN/hetsgd" run -m algo=hogbatch devices=auto_gpu,auto devices.cuda_graphs=false,true \
+    model=mlp_paper "dataset=$DATASET" budget.epochs=null "budget.seconds=$SHORT_S" \
+    progress=false "results_dir=$DIR/graphs"
+  SWEPT=$(newest "$DIR/graphs/sweeps")
+  if [[ -n $SWEPT && -e $SWEPT/summary.csv ]]; then cp "$SWEPT/summary.csv" "$DIR/graphs.csv"; fi
+fi
+
 # -- calibration and replay with mlp_paper: sim/real per group ------------------------------------
 if fits calibrate 200; then
   step calibrate 120 "$BIN/hetsgd" machine --calibrate --seconds 0.3 model=mlp_paper \
@@ -182,7 +196,6 @@ if fits calibrate 200; then
 fi
 
 # -- Hogwild at 1, 8 and 16 workers, rated after a 1 s warm-up ------------------------------------
-SHORT_S=$((SECONDS_PER_RUN < 5 ? SECONDS_PER_RUN : 5))
 if fits hogwild $((3 * (SHORT_S + 20))); then
   step hogwild $((3 * (SHORT_S + 30))) \
     "$BIN/hetsgd" run -m algo=hogwild devices=cpu devices.groups.cpu.count=1,8,16 model=mlp_paper \

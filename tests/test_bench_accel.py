@@ -25,6 +25,7 @@ def test_the_accel_section_times_hetsgd_and_the_textbook_loop(tmp_path: Path) ->
         assert all(numbers[f"{loop}_s"] > 0 for loop in ("plain", "replica", "alone"))
         if not torch.cuda.is_available():  # no graph, profile or copies without CUDA
             assert numbers["graphed_s"] is None and numbers["kernels_per_step"] is None
+            assert numbers["replica_graphed_s"] is None
 
 
 @pytest.mark.gpu
@@ -32,5 +33,6 @@ def test_the_accel_section_on_cuda_counts_kernels_and_copies(tmp_path: Path) -> 
     section = bench_accel(Jobs(tmp_path, SMALL), 0.4, models=("mlp",), batches=(64,))
     numbers = section.data["mlp_batch64_fp32"]
     assert numbers["graphed_s"] > 0 and numbers["kernels_per_step"][1] > 0
+    assert numbers["replica_graphed_s"] > 0
     assert set(section.data["copy_gb_per_s"]) == {"pageable", "pinned", "registered"}
     assert [row[2] for row in section.rows] == ["fp32", "tf32"]

@@ -238,6 +238,11 @@ class DevicesConfig:
     # faster, but a deviation from the papers' FP32, so off by default and labelled in the
     # summary (`precision`); no effect on a CPU, emulated or simulated worker
     tf32: bool = False
+    # an accelerator worker's whole step (forward, backward, update) captured as one CUDA graph
+    # per batch size and replayed (hetsgd/engines/graphs.py): launched at once instead of kernel
+    # by kernel. Opt-in until a GPU has measured it faster and equal in results; elsewhere (an
+    # emulated or simulated accelerator) steps stay eager, recorded in the summary (`cuda_graphs`)
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         require(len(self.groups) > 0, "devices.groups", "at least one worker group",

@@ -232,6 +232,8 @@ class RunSummary:
     simulated: bool | None = None  # times are virtual (the virtual clock's), not measured
     # the CUDA workers' matmul precision: fp32, or tf32 (devices.tf32, a deviation from the papers)
     precision: str | None = None
+    # devices.cuda_graphs: off, on (CUDA accelerators replay captured steps), or eager and why
+    cuda_graphs: str | None = None
     plan: dict[str, Any] | None = None  # what the algorithm settled, and the step taken
     mix: Mix | None = None  # the groups trained on
     launch: Launch | None = None  # nodes, and ranks (workers) per node

@@ -29,7 +29,7 @@ from hetsgd.bounded import exits_caught, own_interrupt, stops_marked
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.plain import plain
-from hetsgd.engines import device_ops
+from hetsgd.engines import device_ops, graphs
 from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.factory import build_engine
 from hetsgd.engines.hooks import Hooks, LinkHooks, RankLoopHooks
@@ -141,6 +141,9 @@ def _planned(attempt: _Attempt, cfg: RunConfig, resolved_config: Any) -> tuple[P
     cfg, specs = plan.cfg, plan.workers
     attempt.note(plan=plan.settled, mix=_mix(specs), launch=Launch.of(torchrun(), len(specs)))
     hooks = algorithm.hooks(plan)
+    attempt.note(cuda_graphs=graphs.label(
+        cfg.devices.cuda_graphs, cfg.devices.simulated, isinstance(hooks, DistributedHooks),
+        [torch.device(spec.device) for spec in specs if spec.accel]))
     if torchrun() is not None:  # global rank 0: the other ranks take this plan
         check_distributed(cfg.algo.name, isinstance(hooks, RankLoopHooks))
         hand_off(Handoff(plan=algorithms.handed_off(plan, algorithm)).to_plain())

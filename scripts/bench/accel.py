@@ -41,21 +41,25 @@ SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchr
 COPY_REPEATS = 20
 
 
-def _config(data: tuple[str, ...], model: str, batch: int, steps: int, n: int) -> RunConfig:
+def _config(data: tuple[str, ...], model: str, batch: int, steps: int, n: int,
+            graphs: bool = False) -> RunConfig:
     """The accelerator of the ``auto`` mix alone (a GPU, or the emulated CPU worker), one thread
-    on the host, ``steps`` steps of ``batch``."""
+    on the host, ``steps`` steps of ``batch``; its step in a CUDA graph with ``graphs``."""
     return to_run_config(compose_config(
         "algo=hogbatch", "devices=auto_gpu", *data, f"model={model}", "optim.lr=0.01",
         "devices.groups.accel.threads=1", f"devices.groups.accel.batch_size={batch}",
-        "data.on_device=always", f"budget.epochs={steps * batch / n}"))
+        "data.on_device=always", f"budget.epochs={steps * batch / n}",
+        f"devices.cuda_graphs={str(graphs).lower()}"))
 
 
 def _hetsgd(cfg: RunConfig, problem: Problem, data: SharedData, link: LinkFactory) -> float:
-    """Seconds per step of the accelerator worker's loop with ``link``, to its last merge."""
+    """Seconds per step of the accelerator worker's loop with ``link``, to its last merge,
+    after one step outside the timing (as the plain loop warms up; a graph is captured then)."""
     master = SharedMaster.initial(cfg.model, problem, cfg.seed)
     state = SharedState.create(data, master, cfg.budget.epochs, 1, mp.get_context("spawn"))
     spec, = expand(cfg.devices)
     worker = Worker(spec, cfg, problem, state, link)
+    worker.step(0, 0, spec.batch_size)
     device_ops.synchronize(worker.device)
     start = time.perf_counter()
     worker.run()
@@ -149,10 +153,11 @@ def bench_accel(jobs: Jobs, seconds: float, models: tuple[str, ...] = ACCEL_MODE
         "replica's copy in and merge into the master, or the GPU-alone step on a resident "
         "model) over a textbook loop on the same device (nn.Sequential, resident data, "
         "torch.optim.SGD(foreach=True), no .item()); ratio > 1: hetsgd is slower. On CUDA also "
-        "that loop in one CUDA graph, and kernels and host waits per step (torch.profiler).",
+        "that loop in one CUDA graph, the replica's step in one (devices.cuda_graphs), and "
+        "kernels and host waits per step (torch.profiler).",
         ["model", "batch", "precision", "plain ms", "graphed ms", "replica / plain",
-         "alone / plain", "replica / graphed", "kernels/step (replica, plain)",
-         "waits/step (replica, plain)"])
+         "alone / plain", "replica / graphed", "graphed replica / graphed",
+         "kernels/step (replica, plain)", "waits/step (replica, plain)"])
     problem, shared = inprocess.training_data(jobs.data)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -186,9 +191,12 @@ def _measure(section: Section, jobs: Jobs, seconds: float, problem: Problem,
     plain = _per_step(step, steps, device)
     replica = _hetsgd(cfg, problem, shared, partial(hogbatch_link, merge="delta"))
     alone = _hetsgd(cfg, problem, shared, default_link)
-    graphed = kernels = waits = None
+    graphed = graphed_replica = kernels = waits = None
     if device.type == "cuda":
         graphed = _per_step(_graphed(step), steps, device)
+        graphed_replica = _hetsgd(
+            _config(jobs.data, model, batch, steps, shared.num_examples, graphs=True),
+            problem, shared, partial(hogbatch_link, merge="delta"))
         few = _config(jobs.data, model, batch, PROFILED_STEPS, shared.num_examples)
         ours = _profile_counts(lambda: _hetsgd(few, problem, shared,
                                                partial(hogbatch_link, merge="delta")),
@@ -199,8 +207,11 @@ def _measure(section: Section, jobs: Jobs, seconds: float, problem: Problem,
         model, str(batch), precision, f"{plain * 1e3:.3f}",
         "—" if graphed is None else f"{graphed * 1e3:.3f}", f"{replica / plain:.2f}x",
         f"{alone / plain:.2f}x", "—" if graphed is None else f"{replica / graphed:.2f}x",
+        "—" if graphed is None or graphed_replica is None
+        else f"{graphed_replica / graphed:.2f}x",
         "—" if kernels is None else f"{kernels[0]:.0f}, {kernels[1]:.0f}",
         "—" if waits is None else f"{waits[0]:.1f}, {waits[1]:.1f}"])
     section.data[f"{model}_batch{batch}_{precision}"] = {
         "steps": steps, "plain_s": plain, "graphed_s": graphed, "replica_s": replica,
-        "alone_s": alone, "kernels_per_step": kernels, "waits_per_step": waits}
+        "replica_graphed_s": graphed_replica, "alone_s": alone, "kernels_per_step": kernels,
+        "waits_per_step": waits}

@@ -43,9 +43,10 @@ from hetsgd.engines.common.links import LinkFactory, default_link
 from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.counters import CounterRow
 from hetsgd.engines.denormals import flush_denormals
+from hetsgd.engines.graphs import GraphedStep
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
-from hetsgd.model.step import Pending, build_step
+from hetsgd.model.step import Pending, Step, build_step
 from hetsgd.workers import WorkerSpec
 
 # How often a worker reads its latest mini-batch loss: reading it waits for a GPU to finish the
@@ -73,7 +74,11 @@ class Worker:
         module = problem.build_model(cfg.model, cfg.seed).to(self.device)
         self.module = module.train()
         self.link = (link_factory or default_link)(spec, module, state)
-        self.train_step = build_step(cfg.optim.step, self.link.flat, cfg.optim, problem.task)
+        step = build_step(cfg.optim.step, self.link.flat, cfg.optim, problem.task)
+        # an accelerator's whole step as one CUDA graph, where asked; never on the virtual clock,
+        # whose steps land after they compute
+        graphed = cfg.devices.cuda_graphs and spec.accel and not spec.simulated
+        self.train_step: Step = GraphedStep(step, self.device) if graphed else step
         self.batches = Batches(state.data, self.device, cfg.data.shuffle, cfg.seed,
                                cfg.data.on_device,
                                training_augment(cfg.data, problem, cfg.seed, spec.rank),
