@@ -3,7 +3,7 @@
 ``os._exit``, a thread left running) fails the run naming it, through ``hetsgd.run`` too,
 which returns; a worker that exits 0 before its report is named; the config its plan returns
 is checked and recorded; what it reports (batch sizes, times) is checked; what the coordinator
-calls of it is bounded."""
+calls of it is bounded, on the virtual clock too (a link, a rank)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,18 @@ class ExitsInWorker(InPlace):
         os._exit(0)
 
 
+class HangsAtItsSecondLanding(InPlace):
+    """Its worker's first step lands; the second never does."""
+
+    landed = 0
+
+    def after_step(self):
+        self.landed += 1
+        if self.landed == 2:
+            time.sleep(3600)
+        return super().after_step()
+
+
 class ReportsNaN(InPlace):
     def after_step(self):
         super().after_step()
@@ -149,6 +161,8 @@ hangs_in_tick = Namespace(plan=hogwild.plan, hooks=_with(Ticks(lambda c: time.sl
 zero_batch = Namespace(plan=hogwild.plan, hooks=_with(Ticks(_zero)))
 worker_exits_0 = Namespace(plan=hogwild.plan, hooks=lambda plan: SharedMemoryHooks(ExitsInWorker))
 reports_nan = Namespace(plan=hogwild.plan, hooks=lambda plan: SharedMemoryHooks(ReportsNaN))
+hangs_in_link = Namespace(plan=hogwild.plan,
+                          hooks=lambda plan: SharedMemoryHooks(HangsAtItsSecondLanding))
 nan_budget = Namespace(plan=_planned(_nan_budget), hooks=hogwild.hooks)
 replans = Namespace(plan=_planned(_replanned), hooks=hogwild.hooks)
 leaves_a_thread = Namespace(plan=_leaves_a_thread, hooks=hogwild.hooks)
@@ -266,6 +280,34 @@ def test_a_hung_controller_tick_is_bounded(
     _failed(capsys, _run("hangs_in_tick", *SIMULATED, "workers.stall_s=1"),
             f"algo._target_={PACKAGE}.hangs_in_tick: its controller's tick did not return "
             "within workers.stall_s=1 s (raise it if it is only slow)")
+
+
+def test_a_hung_link_on_the_virtual_clock_is_bounded(
+        evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The simulation runs in a thread of its own: the hung call is left behind, and the run
+    (this test) goes on."""
+    result = _run("hangs_in_link", *SIMULATED, "workers.stall_s=1")
+    assert (result.exit_code, result.status) == (1, "failed")
+    assert re.fullmatch(rf"algo\._target_={PACKAGE}\.hangs_in_link: worker \d \((cpu|accel)\)'s "
+                        r"link's after_step or publish did not return within "
+                        r"workers\.stall_s=1 s on the virtual clock \(raise workers\.stall_s if "
+                        r"it is only slow\)", str(result.summary.error)), result.summary.error
+    assert f"hetsgd: error: {result.summary.error} (details in" in capsys.readouterr().err
+
+
+def test_a_hung_rank_on_the_virtual_clock_fails_after_dist_timeout_s(
+        evil: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 hangs before its first exchange; the others wait for it there."""
+    monkeypatch.setenv("EVIL_HUNG", str(tmp_path / "hung"))
+    result = _run("hung_rank", "devices=paper_biased_local", "devices.groups.accel.count=2",
+                  "model=mlp", "budget.seconds=1", "budget.epochs=null", "progress=false",
+                  "dist.timeout_s=1")
+    _failed(capsys, result, f"algo._target_={PACKAGE}.hung_rank: rank 1 (accel) made no "
+                            "progress for dist.timeout_s=1 s on the virtual clock (no step, no "
+                            "exchange; the other ranks waited for it at one): raise "
+                            "dist.timeout_s if it is only slow")
+    assert (tmp_path / "hung").exists()  # it hung where it was meant to
 
 
 @pytest.mark.integration

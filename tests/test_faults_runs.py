@@ -8,6 +8,7 @@ import hashlib
 import logging
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -259,3 +260,64 @@ def test_a_run_that_fills_the_disk_ends_crashed_and_recovers(tmp_path: Path,
     monkeypatch.undo()  # room again
     assert recover(run_dir)["status"] == CRASHED
     assert len(pd.read_csv(run_dir / "convergence.csv")) >= 2
+
+
+# `hetsgd ARGS` in a process whose third snapshot (while it trains) and second evaluation of a
+# snapshot (while it evaluates them) each get a Ctrl-C, as a user's two keystrokes would
+_CTRL_C_TWICE = """
+import os, signal, sys
+from hetsgd.engines.base import EngineBase
+from hetsgd.observe.evaluate import Evaluator
+
+def ctrl_c_at(method, call):
+    calls = []
+    def patched(*args, **kwargs):
+        calls.append(call)
+        if len(calls) == call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return method(*args, **kwargs)
+    return patched
+
+EngineBase._take_snapshot = ctrl_c_at(EngineBase._take_snapshot, 3)
+Evaluator.__call__ = ctrl_c_at(Evaluator.__call__, 2)
+from hetsgd.cli import main
+main()
+"""
+
+
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C as a terminal's command gets it, even where the tests run under nohup."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.integration
+def test_a_second_ctrl_c_during_the_final_evaluation_keeps_the_snapshots_for_recover(
+        results_dir: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_TWICE, "run", "devices=paper_hogbatch_v100",
+         "devices.groups.cpu.count=2", "model=mlp", "budget.seconds=0.05", "budget.epochs=null",
+         "eval.every_s=0.01", "progress=false"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HETSGD_RESULTS": str(results_dir)},
+        preexec_fn=_as_a_terminal_starts_it)
+    run_dir, = (results_dir / "runs").iterdir()
+    why = ("interrupted by the user during the final evaluation; its snapshots are kept: "
+           f"`hetsgd recover {run_dir}` evaluates them")
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines()[-1] == f"hetsgd: {why}" and "Traceback" not in done.stderr
+    assert all(line.startswith("[") for line in done.stdout.splitlines())  # log lines: no table
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["error"], summary.get("final")) == ("interrupted", why, None)
+    kept = _snapshot_files(run_dir)
+    assert len(kept) >= 3 and not (run_dir / "convergence.csv").exists()
+
+    recovered = _hetsgd("recover", str(run_dir))
+    assert recovered.exit_code == 0, recovered.output
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted" and summary["final"]["train_loss"] > 0
+    assert summary["error"].startswith("the run was interrupted during its final evaluation "
+                                       f"after {summary['time_s']:.1f} s of training; these "
+                                       f"results were recovered from the {len(kept)} snapshot(s)")
+    assert len(pd.read_csv(run_dir / "convergence.csv")) == len(kept)
+    assert not (run_dir / SNAPSHOTS).exists()  # evaluated: they went, as a run's do
+    again = _hetsgd("recover", str(run_dir))
+    assert again.exit_code == 1 and "left no snapshot to recover" in again.output

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import track
 
 from hetsgd import algorithms
-from hetsgd.bounded import exits_caught, own_interrupt, stops_marked
+from hetsgd.bounded import Hung, exits_caught, own_interrupt, stops_marked
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.plain import plain
@@ -367,7 +367,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         if own_interrupt(exc):  # files written so far stay; else the code's own end
             attempt.note(status="failed", error=_ended_by_code(cfg, exc))
         else:
-            attempt.note(status="interrupted", error="interrupted by the user")
+            attempt.note(status="interrupted", error=_interrupted(attempt))
+    except Hung as exc:  # the engine named the call that hung; whose code it is, the run knows
+        targets = _targets(cfg)
+        attempt.note(status="failed", error=f"{', '.join(targets)}: {exc}" if targets else str(exc))
     except (UserError, ConfigError) as exc:
         attempt.note(status="failed", error=str(exc))
     except WriteError as exc:  # what is on disk stays: snapshots, counters, utilization
@@ -383,11 +386,25 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
     return attempt.summary
 
 
-def _user_code(cfg: RunConfig | DictConfig) -> str:
+def _interrupted(attempt: _Attempt) -> str:
+    """Why a run a stop signal ended outside training is ``interrupted``. After training (a
+    second Ctrl-C during the final evaluation, the first having stopped training) its snapshots
+    stay on disk, unevaluated: ``hetsgd recover`` evaluates them."""
+    run_dir = attempt.out.path
+    if attempt.trained is None or not any((run_dir / SNAPSHOTS).glob("*.pt")):
+        return "interrupted by the user"
+    return ("interrupted by the user during the final evaluation; its snapshots are kept: "
+            f"`hetsgd recover {run_dir}` evaluates them")
+
+
+def _targets(cfg: RunConfig | DictConfig) -> list[str]:
     """The targets of the user's code a run calls, for a line about what that code did."""
-    targets = [f"{part}._target_={target}" for part in ("algo", "model")
-               if isinstance(target := getattr(getattr(cfg, part), "_target_", None), str)]
-    return ", ".join(targets) or "the run's code"
+    return [f"{part}._target_={target}" for part in ("algo", "model")
+            if isinstance(target := getattr(getattr(cfg, part), "_target_", None), str)]
+
+
+def _user_code(cfg: RunConfig | DictConfig) -> str:
+    return ", ".join(_targets(cfg)) or "the run's code"
 
 
 def _ended_by_code(cfg: RunConfig | DictConfig, exc: BaseException) -> str:
