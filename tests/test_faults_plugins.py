@@ -90,6 +90,7 @@ class HangsAtItsSecondLanding(InPlace):
     def after_step(self):
         self.landed += 1
         if self.landed == 2:
+            Path(os.environ.get("EVIL_HUNG", os.devnull)).touch()
             time.sleep(3600)
         return super().after_step()
 
@@ -357,6 +358,36 @@ def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
     assert "Traceback" not in output, output
     (summary,) = [json.loads(p.read_text()) for p in results_dir.rglob("summary.json")]
     assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by the user")
+
+
+@pytest.mark.integration
+def test_ctrl_c_ends_a_simulation_whose_link_hangs_keeping_its_snapshots(
+        evil: Path, results_dir: Path, tmp_path: Path) -> None:
+    """The simulation does not stop at its next event: it is left behind, and what it took
+    stays for `hetsgd recover`."""
+    hung = tmp_path / "hung"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsgd", "run", "algo=custom",
+         f"algo._target_={PACKAGE}.hangs_in_link", *SIMULATED],
+        env={**os.environ, "EVIL_HUNG": str(hung)}, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=_default_signals)
+    try:
+        while not hung.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, errors = proc.communicate(timeout=120)  # a hang guard, not a measure
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, errors
+    (run_dir,) = (results_dir / "runs").iterdir()
+    why = ("interrupted by the user while it trained; its snapshots are kept: `hetsgd recover "
+           f"{run_dir}` evaluates them")
+    assert errors.splitlines() == [f"hetsgd: {why}"]
+    assert json.loads((run_dir / "summary.json").read_text())["error"] == why
+    recovered = subprocess.run([sys.executable, "-m", "hetsgd", "recover", str(run_dir)],
+                               capture_output=True, text=True, timeout=120)
+    assert recovered.returncode == 0, recovered.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
 
 
 def _default_signals() -> None:

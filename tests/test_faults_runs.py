@@ -317,8 +317,8 @@ def test_a_second_ctrl_c_during_the_final_evaluation_keeps_the_snapshots_for_rec
     assert recovered.exit_code == 0, recovered.output
     summary = read_summary(run_dir)
     assert summary["status"] == "interrupted" and summary["final"]["train_loss"] > 0
-    assert summary["error"].startswith("the run was interrupted during its final evaluation "
-                                       f"after {summary['time_s']:.1f} s of training; these "
+    assert summary["error"].startswith("the run was interrupted before its snapshots were "
+                                       f"evaluated after {summary['time_s']:.1f} s of training; these "
                                        f"results were recovered from the {len(kept)} snapshot(s)")
     assert len(pd.read_csv(run_dir / "convergence.csv")) == len(kept)
     assert not (run_dir / SNAPSHOTS).exists()  # evaluated: they went, as a run's do

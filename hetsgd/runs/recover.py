@@ -3,13 +3,13 @@
 A run whose process was killed (its summary still says ``running`` and names a process that is
 gone, or it has no summary), or that stopped on a full disk (``crashed`` too), left on disk what
 it had measured (:mod:`hetsgd.outputs.journal`): the snapshots it had taken, its workers'
-counters and its utilization samples; so did a run interrupted during its final evaluation (a
-second Ctrl-C). Recovery evaluates every snapshot that can be read as the run would have, into
-``convergence.csv``, and writes the summary with the results up to the last one; a damaged
-snapshot file is named and skipped. The status stays as it was, ``crashed`` or
-``interrupted``: the run did not end by itself, and its time budget was not spent. A custom
-model's factory, which the folder names, is called only when the user names it too
-(:mod:`hetsgd.runs.trust`), and a folder holding a symbolic link is not written into.
+counters and its utilization samples; so did a run interrupted before they were evaluated (a
+second Ctrl-C during its final evaluation). Recovery evaluates every snapshot that can be read
+as the run would have, into ``convergence.csv``, and writes the summary with the results up to
+the last one; a damaged snapshot file is named and skipped. The status stays as it was,
+``crashed`` or ``interrupted``: the run did not end by itself, and its time budget was not
+spent. A custom model's factory, which the folder names, is called only when the user names it
+too (:mod:`hetsgd.runs.trust`), and a folder holding a symbolic link is not written into.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
                      "earlier version) have their time, but no epochs or updates")
         log.warning("%s: %s", run_dir, notes[-1])
     ended = ("was killed or crashed" if summary.status == CRASHED else
-             "was interrupted during its final evaluation")
+             "was interrupted before its snapshots were evaluated")
     summary = replace(summary, coordinator=None, error="; ".join([
         f"the run {ended} after {training.time_s:.1f} s of training; these results were "
         f"recovered from the {len(snapshots)} snapshot(s) it left", *notes]))

@@ -387,14 +387,15 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
 
 
 def _interrupted(attempt: _Attempt) -> str:
-    """Why a run a stop signal ended outside training is ``interrupted``. After training (a
-    second Ctrl-C during the final evaluation, the first having stopped training) its snapshots
-    stay on disk, unevaluated: ``hetsgd recover`` evaluates them."""
+    """Why a run a stop signal ended outside its engine's own stop is ``interrupted``. Snapshots
+    it took stay on disk, unevaluated (a second Ctrl-C during the final evaluation, the first
+    having stopped training; a simulation left behind): ``hetsgd recover`` evaluates them."""
     run_dir = attempt.out.path
-    if attempt.trained is None or not any((run_dir / SNAPSHOTS).glob("*.pt")):
+    if not any((run_dir / SNAPSHOTS).glob("*.pt")):
         return "interrupted by the user"
-    return ("interrupted by the user during the final evaluation; its snapshots are kept: "
-            f"`hetsgd recover {run_dir}` evaluates them")
+    when = "during the final evaluation" if attempt.trained is not None else "while it trained"
+    return (f"interrupted by the user {when}; its snapshots are kept: `hetsgd recover {run_dir}` "
+            "evaluates them")
 
 
 def _targets(cfg: RunConfig | DictConfig) -> list[str]:
