@@ -44,8 +44,11 @@ class Progress:
         doing, limit = self.doing, self.limit_s * self.allowance
         if doing is None or time.monotonic() - self.since <= limit:
             return None
-        return (f"{doing} did not return within {self.key}={limit:g} s on the virtual clock "
-                f"(raise {self.key} if it is only slow)")
+        bound = f"{self.key}={self.limit_s:g} s"
+        if self.allowance != 1:
+            bound = f"{limit:g} s ({self.allowance:g}x {bound}, a first step's)"
+        return (f"{doing} did not return within {bound} on the virtual clock (raise {self.key} "
+                "if it is only slow)")
 
 
 def wait(threads: list[threading.Thread], late: Callable[[], str | None],
@@ -83,7 +86,12 @@ def simulated(call: Callable[[], T], progress: Progress, stop: Callable[[], None
 
     thread = threading.Thread(target=run, name="hetsgd-simulation", daemon=True)
     thread.start()
-    if not wait([thread], progress.late, stop) or not outcome:
+    try:
+        ended = wait([thread], progress.late, stop)
+    except Hung:
+        stop()  # should the hung call return after all, the simulation ends at its next event
+        raise
+    if not ended or not outcome:
         raise Stopped()
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
