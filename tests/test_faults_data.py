@@ -244,6 +244,7 @@ def _table(path: Path, rows: int) -> None:
     frame.to_parquet(path)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's smaps")
 def test_a_parquet_tables_frame_is_released_once_it_is_in_shared_memory(
