@@ -10,10 +10,11 @@ raised by the code, while a Ctrl-C interrupts the wait and stops the run as ever
 the call's duration as a ``SystemExit`` the code raised (:class:`ProcessExit`), as it is for a
 whole run (:func:`exits_caught`, which the runner holds).
 
-What the engines call many times a second in the main thread (a link's steps on the virtual
-clock) cannot each get a thread: there :func:`own_interrupt` tells the code's
-``KeyboardInterrupt`` from a stop signal that arrived (:class:`Stopped`, which the command's
-signal handlers raise).
+What the engines call many times a second (a link's steps on the virtual clock) cannot each
+get a thread: the virtual clock's whole simulation runs in one, watched
+(:mod:`hetsgd.engines.virtual.watch`), which raises :class:`Hung` for what it calls that hangs;
+:func:`own_interrupt` tells the code's ``KeyboardInterrupt`` from a stop signal that arrived
+(:class:`Stopped`, which the command's signal handlers raise).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ T = TypeVar("T")
 class Stopped(KeyboardInterrupt):
     """Ctrl-C, SIGTERM or SIGHUP that arrived, as the command's handlers raise it; a plain
     ``KeyboardInterrupt`` raised in a run by user code is that code's own end."""
+
+
+class Hung(UserError):
+    """Code the engine called that did not return within its bound, where the engine cannot
+    name whose code it is: the runner names the run's own targets (``algo._target_=...``)."""
 
 
 class ProcessExit(SystemExit):

@@ -206,13 +206,15 @@ def plot(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or a
 
 
 @app.command()
-def recover(run_dir: Path = typer.Argument(..., help="A run directory left by a crashed run."),
+def recover(run_dir: Path = typer.Argument(..., help="A run directory left by a crashed run, "
+                                           "or one interrupted during its final evaluation."),
             model_target: list[str] = typer.Option(
                 [], "--model-target", metavar="PKG.FACTORY",
                 help="Call this model factory, which the run's config names (a custom model; "
                      "repeat it for each _target_ the config names): a run folder's own "
                      "targets are never called otherwise.")) -> None:
-    """Evaluate the snapshots a crashed run left into convergence.csv, summary.json and figures."""
+    """Evaluate the snapshots a crashed (or interrupted) run left into convergence.csv,
+    summary.json and figures."""
     from hetsgd.outputs.drawing import draw_figures
     from hetsgd.runs.recover import recover as recover_run
 

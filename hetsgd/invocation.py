@@ -34,7 +34,7 @@ from hetsgd.config.keys import composition_error, missing_config
 from hetsgd.engines.ranks.torchrun import follower
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.observe.contention import warning as contention_warning
-from hetsgd.outputs.safe_text import guard_logging
+from hetsgd.outputs.safe_text import guard_logging, shown
 from hetsgd.outputs.terminal import console, err, print_error, summary_table
 from hetsgd.runs.sweep_dir import settle_sweep_dir
 from hetsgd.train import train
@@ -129,6 +129,9 @@ class _Job:
         if summary.status == "failed":
             invocation.error(f"{summary.error} (details in {summary.run_dir})")
             return math.nan
+        if summary.status == "interrupted" and summary.final is None:  # nothing to tabulate:
+            err.print(f"hetsgd: {shown(summary.error)}", soft_wrap=True)  # it says why
+            raise KeyboardInterrupt
         try:
             console.print(summary_table(summary.to_dict()))
         except Exception as exc:  # noqa: BLE001 - the run's files are written: only the table is lost

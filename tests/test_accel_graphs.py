@@ -116,7 +116,7 @@ def test_the_summary_label_says_whether_steps_replay_and_why_not(
     assert graphs.label(on, simulated, ranks, devices) == expected
 
 
-@pytest.mark.slow
+@pytest.mark.wall
 def test_an_emulated_run_accepts_cuda_graphs_and_records_its_eager_steps(tmp_path: Path) -> None:
     overrides = ("algo=hogbatch", "devices=emulated", "dataset=digits", "model=mlp",
                  "budget.epochs=0.2", "budget.seconds=null", "devices.cuda_graphs=true")

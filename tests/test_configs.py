@@ -98,7 +98,7 @@ def test_every_algo_and_method_composes_the_mix_it_did(overrides: str) -> None:
     assert _devices_choice(overrides.split()) == BEFORE[overrides]
 
 
-@pytest.mark.slow  # tens of compositions
+@pytest.mark.wall  # tens of compositions
 @pytest.mark.usefixtures("hydra_conf")
 def test_every_experiment_job_composes_the_mix_it_did() -> None:
     jobs = sorted(k for k in BEFORE if "+experiment=" in k)

@@ -21,6 +21,7 @@ from hetsgd.config import ConfigError, DistConfig
 from hetsgd.engines.base import TICK_S
 from hetsgd.engines.common.watch import STARVED_S, Watch, ended
 from hetsgd.engines.ranks.group import check_port
+from hetsgd.engines.virtual.watch import Progress
 from hetsgd.errors import UserError
 
 # two workers on any machine (devices=cpu has one per core): the tests wait for both
@@ -199,3 +200,26 @@ def test_a_stopped_coordinator_says_so_and_its_workers_are_not_blamed(results_di
     assert float(re.search(r"not scheduled for ([\d.]+) s", warning).group(1)) >= 4.5
     assert float(re.search(r"the 3 s budget overran by ([\d.]+) s", warning).group(1)) >= 2.0
     assert "not scheduled for" in output
+
+
+def test_a_virtual_call_past_its_bound_is_named_with_the_bound() -> None:
+    """The virtual clock's watch, on a made-up clock: a first step gets 4x the bound, and what
+    the engine does not watch (``None``) is never late."""
+    progress = Progress(2.0, "workers.stall_s")
+    progress.since -= 100.0
+    assert progress.late() is None  # nothing watched yet
+    progress.beat("worker 1 (cpu)'s link's after_step or publish", allowance=4.0)
+    progress.since -= 5.0  # within a first step's 8 s
+    assert progress.late() is None
+    progress.since -= 5.0
+    assert progress.late() == ("worker 1 (cpu)'s link's after_step or publish did not return "
+                               "within 8 s (4x workers.stall_s=2 s, a first step's) on the "
+                               "virtual clock (raise workers.stall_s if it is only slow)")
+    progress.beat("worker 1 (cpu)'s link's publish")
+    progress.since -= 3.0
+    assert progress.late() == ("worker 1 (cpu)'s link's publish did not return within "
+                               "workers.stall_s=2 s on the virtual clock (raise workers.stall_s "
+                               "if it is only slow)")
+    progress.beat(None)
+    progress.since -= 100.0
+    assert progress.late() is None

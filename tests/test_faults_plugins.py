@@ -3,7 +3,7 @@
 ``os._exit``, a thread left running) fails the run naming it, through ``hetsgd.run`` too,
 which returns; a worker that exits 0 before its report is named; the config its plan returns
 is checked and recorded; what it reports (batch sizes, times) is checked; what the coordinator
-calls of it is bounded."""
+calls of it is bounded, on the virtual clock too (a link, a rank)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,20 @@ class ExitsInWorker(InPlace):
         os._exit(0)
 
 
+class HangsAtItsSecondLanding(InPlace):
+    """Its worker's first step lands; the second never does."""
+
+    landed = 0
+
+    def after_step(self):
+        self.landed += 1
+        if self.landed == 2:
+            if "EVIL_HUNG" in os.environ:  # for a test that waits for it to hang
+                Path(os.environ["EVIL_HUNG"]).touch()
+            time.sleep(3600)
+        return super().after_step()
+
+
 class ReportsNaN(InPlace):
     def after_step(self):
         super().after_step()
@@ -149,6 +163,7 @@ hangs_in_tick = Namespace(plan=hogwild.plan, hooks=_with(Ticks(lambda c: time.sl
 zero_batch = Namespace(plan=hogwild.plan, hooks=_with(Ticks(_zero)))
 worker_exits_0 = Namespace(plan=hogwild.plan, hooks=lambda plan: LinkHooks(ExitsInWorker))
 reports_nan = Namespace(plan=hogwild.plan, hooks=lambda plan: LinkHooks(ReportsNaN))
+hangs_in_link = Namespace(plan=hogwild.plan, hooks=lambda plan: LinkHooks(HangsAtItsSecondLanding))
 nan_budget = Namespace(plan=_planned(_nan_budget), hooks=hogwild.hooks)
 replans = Namespace(plan=_planned(_replanned), hooks=hogwild.hooks)
 leaves_a_thread = Namespace(plan=_leaves_a_thread, hooks=hogwild.hooks)
@@ -268,6 +283,34 @@ def test_a_hung_controller_tick_is_bounded(
             "within workers.stall_s=1 s (raise it if it is only slow)")
 
 
+def test_a_hung_link_on_the_virtual_clock_is_bounded(
+        evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The simulation runs in a thread of its own: the hung call is left behind, and the run
+    (this test) goes on."""
+    result = _run("hangs_in_link", *SIMULATED, "workers.stall_s=1")
+    assert (result.exit_code, result.status) == (1, "failed")
+    assert re.fullmatch(rf"algo\._target_={PACKAGE}\.hangs_in_link: worker \d \((cpu|accel)\)'s "
+                        r"link's after_step or publish did not return within "
+                        r"workers\.stall_s=1 s on the virtual clock \(raise workers\.stall_s if "
+                        r"it is only slow\)", str(result.summary.error)), result.summary.error
+    assert f"hetsgd: error: {result.summary.error} (details in" in capsys.readouterr().err
+
+
+def test_a_hung_rank_on_the_virtual_clock_fails_after_dist_timeout_s(
+        evil: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 hangs before its first exchange; the others wait for it there."""
+    monkeypatch.setenv("EVIL_HUNG", str(tmp_path / "hung"))
+    result = _run("hung_rank", "devices=paper_biased_local", "devices.groups.accel.count=2",
+                  "model=mlp", "budget.seconds=1", "budget.epochs=null", "progress=false",
+                  "dist.timeout_s=1")
+    _failed(capsys, result, f"algo._target_={PACKAGE}.hung_rank: rank 1 (accel) made no "
+                            "progress for dist.timeout_s=1 s on the virtual clock (no step, no "
+                            "exchange; the other ranks waited for it at one): raise "
+                            "dist.timeout_s if it is only slow")
+    assert (tmp_path / "hung").exists()  # it hung where it was meant to
+
+
 @pytest.mark.integration
 def test_a_worker_that_exits_0_before_its_report_is_named(
         evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -315,6 +358,36 @@ def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
     assert "Traceback" not in output, output
     (summary,) = [json.loads(p.read_text()) for p in results_dir.rglob("summary.json")]
     assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by the user")
+
+
+@pytest.mark.integration
+def test_ctrl_c_ends_a_simulation_whose_link_hangs_keeping_its_snapshots(
+        evil: Path, results_dir: Path, tmp_path: Path) -> None:
+    """The simulation does not stop at its next event: it is left behind, and what it took
+    stays for `hetsgd recover`."""
+    hung = tmp_path / "hung"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsgd", "run", "algo=custom",
+         f"algo._target_={PACKAGE}.hangs_in_link", *SIMULATED],
+        env={**os.environ, "EVIL_HUNG": str(hung)}, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=_default_signals)
+    try:
+        while not hung.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, errors = proc.communicate(timeout=120)  # a hang guard, not a measure
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, errors
+    (run_dir,) = (results_dir / "runs").iterdir()
+    why = ("interrupted by the user while it trained; its snapshots are kept: `hetsgd recover "
+           f"{run_dir}` evaluates them")
+    assert errors.splitlines() == [f"hetsgd: {why}"]
+    assert json.loads((run_dir / "summary.json").read_text())["error"] == why
+    recovered = subprocess.run([sys.executable, "-m", "hetsgd", "recover", str(run_dir)],
+                               capture_output=True, text=True, timeout=120)
+    assert recovered.returncode == 0, recovered.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
 
 
 def _default_signals() -> None:

@@ -8,9 +8,12 @@ import hashlib
 import logging
 import math
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +23,7 @@ import torch
 import yaml
 from typer.testing import CliRunner, Result
 
+import hetsgd
 from hetsgd.cli import app
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.outputs import journal
@@ -30,7 +34,7 @@ from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, WriteError, wr
 from hetsgd.runs import runner
 from hetsgd.runs.recover import recover
 from hetsgd.workers import WorkerSpec
-from tests.conftest import as_crashed, compose_config
+from tests.conftest import CHECKPOINTED_RUN, as_crashed, compose_config
 
 # every_s past the run's end: its one checkpoint is the one taken as it ends, with every snapshot
 
@@ -259,3 +263,113 @@ def test_a_run_that_fills_the_disk_ends_crashed_and_recovers(tmp_path: Path,
     monkeypatch.undo()  # room again
     assert recover(run_dir)["status"] == CRASHED
     assert len(pd.read_csv(run_dir / "convergence.csv")) >= 2
+
+
+# `hetsgd ARGS` in a process whose third snapshot (while it trains) and second evaluation of a
+# snapshot (while it evaluates them) each get a Ctrl-C, as a user's two keystrokes would
+_CTRL_C_TWICE = """
+import os, signal, sys
+from hetsgd.engines.base import EngineBase
+from hetsgd.observe.evaluate import Evaluator
+
+def ctrl_c_at(method, call):
+    calls = []
+    def patched(*args, **kwargs):
+        calls.append(call)
+        if len(calls) == call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return method(*args, **kwargs)
+    return patched
+
+EngineBase._take_snapshot = ctrl_c_at(EngineBase._take_snapshot, 3)
+Evaluator.__call__ = ctrl_c_at(Evaluator.__call__, 2)
+from hetsgd.cli import main
+main()
+"""
+
+
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C as a terminal's command gets it, even where the tests run under nohup."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.integration
+def test_a_second_ctrl_c_during_the_final_evaluation_keeps_the_snapshots_for_recover(
+        results_dir: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_TWICE, "run", "devices=paper_hogbatch_v100",
+         "devices.groups.cpu.count=2", "model=mlp", "budget.seconds=0.05", "budget.epochs=null",
+         "eval.every_s=0.01", "progress=false"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HETSGD_RESULTS": str(results_dir)},
+        preexec_fn=_as_a_terminal_starts_it)
+    run_dir, = (results_dir / "runs").iterdir()
+    why = ("interrupted by the user during the final evaluation; its snapshots are kept: "
+           f"`hetsgd recover {run_dir}` evaluates them")
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines()[-1] == f"hetsgd: {why}" and "Traceback" not in done.stderr
+    assert all(line.startswith("[") for line in done.stdout.splitlines())  # log lines: no table
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["error"], summary.get("final")) == ("interrupted", why, None)
+    kept = _snapshot_files(run_dir)
+    assert len(kept) >= 3 and not (run_dir / "convergence.csv").exists()
+
+    recovered = _hetsgd("recover", str(run_dir))
+    assert recovered.exit_code == 0, recovered.output
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted" and summary["final"]["train_loss"] > 0
+    assert summary["error"].startswith("the run was interrupted before its snapshots were "
+                                       f"evaluated after {summary['time_s']:.1f} s of training; these "
+                                       f"results were recovered from the {len(kept)} snapshot(s)")
+    assert len(pd.read_csv(run_dir / "convergence.csv")) == len(kept)
+    assert not (run_dir / SNAPSHOTS).exists()  # evaluated: they went, as a run's do
+    again = _hetsgd("recover", str(run_dir))
+    assert again.exit_code == 1 and "left no snapshot to recover" in again.output
+
+
+@pytest.fixture
+def own_model_dir(tmp_path: Path) -> Iterator[Path]:
+    """A user's config dir as docs/own_problem.md has it, ``model/mynet.yaml`` naming a factory
+    of the module ``ownnets``, on sys.path and PYTHONPATH (a rank process imports it)."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "ownnets.py").write_text(
+        "from torch import nn\n\n\ndef mlp(in_features, num_classes, width):\n"
+        "    return nn.Sequential(nn.Linear(in_features, width), nn.ReLU(),\n"
+        "                         nn.Linear(width, num_classes))\n")
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "mynet.yaml").write_text(
+        "defaults: [custom, _self_]\nname: mynet\n_target_: ownnets.mlp\nwidth: 5\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(tmp_path / "code"))
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "code"),
+                                                               os.environ.get("PYTHONPATH")])))
+        yield tmp_path / "conf"
+        sys.modules.pop("ownnets", None)
+
+
+@pytest.mark.integration
+@pytest.mark.wall
+def test_a_run_of_a_users_config_dir_recovers_and_resumes_without_it(
+        own_model_dir: Path, results_dir: Path, tmp_path: Path) -> None:
+    """Both rebuild the run from its recorded config.yaml, which holds every value of
+    ``model=mynet``: no --config-dir is needed, only the factory named."""
+    first = hetsgd.run("--config-dir", str(own_model_dir), "model=mynet",
+                       *(o for o in CHECKPOINTED_RUN if not o.startswith("model=")))
+    assert first.status == "completed", first.summary.error
+    assert first.summary.model == "mynet"
+
+    crashed = tmp_path / "crashed"
+    shutil.copytree(first.run_dir, crashed)
+    as_crashed(crashed)
+    snapshots = _snapshot_files(crashed)
+    recovered = _hetsgd("recover", str(crashed), "--model-target", "ownnets.mlp")
+    assert recovered.exit_code == 0, recovered.output
+    assert read_summary(crashed)["status"] == CRASHED
+    assert len(pd.read_csv(crashed / "convergence.csv")) == len(snapshots) >= 2
+
+    resumed = hetsgd.run(f"resume={first.run_dir}", "model=custom", "model._target_=ownnets.mlp",
+                         "budget.seconds=2", "progress=false")
+    assert resumed.status == "completed", resumed.summary.error
+    assert resumed.run_dir == first.run_dir and resumed.summary.model == "mynet"
+    assert resumed.summary.time_s is not None and resumed.summary.time_s > first.summary.time_s
+    recorded = yaml.safe_load((first.run_dir / "config.yaml").read_text())["model"]
+    assert (recorded["_target_"], recorded["width"]) == ("ownnets.mlp", 5)

@@ -13,8 +13,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import hetsgd
 from hetsgd.config.problem import CustomModelConfig
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.model.problem import Problem
@@ -29,6 +31,16 @@ from torch import nn
 
 def good(in_features, num_outputs):
     return nn.Linear(in_features, num_outputs)
+
+
+def two_classes(in_features, num_classes):  # a binary task's, as torchvision and timm write it
+    if num_classes != 2:
+        raise ValueError(f"num_classes={num_classes}, where a binary task has 2")
+    return nn.Linear(in_features, num_classes)
+
+
+def one_logit(in_features):
+    return nn.Linear(in_features, 1)
 
 
 def exits(in_features, num_outputs):
@@ -199,3 +211,24 @@ def test_a_librarys_own_sigint_under_an_address_limit_is_out_of_memory(limit: st
                           capture_output=True, timeout=60)
     assert done.stdout.split() == [taken_for]
     assert done.stderr.rstrip().endswith("KeyboardInterrupt")
+
+
+@pytest.mark.parametrize("factory", ["two_classes", "one_logit"])
+def test_a_binary_task_trains_a_factory_of_either_width(
+        user_code: Path, results_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        factory: str) -> None:
+    """Labels of two values are a binary task, which hands a factory ``num_classes=2``: its
+    [B, 2] logits train, as [B, 1] do."""
+    monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "data"))
+    monkeypatch.syspath_prepend(str(user_code))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    np.savez(tmp_path / "cells.npz", X=x, y=(x[:, 0] > 0).astype(np.int64))
+    result = hetsgd.run("dataset=files", f"dataset.path={tmp_path / 'cells.npz'}", "model=custom",
+                        f"model._target_=badnets.{factory}", "devices=paper_hogbatch_v100",
+                        "devices.groups.cpu.count=2", "budget.seconds=0.05", "budget.epochs=null",
+                        "progress=false")
+    assert result.status == "completed", result.summary.error
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    final = summary["final"]
+    assert 0 <= final["test_acc"] <= 1 and final["train_loss"] < summary["initial"]["train_loss"]

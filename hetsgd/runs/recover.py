@@ -3,12 +3,13 @@
 A run whose process was killed (its summary still says ``running`` and names a process that is
 gone, or it has no summary), or that stopped on a full disk (``crashed`` too), left on disk what
 it had measured (:mod:`hetsgd.outputs.journal`): the snapshots it had taken, its workers'
-counters and its utilization samples. Recovery evaluates every snapshot that can be read as the
-run would have, into ``convergence.csv``, and writes the summary with the results up to the last
-one; a damaged snapshot file is named and skipped. The status stays ``crashed``: the run did not
-end by itself, and its time budget was not spent. A custom model's factory, which the folder
-names, is called only when the user names it too (:mod:`hetsgd.runs.trust`), and a folder
-holding a symbolic link is not written into.
+counters and its utilization samples; so did a run interrupted before they were evaluated (a
+second Ctrl-C during its final evaluation). Recovery evaluates every snapshot that can be read
+as the run would have, into ``convergence.csv``, and writes the summary with the results up to
+the last one; a damaged snapshot file is named and skipped. The status stays as it was,
+``crashed`` or ``interrupted``: the run did not end by itself, and its time budget was not
+spent. A custom model's factory, which the folder names, is called only when the user names it
+too (:mod:`hetsgd.runs.trust`), and a folder holding a symbolic link is not written into.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from hetsgd.runs.setup import load_run_data
 from hetsgd.runs.trust import check_recorded_overrides, check_targets
 
 log = logging.getLogger("hetsgd")
+# the runs that left snapshots unevaluated: killed, or interrupted during the final evaluation
+RECOVERABLE = (CRASHED, "interrupted")
 
 
 def _rows(frame: pd.DataFrame | None) -> list[dict[str, Any]]:
@@ -67,17 +70,18 @@ def _config(run_dir: Path) -> RunConfig:
 
 
 def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
-    """Evaluate what the crashed run in ``run_dir`` left, write its convergence.csv and summary,
-    and return the summary. ``model_targets``: the model factories the user lets it call (the
-    command's ``--model-target``). A run that is not ``crashed``, or left no snapshot that can
-    be read, is a :class:`UserError` saying so, as is a target not named or a link inside."""
+    """Evaluate what the crashed (or interrupted) run in ``run_dir`` left, write its
+    convergence.csv and summary, and return the summary. ``model_targets``: the model factories
+    the user lets it call (the command's ``--model-target``). A run that is neither ``crashed``
+    nor ``interrupted``, or left no snapshot that can be read, is a :class:`UserError` saying
+    so, as is a target not named or a link inside."""
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
         raise UserError(f"{run_dir} is not a run directory")
     summary = RunSummary.read(run_dir)
-    if summary.status != CRASHED:
-        raise UserError(f"{run_dir} did not crash (status: {summary.status}): nothing to "
-                        "recover")
+    if summary.status not in RECOVERABLE:
+        raise UserError(f"{run_dir} did not crash and was not interrupted (status: "
+                        f"{summary.status}): nothing to recover")
     skipped: list[UnreadableFile] = []
 
     def skip(err: UnreadableFile) -> None:
@@ -88,13 +92,13 @@ def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
     snapshots = [] if workers is None else read_snapshots(run_dir, skip, len(workers))
     if not snapshots or workers is None:
         why = (f"{len(skipped)} snapshot file(s) cannot be read" if skipped else
-               "it crashed before training started, or was recovered already")
+               f"it was {summary.status} before training started, or was evaluated already")
         raise UserError(f"{run_dir} left no snapshot to recover: {why}")
     cfg = _config(run_dir)
     check_targets(cfg, run_dir, model_targets, "pass --model-target {}", calls_algorithm=False)
     check_no_links(run_dir, f"cannot recover {run_dir}")
     data = load_run_data(cfg, progress=cfg.progress)
-    training = Training(status=CRASHED, time_s=snapshots[-1].time_s, snapshots=snapshots,
+    training = Training(status=summary.status, time_s=snapshots[-1].time_s, snapshots=snapshots,
                         utilization=_rows(load_csv(run_dir, "utilization")))
     out = RunDirectory(run_dir)
     notes = [f"{len(skipped)} unreadable one(s) skipped: "
@@ -103,9 +107,11 @@ def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
         notes.append(f"{timed_only} without their row in {SNAPSHOTS}/{INDEX} (files from an "
                      "earlier version) have their time, but no epochs or updates")
         log.warning("%s: %s", run_dir, notes[-1])
+    ended = ("was killed or crashed" if summary.status == CRASHED else
+             "was interrupted before its snapshots were evaluated")
     summary = replace(summary, coordinator=None, error="; ".join([
-        f"the run was killed or crashed after {training.time_s:.1f} s of training; these "
-        f"results were recovered from the {len(snapshots)} snapshot(s) it left", *notes]))
+        f"the run {ended} after {training.time_s:.1f} s of training; these results were "
+        f"recovered from the {len(snapshots)} snapshot(s) it left", *notes]))
     written = evaluate(out, cfg, data, training, _rows(workers), summary).to_dict()
     out.write_summary(written)
     if not cfg.eval.keep_snapshots:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hetsgd import algorithms
 from hetsgd.algorithms.base import Plan
-from hetsgd.bounded import exits_caught, own_interrupt, stops_marked
+from hetsgd.bounded import Hung, exits_caught, own_interrupt, stops_marked
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.plain import plain
@@ -142,7 +142,7 @@ def _planned(attempt: _Attempt, cfg: RunConfig, resolved_config: Any) -> tuple[P
     attempt.note(plan=plan.settled, mix=_mix(specs), launch=Launch.of(torchrun(), len(specs)))
     hooks = algorithm.hooks(plan)
     attempt.note(cuda_graphs=graphs.label(
-        cfg.devices.cuda_graphs, cfg.devices.simulated, isinstance(hooks, DistributedHooks),
+        cfg.devices.cuda_graphs, cfg.devices.simulated, isinstance(hooks, RankLoopHooks),
         [torch.device(spec.device) for spec in specs if spec.accel]))
     if torchrun() is not None:  # global rank 0: the other ranks take this plan
         check_distributed(cfg.algo.name, isinstance(hooks, RankLoopHooks))
@@ -301,7 +301,10 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         if own_interrupt(exc):  # files written so far stay; else the code's own end
             attempt.note(status="failed", error=_ended_by_code(cfg, exc))
         else:
-            attempt.note(status="interrupted", error="interrupted by the user")
+            attempt.note(status="interrupted", error=_interrupted(attempt))
+    except Hung as exc:  # the engine named the call that hung; whose code it is, the run knows
+        targets = _targets(cfg)
+        attempt.note(status="failed", error=f"{', '.join(targets)}: {exc}" if targets else str(exc))
     except (UserError, ConfigError) as exc:
         attempt.note(status="failed", error=str(exc))
     except WriteError as exc:  # what is on disk stays: snapshots, counters, utilization
@@ -317,11 +320,26 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
     return attempt.summary
 
 
-def _user_code(cfg: RunConfig | DictConfig) -> str:
+def _interrupted(attempt: _Attempt) -> str:
+    """Why a run a stop signal ended outside its engine's own stop is ``interrupted``. Snapshots
+    it took stay on disk, unevaluated (a second Ctrl-C during the final evaluation, the first
+    having stopped training; a simulation left behind): ``hetsgd recover`` evaluates them."""
+    run_dir = attempt.out.path
+    if not any((run_dir / SNAPSHOTS).glob("*.pt")):
+        return "interrupted by the user"
+    when = "during the final evaluation" if attempt.trained is not None else "while it trained"
+    return (f"interrupted by the user {when}; its snapshots are kept: `hetsgd recover {run_dir}` "
+            "evaluates them")
+
+
+def _targets(cfg: RunConfig | DictConfig) -> list[str]:
     """The targets of the user's code a run calls, for a line about what that code did."""
-    targets = [f"{part}._target_={target}" for part in ("algo", "model")
-               if isinstance(target := getattr(getattr(cfg, part), "_target_", None), str)]
-    return ", ".join(targets) or "the run's code"
+    return [f"{part}._target_={target}" for part in ("algo", "model")
+            if isinstance(target := getattr(getattr(cfg, part), "_target_", None), str)]
+
+
+def _user_code(cfg: RunConfig | DictConfig) -> str:
+    return ", ".join(_targets(cfg)) or "the run's code"
 
 
 def _ended_by_code(cfg: RunConfig | DictConfig, exc: BaseException) -> str:

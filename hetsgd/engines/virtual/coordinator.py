@@ -24,6 +24,10 @@ checked, at the landing's time; every ``TICK_S`` of virtual time the periodic du
 controller, progress, utilization samples) run before the events that follow, as the real
 coordinator's loop runs them. Nothing reads a wall clock, so the same seed
 and config give the same results, bit for bit.
+
+The events run in a thread of their own (:mod:`.watch`): a step (a link's call, the model's)
+that does not return within ``workers.stall_s`` fails the run naming the worker and the call,
+as a worker process that makes no progress does; a Ctrl-C stops the run at the next event.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ import math
 import threading
 from dataclasses import dataclass
 
-from hetsgd.bounded import own_interrupt
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.common.links import LinkFactory
@@ -46,6 +49,7 @@ from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.mix import simulated_math
 from hetsgd.engines.virtual.profiles import DeviceProfile
 from hetsgd.engines.virtual.step_times import step_times
+from hetsgd.engines.virtual.watch import FIRST_STEP_ALLOWANCE, Progress, simulated
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending
@@ -82,13 +86,26 @@ class VirtualCoordinator(EngineBase):
         self.landed = 0  # updates landed so far, every worker's
         self.stale: list[tuple[int, int]] = [(0, 0)] * len(specs)  # each worker's sum and max
         self.busy = BusyTime(specs)
+        self.progress = Progress(cfg.workers.stall_s, "workers.stall_s")
+        self.interrupted = False  # a stop signal arrived: the events stop at the next one
 
     def run(self, monitor_factory: MonitorFactory) -> Training:
         """Train on the virtual clock. ``monitor_factory`` is not used: utilization is each
         device's virtual busy share (:mod:`.busy`)."""
-        with simulated_math(self.cfg, self.specs):
-            training = self._simulate()
+        with simulated_math(self.cfg, self.specs):  # the simulation's thread inherits its mode
+            training = simulated(self._simulate, self.progress, self._interrupt)
         return self._finish(training)
+
+    def _interrupt(self) -> None:
+        self.interrupted = True
+        self.state.signals.stop.set()
+
+    def _calling(self, rank: int, call: str) -> None:
+        """Worker ``rank`` is in ``call`` (its first step allowed more, as a process's is)."""
+        spec = self.specs[rank]
+        first = self.rows[rank]["updates"] == 0
+        self.progress.beat(f"worker {rank} ({spec.group})'s {call}",
+                           FIRST_STEP_ALLOWANCE if first else 1.0)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -99,7 +116,9 @@ class VirtualCoordinator(EngineBase):
             return
         epoch, start, size = claim
         worker = self.workers[rank]
+        self._calling(rank, "link's before_step or the step's computation")
         pending, _ = worker.begin(epoch, start, size)
+        self.progress.beat(None)
         compute, copies = self.times[rank].step(size, worker.link.COPIES_PER_STEP)
         computing = time_s + copies / 2  # half the copies come before the batch
         self.busy.compute(rank, computing, computing + compute)
@@ -111,8 +130,10 @@ class VirtualCoordinator(EngineBase):
     def _land(self, rank: int) -> int:
         """Worker ``rank``'s step in flight lands; returns its examples."""
         step = self.in_flight.pop(rank)
+        self._calling(rank, "link's after_step or publish")
         self.workers[rank].end(step.pending)
         self.workers[rank].link.publish()  # the merge lands at the step's virtual end
+        self.progress.beat(None)
         row = self.rows[rank]
         row.step(step.size, step.compute_s, 0.0, step.copy_s, step.copy_s / 2)  # half in
         stale, (total, largest) = self.landed - step.landed_before, self.stale[rank]
@@ -131,8 +152,10 @@ class VirtualCoordinator(EngineBase):
         self._duties(time_s)
 
     def _snapshot(self, time_s: float, snapshots: Snapshots) -> None:
-        for worker in self.workers:  # a resident replica copies itself in
+        for rank, worker in enumerate(self.workers):  # a resident replica copies itself in
+            self._calling(rank, "link's publish")
             worker.link.publish()
+        self.progress.beat(None)
         self._take_snapshot(time_s, snapshots)
 
     # -- the run -----------------------------------------------------------------------------
@@ -153,7 +176,7 @@ class VirtualCoordinator(EngineBase):
             self._take_snapshot(0.0, snapshots)
             for spec in self.specs:
                 self._start(spec.rank, 0.0)
-            while self.events:
+            while self.events and not self.interrupted:
                 landing, rank = heapq.heappop(self.events)
                 while (tick := ticks * TICK_S) <= landing:
                     self._tick(tick, utilization)
@@ -168,9 +191,7 @@ class VirtualCoordinator(EngineBase):
                     self._start(rank, now)
         except Diverged as exc:
             training.status, training.error = "diverged", str(exc)
-        except KeyboardInterrupt as exc:  # Ctrl-C: keep what was simulated
-            if own_interrupt(exc):  # the user's code's own (a model's forward): it failed
-                raise
+        if self.interrupted:  # a stop signal (:meth:`_interrupt`): keep what was simulated
             training.status, training.error = "interrupted", "interrupted by the user"
         stop.set()
         training.time_s = now

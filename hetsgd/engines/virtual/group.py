@@ -71,6 +71,9 @@ class Meeting:
         self.result: torch.Tensor | None = None
         self.barrier = threading.Barrier(world, action=self._reduce)
         self.go = threading.Barrier(world, action=self._start_clocks)
+        self.started = False  # every rank is set up: training has begun
+        self.meetings = 0  # how many collectives have ended
+        self.waiting: set[int] = set()  # the ranks waiting at the barrier now
         # ring all-reduce: 2 (W - 1) / W copies of the model over the slowest link
         self.ring_s = 2 * (world - 1) / world * max(clock.times.copy_s() for clock in clocks)
 
@@ -89,6 +92,7 @@ class Meeting:
                 + self._model_s() * max(1.0, nbytes / max(self.model_bytes, 1)))
         for clock in self.clocks:
             clock.time = ends
+        self.meetings += 1
         self.on_meeting(ends)
 
     def _model_s(self) -> float:
@@ -103,6 +107,7 @@ class Meeting:
     def _start_clocks(self) -> None:
         for clock in self.clocks:
             clock.time = 0.0
+        self.started = True
 
     def start(self) -> None:
         """Every rank is set up: training starts, at time 0 on every clock (the collectives of
@@ -135,10 +140,13 @@ class VirtualGroup(Group):
         meeting = self.meeting
         meeting.slots[self.rank] = tensor.detach().to("cpu")
         meeting.op = op
+        meeting.waiting.add(self.rank)
         try:
             meeting.barrier.wait()
         except threading.BrokenBarrierError:
             raise RankLost(f"rank {self.rank}: another simulated rank failed") from None
+        finally:
+            meeting.waiting.discard(self.rank)
         assert meeting.result is not None
         tensor.copy_(meeting.result)
         return tensor

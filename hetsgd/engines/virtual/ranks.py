@@ -5,7 +5,10 @@ The coordinator's duties run at the meetings, while every rank waits: a snapshot
 when one is due (rank 0 writes the master after each exchange, so at a meeting the master holds
 the model of the previous one, and the snapshot carries that one's time), utilization samples and
 progress. A rank that fails releases the others from the barrier; the run then fails with the
-first rank's error, as a real run does.
+first rank's error, as a real run does. The ranks' threads are watched (:mod:`.watch`): once
+training has started, ranks that neither step nor meet for ``dist.timeout_s`` (one hung in the
+algorithm's code, the others waiting for it at an exchange) fail the run naming the hung ones,
+as a real collective's timeout does; a Ctrl-C stops them at their next exchange.
 """
 
 from __future__ import annotations
@@ -25,12 +28,10 @@ from hetsgd.engines.virtual.group import Meeting, VirtualClock, VirtualGroup
 from hetsgd.engines.virtual.mix import simulated_math
 from hetsgd.engines.virtual.profiles import DeviceProfile
 from hetsgd.engines.virtual.step_times import step_times
+from hetsgd.engines.virtual.watch import wait
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
-
-JOIN_POLL_S = 0.1  # how often the coordinator's thread wakes while the ranks train (Ctrl-C)
-STOP_GRACE_S = 5.0  # how long ranks have to stop at their next exchange after Ctrl-C
 
 
 class VirtualRanks(EngineBase):
@@ -52,6 +53,8 @@ class VirtualRanks(EngineBase):
         self.snapshots = self._new_snapshots()
         self.utilization: list[dict] = []
         self.previous_meeting = 0.0  # the time of the model the master holds
+        self.seen: tuple[float, ...] = ()  # the meetings and clocks when last seen to move
+        self.seen_at = time.monotonic()
 
     # -- at every meeting --------------------------------------------------------------------
 
@@ -98,7 +101,12 @@ class VirtualRanks(EngineBase):
         with simulated_math(self.cfg, self.specs):  # the rank threads inherit its float mode
             for thread in ranks:
                 thread.start()
-            self._join(ranks, training)
+            ended = False
+            try:
+                ended = wait(ranks, self._late, lambda: self._stop(training))
+            finally:  # ranks left behind, hung or waiting for one: released from the barriers
+                if not ended:  # (daemon threads, they end with the process)
+                    self.meeting.abort()
         self._raise_failure(training)
         training.time_s = max(clock.time for clock in self.meeting.clocks)
         self._snapshot(training.time_s)
@@ -110,32 +118,33 @@ class VirtualRanks(EngineBase):
             training.extra = self.setup_summary(self.specs, setup)
         return training
 
-    def _join(self, ranks: list[threading.Thread], training: Training) -> None:
-        """Wait for the ranks. Ctrl-C (or SIGTERM) stops them at their next exchange, keeping
-        what ran; ranks that have not stopped within ``STOP_GRACE_S`` of it (one hung in the
-        user's code, the others waiting for it at a barrier), or at a second one, are released
-        from the barriers and left behind: daemon threads, they end with the process."""
-        stopping: float | None = None
-        for thread in ranks:
-            while thread.is_alive():
-                try:
-                    thread.join(JOIN_POLL_S)
-                    if stopping is not None and time.monotonic() - stopping > STOP_GRACE_S:
-                        self.meeting.abort()
-                        return
-                except KeyboardInterrupt:
-                    if stopping is not None:
-                        self.meeting.abort()
-                        return
-                    training.status, training.error = "interrupted", "interrupted by the user"
-                    self.state.signals.stop.set()
-                    stopping = time.monotonic()
+    def _stop(self, training: Training) -> None:
+        """A stop signal: the ranks stop at their next exchange, keeping what ran."""
+        training.status, training.error = "interrupted", "interrupted by the user"
+        self.state.signals.stop.set()
+
+    def _late(self) -> str | None:
+        """Once training has started, the ranks hung (not waiting at an exchange) when none
+        has stepped or met for ``dist.timeout_s``; None while they move."""
+        meeting, now = self.meeting, time.monotonic()
+        seen = (meeting.meetings, *(clock.time for clock in meeting.clocks))
+        if seen != self.seen or not meeting.started:
+            self.seen, self.seen_at = seen, now
+            return None
+        limit = self.cfg.dist.timeout_s
+        if now - self.seen_at <= limit:
+            return None
+        hung = [f"rank {spec.rank} ({spec.group})" for spec in self.specs
+                if spec.rank not in meeting.waiting]
+        return (f"{', '.join(hung)} made no progress for dist.timeout_s={limit:g} s on the "
+                "virtual clock (no step, no exchange; the other ranks waited for it at one): "
+                "raise dist.timeout_s if it is only slow")
 
     def _raise_failure(self, training: Training) -> None:
         """Divergence ends the run as diverged; any other failure is raised, the first rank's
         own error rather than the others' release from the barrier."""
         if not self.errors or (training.status == "interrupted" and all(
-                isinstance(e, RankLost) for e in self.errors.values())):  # released by _join
+                isinstance(e, RankLost) for e in self.errors.values())):  # released after a stop
             return
         first = next((e for e in self.errors.values() if not isinstance(e, RankLost)),
                      next(iter(self.errors.values())))
