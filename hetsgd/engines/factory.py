@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Protocol
 
-from hetsgd.config import RunConfig
+from hetsgd.config import LocalSGDConfig, RunConfig, TorchOptimConfig
 from hetsgd.engines.async_shared.process import worker_process
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.common.coordinator import Coordinator
@@ -19,6 +19,7 @@ from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.errors import UserError
+from hetsgd.model.optimizer import check_optimizers
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
 
@@ -34,12 +35,27 @@ class Planned(Protocol):
     def workers(self) -> list[WorkerSpec]: ...
 
 
+def check_optimizer(cfg: RunConfig, hooks: Hooks, workers: int) -> None:
+    """A torch optimizer where the engine can use it, its classes and arguments checked once
+    here: ranks (each its own optimizer on its own replica) and a lone worker take one; several
+    workers updating one shared model lock-free (Hogwild, Hogbatch) do not, since each worker's
+    optimizer state (Adam's moments) would follow a model that the others change under it."""
+    if isinstance(cfg.optim, TorchOptimConfig) and workers > 1 \
+            and not isinstance(hooks, DistributedHooks):
+        raise UserError(f"optim=torch: algo={cfg.algo.name} has {workers} workers update one "
+                        "shared model lock-free, which no per-worker optimizer state can follow; "
+                        "use optim=sgd, or an algorithm on ranks (sync, local_sgd)")
+    check_optimizers(cfg.optim, cfg.algo.outer_optimizer
+                     if isinstance(cfg.algo, LocalSGDConfig) else None)
+
+
 def build_engine(plan: Planned, hooks: Hooks, problem: Problem, data: SharedData,
                  master: SharedMaster, on_tick: OnTick | None, journal: Journal | None = None,
                  resume: Checkpoint | None = None) -> Engine:
     """The engine that runs ``plan``'s workers with ``hooks``, keeping what it measures in
     ``journal`` as it goes, from ``resume`` if given."""
     cfg, workers = plan.cfg, plan.workers
+    check_optimizer(cfg, hooks, len(workers))
     if cfg.devices.simulated:
         if resume is not None or cfg.checkpoint.every_s is not None:
             raise UserError("checkpoints are not supported on simulated mixes (a simulated run "

@@ -245,7 +245,7 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         features=data.features,
         classes=None if data.class_names is None else list(data.class_names),  # sorted, numbered
         # which step the workers take: fused only where it computes the model's own forward
-        plan={**plan.settled, "step": resolved_step(model, cfg.optim.step)})
+        plan={**plan.settled, "step": resolved_step(model, cfg.optim.step, cfg.optim)})
     out.write_summary(replace(attempt.summary, coordinator=running).to_dict())  # for recovery
     with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
           RunJournal(out, specs) as journal):
