@@ -32,13 +32,15 @@ class WorkerState:
     checkpoint: examples handed out by the epoch cursor (sync) or rounds done (local SGD)."""
 
     position: int
-    time: float  # time.perf_counter() when taken: one clock for every process of a machine
+    time: float  # when taken: time.perf_counter() (one clock for every process of a machine),
+    # or a virtual clock's time
     counters: torch.Tensor  # the worker's row of COUNTERS
     momentum: torch.Tensor | None  # plain SGD's flat momentum buffer
     rng: dict[str, torch.Tensor]  # torch's CPU stream, the device's, the augmentation's
     loop: dict[str, Any] = field(default_factory=dict)  # the algorithm's own state
     model: tuple[torch.Tensor, torch.Tensor] | None = None  # (params, buffers), from its holder
     optimizer: dict[str, Any] = field(default_factory=dict)  # a torch optimizer's and scheduler's
+    clock: dict[str, Any] = field(default_factory=dict)  # a rank's virtual clock
 
     def __post_init__(self) -> None:
         # a checkpoint written before the later counters existed: they start from 0

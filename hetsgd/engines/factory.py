@@ -57,14 +57,15 @@ def build_engine(plan: Planned, hooks: Hooks, problem: Problem, data: SharedData
     cfg, workers = plan.cfg, plan.workers
     check_optimizer(cfg, hooks, len(workers))
     if cfg.devices.simulated:
-        if resume is not None or cfg.checkpoint.every_s is not None:
-            raise UserError("checkpoints are not supported on simulated mixes (a simulated run "
-                            "is deterministic: run it again instead): set checkpoint.every_s=null, "
-                            "without resume")
         profiles = profiles_for(cfg, workers, problem)
         if isinstance(hooks, DistributedHooks):
             return VirtualRanks(cfg, workers, problem, data, master, on_tick, hooks.loop,
-                                hooks.setup_summary, profiles, journal)
+                                hooks.setup_summary, profiles, journal, resume)
+        if resume is not None or cfg.checkpoint.every_s is not None:
+            raise UserError("checkpoints on a simulated mix are taken for methods on ranks (sync "
+                            "on several workers, local_sgd, a rank loop of your own), not for "
+                            "workers on one shared model (a simulated run is deterministic: run "
+                            "it again instead): set checkpoint.every_s=null, without resume")
         return VirtualCoordinator(cfg, workers, problem, data, master, on_tick, hooks.link,
                                   hooks.controller, profiles, journal)
     if isinstance(hooks, DistributedHooks):

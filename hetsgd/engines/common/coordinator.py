@@ -34,7 +34,6 @@ from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.common.links import UNANSWERED_STEPS
 from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.common.watch import Watch, cpu_s, ended
-from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.processes import (
     LOST_TO_FORKSERVER,
     context,
@@ -42,7 +41,6 @@ from hetsgd.engines.processes import (
     settle,
     start_deadline,
 )
-from hetsgd.engines.snapshots import Snapshots
 from hetsgd.engines.training import Controller, Journal, MonitorFactory, OnTick, Training
 from hetsgd.model.problem import Problem
 from hetsgd.workers import WorkerSpec
@@ -94,7 +92,6 @@ class Coordinator(EngineBase):
         super().__init__(cfg, specs, problem, data, master, on_tick, controller, journal,
                          self.ctx)
         self.target, self.resume = target, resume
-        self._parts: dict[int, dict[int, WorkerState]] = {}  # by position, then rank
         self.reports = self.ctx.Queue()
         # Accelerator workers keep replicas of their own: the master holds their latest steps
         # only once they answered a publish request (see Signals).
@@ -135,31 +132,6 @@ class Coordinator(EngineBase):
         return {}
 
     # -- checkpoints -------------------------------------------------------------------------
-
-    def _receive_part(self, rank: int, data: bytes) -> None:
-        part = WorkerState.from_bytes(data)
-        self._parts.setdefault(part.position, {})[rank] = part
-
-    def _write_checkpoints(self, t0: float, snapshots: Snapshots) -> None:
-        """Assemble every position that all workers have sent their part of, for the journal."""
-        world = len(self.state.counters.table)
-        for position in [p for p, parts in self._parts.items() if len(parts) == world]:
-            parts = self._parts.pop(position)
-            checkpoint = Checkpoint.assemble([parts[rank] for rank in range(world)], t0,
-                                             snapshots.items,
-                                             (snapshots.every_s, snapshots.every_epochs))
-            if self.journal is not None:
-                self.journal.checkpoint(checkpoint)
-
-    def _resume_snapshots(self, t0: float, snapshots: Snapshots) -> None:
-        """The snapshots the checkpoint kept come first, at the spacing they had reached."""
-        assert self.resume is not None
-        counters = [dict(zip(COUNTERS, row.tolist())) for row in self.resume.counters]
-        for snapshot in self.resume.snapshots:
-            snapshots.add(snapshot, snapshot.examples / self.state.data.num_examples)
-            if self.journal is not None:
-                self.journal.snapshot(snapshot, counters)
-        snapshots.every_s, snapshots.every_epochs = self.resume.snapshot_spacing
 
     def _start(self, procs: list) -> dict[int, str]:
         """Start the workers with SIGINT and SIGHUP blocked, which they inherit through fork and
@@ -215,7 +187,7 @@ class Coordinator(EngineBase):
             t0 = time.perf_counter() - (self.resume.time_s if self.resume is not None else 0.0)
             monitor.set_time_origin(t0)
             if self.resume is not None:
-                self._resume_snapshots(t0, snapshots)
+                self._resume_snapshots(self.resume, snapshots)
             self._take_snapshot(time.perf_counter() - t0, snapshots)
             last_request = time.perf_counter()
             signals.go.set()
@@ -381,7 +353,7 @@ class Coordinator(EngineBase):
                 if topic == "ready":
                     ready.add(rank)
                 elif topic == "checkpoint":
-                    self._receive_part(rank, message)
+                    self._receive_part(rank, WorkerState.from_bytes(message))
                 else:
                     finished[rank] = (topic, message)
                     if topic != "done":

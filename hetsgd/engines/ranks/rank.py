@@ -21,7 +21,6 @@ process entry (:mod:`~.process`) runs it, so this module knows no loop and no al
 from __future__ import annotations
 
 import math
-import time
 from functools import partial
 from typing import Any, TypeVar, overload
 
@@ -179,6 +178,8 @@ class Rank:
             momentum.copy_(self.restored.momentum)
         if self.restored.optimizer:
             self.optimizer.load_state_dict(self.restored.optimizer)
+        if self.restored.clock:
+            self.clock.load_state_dict(self.restored.clock)
         self.ledger.row.copy_(self.restored.counters)
         restore_rng(self.restored.rng, self.device, self.augment)
 
@@ -191,10 +192,10 @@ class Rank:
         if self.spec.rank == 0:
             model = (cpu_copy(self.flat.params), cpu_copy(self.flat.buffers))
         momentum = self.optimizer.momentum_buffer
-        return WorkerState(position, time.perf_counter(), cpu_copy(self.ledger.row),
+        return WorkerState(position, self.clock.now(), cpu_copy(self.ledger.row),
                            None if momentum is None else cpu_copy(momentum),
                            rng_state(self.device, self.augment), loop, model,
-                           self.optimizer.state_dict())
+                           self.optimizer.state_dict(), self.clock.state_dict())
 
     def write_master(self) -> None:
         """Rank 0: the current model into the coordinator's master (a snapshot may land during
