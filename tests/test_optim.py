@@ -16,10 +16,12 @@ from test_own_method import package  # noqa: F401 - the page's package, a fixtur
 
 import hetsgd
 from hetsgd.config import SGDConfig, Target, TorchOptimConfig
+from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.optimizer import OuterOptimizer, check_optimizers
 from hetsgd.model.step import AutogradStep, FusedMlpStep, build_step
+from hetsgd.outputs import journal
 from hetsgd.outputs.index import read_summary
 
 ADAMW = ("optim=torch", "optim._target_=torch.optim.AdamW", "optim.lr=0.01",
@@ -172,7 +174,7 @@ def test_a_lone_worker_trains_with_adamw(results_dir: Path) -> None:
                         "progress=false")
     assert result.exit_code == 0, result.summary.error
     summary = result.summary.to_dict()
-    assert summary["step"] == "autograd"
+    assert summary["plan"]["step"] == "autograd"  # no fused step for AdamW
     assert summary["final"]["train_loss"] < 0.5 * summary["initial"]["train_loss"]
 
 
@@ -182,8 +184,9 @@ def test_diloco_with_adamw_inside_and_nesterov_outside_resumes_as_a_straight_run
     """Issue 46's check, on two gloo ranks: AdamW's moments and step counts (each rank's own),
     the outer model and its Nesterov momentum all go into the checkpoint; without any of them
     the resumed rounds would differ."""
-    diloco = ("algo=custom", "algo._target_=mymethods.diloco", *ADAMW)
-    run = (*diloco, "+algo.tau=3", "+algo.outer_lr=0.7", "+algo.outer_momentum=0.9",
+    diloco = ("algo=custom", "algo._target_=mymethods.diloco")
+    run = (*diloco, *ADAMW, "optim.lr=0.001", "+algo.tau=3", "+algo.outer_lr=0.7",
+           "+algo.outer_momentum=0.9",
            "dataset=digits", "model=mlp", "devices=cpu", "devices.groups.cpu.count=2",
            "devices.groups.cpu.batch_size=16", "checkpoint.every_s=600", "progress=false")
     straight = _new_run(*run, "budget.epochs=2")
@@ -195,15 +198,25 @@ def test_diloco_with_adamw_inside_and_nesterov_outside_resumes_as_a_straight_run
 
 
 def test_diloco_with_adamw_inside_and_nesterov_outside_resumes_on_the_virtual_clock(
-        package: Path, results_dir: Path) -> None:  # noqa: F811 - the fixture imported above
+        package: Path, results_dir: Path,  # noqa: F811 - the fixture imported above
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The same on three simulated ranks of the biased local SGD paper's machine (a V100 and two
     CPU sockets, their step times jittered): the clocks, and the jitter's streams, continue
     from the checkpoint's virtual time; a request every 0.001 virtual s checkpoints mid-run."""
-    diloco = ("algo=custom", "algo._target_=mymethods.diloco", *ADAMW)
-    run = (*diloco, "+algo.tau=3", "devices=paper_biased_local", "devices.groups.accel.count=1",
-           "model=mlp", "budget.seconds=null", "eval.every_s=100", "eval.every_epochs=null",
-           "checkpoint.every_s=0.001", "progress=false")
+    diloco = ("algo=custom", "algo._target_=mymethods.diloco")
+    run = (*diloco, *ADAMW, "optim.lr=0.001", "+algo.tau=3", "devices=paper_biased_local",
+           "devices.groups.accel.count=1", "model=mlp", "budget.seconds=null", "eval.every_s=100",
+           "eval.every_epochs=null", "checkpoint.every_s=0.001", "progress=false")
+    written: list[float] = []
+    write = journal.write_checkpoint
+
+    def counted(run_dir: Path, checkpoint: Checkpoint) -> None:
+        written.append(checkpoint.time_s)
+        write(run_dir, checkpoint)
+
+    monkeypatch.setattr(journal, "write_checkpoint", counted)
     straight = _new_run(*run, "budget.epochs=2")
+    assert len(written) >= 2 and written == sorted(set(written))  # mid-run, then the final
     first = _new_run(*run, "budget.epochs=1")
     checkpointed = _final_model(first)
     assert _new_run(f"resume={first}", *diloco, "budget.epochs=2", "progress=false") == first
