@@ -12,6 +12,8 @@ import pytest
 import torch
 from conftest import run_config
 from test_checkpoint import _final_model, _new_run
+from test_cli_basics import errors
+from test_cli_basics import hetsgd as hetsgd_command
 from test_own_method import package  # noqa: F401 - the page's package, a fixture
 
 import hetsgd
@@ -159,6 +161,21 @@ def test_a_wrong_class_or_argument_is_one_line(optim: tuple[str, ...], outer: di
         check_optimizers(run_config(*optim).optim,
                          None if outer is None else Target.parse("algo.outer", outer))
     assert str(raised.value).startswith(line) and "\n" not in str(raised.value)
+
+
+@pytest.mark.integration
+def test_a_wrong_argument_on_the_command_line_is_one_line_in_a_dry_run_and_a_run(
+        results_dir: Path) -> None:
+    bad = ("optim=torch", "optim._target_=torch.optim.AdamW", "+optim.momentum=0.9")
+    line = ("hetsgd: error: optim._target_=torch.optim.AdamW: building it raised TypeError: "
+            "AdamW.__init__() got an unexpected keyword argument 'momentum'")
+    dry = hetsgd_command("run", *bad, "--dry-run")
+    assert dry.returncode == 1 and errors(dry.stderr) == [
+        line.replace("hetsgd: error: ", "hetsgd: error: the run would fail: ")]
+    done = hetsgd_command("run", *bad, "budget.epochs=1", "progress=false")
+    said, = errors(done.stderr)  # one line, then where the run's folder is
+    assert done.returncode == 1 and said.startswith(f"{line} (details in ")
+    assert "Traceback" not in done.stderr + dry.stderr
 
 
 def test_hogwild_refuses_a_torch_optimizer_before_any_work(results_dir: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Protocol
 
-from hetsgd.config import LocalSGDConfig, RunConfig, TorchOptimConfig
+from hetsgd.config import RunConfig, TorchOptimConfig
 from hetsgd.engines.async_shared.process import worker_process
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.common.coordinator import Coordinator
@@ -45,8 +45,7 @@ def check_optimizer(cfg: RunConfig, hooks: Hooks, workers: int) -> None:
         raise UserError(f"optim=torch: algo={cfg.algo.name} has {workers} workers update one "
                         "shared model lock-free, which no per-worker optimizer state can follow; "
                         "use optim=sgd, or an algorithm on ranks (sync, local_sgd)")
-    check_optimizers(cfg.optim, cfg.algo.outer_optimizer
-                     if isinstance(cfg.algo, LocalSGDConfig) else None)
+    check_optimizers(cfg)
 
 
 def build_engine(plan: Planned, hooks: Hooks, problem: Problem, data: SharedData,

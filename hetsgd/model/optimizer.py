@@ -15,7 +15,14 @@ from typing import Any, Protocol
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from hetsgd.config import OptimConfig, SGDConfig, Target, TorchOptimConfig
+from hetsgd.config import (
+    LocalSGDConfig,
+    OptimConfig,
+    RunConfig,
+    SGDConfig,
+    Target,
+    TorchOptimConfig,
+)
 from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.sgd import SGD, scheduled_lr
@@ -141,10 +148,12 @@ class OuterOptimizer:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def check_optimizers(optim: OptimConfig, outer: Target | None) -> None:
-    """Before any worker starts: the run's optimizer, scheduler and outer optimizer built once
-    on a throwaway parameter, so that a wrong class or argument is one line here, not a failure
-    in every worker."""
+def check_optimizers(cfg: RunConfig) -> None:
+    """Before any worker starts (and in a dry run): the run's optimizer, scheduler and outer
+    optimizer (local SGD's ``algo.outer``) built once on a throwaway parameter, so that a wrong
+    class or argument is one line here, not a failure in every worker."""
+    optim = cfg.optim
+    outer = cfg.algo.outer_optimizer if isinstance(cfg.algo, LocalSGDConfig) else None
     probe = [torch.zeros(1, requires_grad=True)]
     if isinstance(optim, TorchOptimConfig):
         optimizer = torch_optimizer(optim.optimizer, probe)
