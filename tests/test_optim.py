@@ -214,16 +214,19 @@ def test_diloco_with_adamw_inside_and_nesterov_outside_resumes_as_a_straight_run
     assert not torch.allclose(checkpointed, _final_model(straight), atol=1e-3)
 
 
-def test_diloco_with_adamw_inside_and_nesterov_outside_resumes_on_the_virtual_clock(
+@pytest.mark.parametrize("method", [("algo=custom", "algo._target_=mymethods.diloco"),
+                                    ("algo=sync",)], ids=["diloco", "sync"])
+def test_a_method_on_ranks_with_adamw_resumes_on_the_virtual_clock(
         package: Path, results_dir: Path,  # noqa: F811 - the fixture imported above
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same on three simulated ranks of the biased local SGD paper's machine (a V100 and two
-    CPU sockets, their step times jittered): the clocks, and the jitter's streams, continue
-    from the checkpoint's virtual time; a request every 0.001 virtual s checkpoints mid-run."""
-    diloco = ("algo=custom", "algo._target_=mymethods.diloco")
-    run = (*diloco, *ADAMW, "optim.lr=0.001", "+algo.tau=3", "devices=paper_biased_local",
-           "devices.groups.accel.count=1", "model=mlp", "budget.seconds=null", "eval.every_s=100",
-           "eval.every_epochs=null", "checkpoint.every_s=0.001", "progress=false")
+        monkeypatch: pytest.MonkeyPatch, method: tuple[str, ...]) -> None:
+    """DiLoCo's rounds (AdamW inside, Nesterov outside) and sync's steps on three simulated
+    ranks of the biased local SGD paper's machine (a V100 and two CPU sockets, their step times
+    jittered): the clocks, and the jitter's streams, continue from the checkpoint's virtual
+    time; a request every 0.001 virtual s checkpoints mid-run."""
+    run = (*method, *ADAMW, "optim.lr=0.001", *(("+algo.tau=3",) if len(method) > 1 else ()),
+           "devices=paper_biased_local", "devices.groups.accel.count=1", "model=mlp",
+           "budget.seconds=null", "eval.every_s=100", "eval.every_epochs=null",
+           "checkpoint.every_s=0.001", "progress=false")
     written: list[float] = []
     write = journal.write_checkpoint
 
@@ -236,7 +239,7 @@ def test_diloco_with_adamw_inside_and_nesterov_outside_resumes_on_the_virtual_cl
     assert len(written) >= 2 and written == sorted(set(written))  # mid-run, then the final
     first = _new_run(*run, "budget.epochs=1")
     checkpointed = _final_model(first)
-    assert _new_run(f"resume={first}", *diloco, "budget.epochs=2", "progress=false") == first
+    assert _new_run(f"resume={first}", *method, "budget.epochs=2", "progress=false") == first
     torch.testing.assert_close(_final_model(first), _final_model(straight), atol=1e-6, rtol=0)
     assert not torch.allclose(checkpointed, _final_model(straight), atol=1e-3)
     assert read_summary(first)["time_s"] == pytest.approx(read_summary(straight)["time_s"])
