@@ -186,13 +186,16 @@ def test_hogwild_refuses_a_torch_optimizer_before_any_work(results_dir: Path) ->
 
 
 @pytest.mark.integration
-def test_a_lone_worker_trains_with_adamw(results_dir: Path) -> None:
-    result = hetsgd.run("algo=sync", "devices=single_cpu", *ADAMW, "budget.epochs=2",
-                        "progress=false")
-    assert result.exit_code == 0, result.summary.error
-    summary = result.summary.to_dict()
+def test_a_lone_worker_with_adamw_learns_and_resumes_as_a_straight_run(results_dir: Path) -> None:
+    """The shared-memory engine's one worker keeps AdamW's state in its checkpoint too."""
+    run = ("algo=sync", "devices=single_cpu", *ADAMW, "checkpoint.every_s=600", "progress=false")
+    straight = _new_run(*run, "budget.epochs=2")
+    summary = read_summary(straight)
     assert summary["plan"]["step"] == "autograd"  # no fused step for AdamW
     assert summary["final"]["train_loss"] < 0.5 * summary["initial"]["train_loss"]
+    first = _new_run(*run, "budget.epochs=1")
+    assert _new_run(f"resume={first}", "budget.epochs=2", "progress=false") == first
+    torch.testing.assert_close(_final_model(first), _final_model(straight), atol=1e-6, rtol=0)
 
 
 @pytest.mark.integration
