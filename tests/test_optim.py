@@ -164,7 +164,7 @@ def test_a_wrong_class_or_argument_is_one_line(optim: tuple[str, ...], outer: di
 
 
 @pytest.mark.integration
-def test_a_wrong_argument_on_the_command_line_is_one_line_in_a_dry_run_and_a_run(
+def test_a_wrong_optimizer_on_the_command_line_is_one_line_in_a_dry_run_and_a_run(
         results_dir: Path) -> None:
     bad = ("optim=torch", "optim._target_=torch.optim.AdamW", "+optim.momentum=0.9")
     line = ("hetsgd: error: optim._target_=torch.optim.AdamW: building it raised TypeError: "
@@ -175,7 +175,13 @@ def test_a_wrong_argument_on_the_command_line_is_one_line_in_a_dry_run_and_a_run
     done = hetsgd_command("run", *bad, "budget.epochs=1", "progress=false")
     said, = errors(done.stderr)  # one line, then where the run's folder is
     assert done.returncode == 1 and said.startswith(f"{line} (details in ")
-    assert "Traceback" not in done.stderr + dry.stderr
+    hogwild = hetsgd_command("run", "algo=hogwild", "devices=cpu", "devices.groups.cpu.count=2",
+                             *ADAMW, "--dry-run")
+    refused, = errors(hogwild.stderr)
+    assert hogwild.returncode == 1 and refused.startswith(
+        "hetsgd: error: the run would fail: optim=torch: algo=hogwild has 2 workers update one "
+        "shared model lock-free")
+    assert "Traceback" not in done.stderr + dry.stderr + hogwild.stderr
 
 
 def test_hogwild_refuses_a_torch_optimizer_before_any_work(results_dir: Path) -> None:

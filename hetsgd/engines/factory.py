@@ -35,7 +35,7 @@ class Planned(Protocol):
     def workers(self) -> list[WorkerSpec]: ...
 
 
-def check_optimizer(cfg: RunConfig, hooks: Hooks, workers: int) -> None:
+def check_optimizer_for(cfg: RunConfig, hooks: Hooks, workers: int) -> None:
     """A torch optimizer where the engine can use it, its classes and arguments checked once
     here: ranks (each its own optimizer on its own replica) and a lone worker take one; several
     workers updating one shared model lock-free (Hogwild, Hogbatch) do not, since each worker's
@@ -54,7 +54,7 @@ def build_engine(plan: Planned, hooks: Hooks, problem: Problem, data: SharedData
     """The engine that runs ``plan``'s workers with ``hooks``, keeping what it measures in
     ``journal`` as it goes, from ``resume`` if given."""
     cfg, workers = plan.cfg, plan.workers
-    check_optimizer(cfg, hooks, len(workers))
+    check_optimizer_for(cfg, hooks, len(workers))
     if cfg.devices.simulated:
         profiles = profiles_for(cfg, workers, problem)
         if isinstance(hooks, DistributedHooks):

@@ -1,6 +1,7 @@
-"""One SGD step on a batch: the loss, and the update applied to the model's parameters.
+"""One training step on a batch: the loss, and the update applied to the model's parameters
+(plain SGD's, or a ``torch.optim`` optimizer's under ``optim=torch``: :mod:`.optimizer`).
 
-Two implementations with the same result (``optim.step``):
+Two implementations, with the same result under plain SGD (``optim.step``):
 
 - :class:`AutogradStep`, any model: autograd accumulates into the flat gradient, then one vector
   update. Per step it writes the gradient three times over (zeroing, accumulating, reading it back

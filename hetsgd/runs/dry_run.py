@@ -27,8 +27,8 @@ from hetsgd.data.libsvm import LibsvmFile
 from hetsgd.data.registry import _check_task, get_source
 from hetsgd.data.synthetic import Synthetic
 from hetsgd.data.tables import Files
+from hetsgd.engines.factory import check_optimizer_for
 from hetsgd.errors import UserError
-from hetsgd.model.optimizer import check_optimizers
 from hetsgd.runs.sweep_dir import settle_sweep_dir
 from hetsgd.tuning.spec import NODE
 from hetsgd.workers import expand
@@ -89,7 +89,8 @@ def check_job(cfg: RunConfig) -> str | None:
     what the run would do first that takes time (download a dataset), if anything."""
     specs = expand(cfg.devices)
     algorithm, cfg = algorithms.choose(cfg)
-    check_optimizers(algorithm.plan(cfg, specs).cfg)
+    plan = algorithm.plan(cfg, specs)
+    check_optimizer_for(plan.cfg, algorithm.hooks(plan), len(plan.workers))
     source = get_source(cfg.dataset.name)
     _check_task(cfg.dataset.task, source.task, source.name)
     if isinstance(source, NEEDS_PATH) and not cfg.dataset.path:
