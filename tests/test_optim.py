@@ -2,7 +2,8 @@
 scheduler do, its state and an outer optimizer's survive a checkpoint, plain SGD stays the
 default with its fused step, a wrong class or argument is one line, and an engine that cannot
 use a torch optimizer refuses it; the check of issue 46: DiLoCo with AdamW inside and Nesterov
-outside, stopped at a checkpoint and resumed, ends where a straight run ends."""
+outside, stopped at a checkpoint and resumed, ends where a straight run ends, on gloo ranks and
+on the virtual clock."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_sgd_is_the_default_and_torch_takes_its_arguments_from_the_command_line(
                                         "torch.optim.lr_scheduler.CosineAnnealingLR", {"T_max": 4})
 
 
-def test_a_torch_optimizer_and_scheduler_step_as_torch_s_own() -> None:
+def test_a_torch_optimizer_and_scheduler_step_as_torchs_own() -> None:
     net, reference = _net(), _net()
     step = build_step("auto", FlatModel(net), run_config(*ADAMW, COSINE).optim, "multiclass")
     assert isinstance(step, AutogradStep)  # `auto` on an MLP: no fused step for AdamW
