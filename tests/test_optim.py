@@ -69,6 +69,22 @@ def test_a_torch_optimizer_and_scheduler_step_as_torchs_own() -> None:
         assert torch.equal(ours, theirs)
 
 
+def test_torchs_sgd_by_target_steps_as_the_built_in_sgd() -> None:
+    built_in = FlatModel(_net())
+    by_target = FlatModel(_net())
+    steps = [build_step("autograd", built_in, run_config("optim.momentum=0.9", "optim.lr=0.05",
+                                                         "optim.weight_decay=0.01").optim,
+                        "multiclass"),
+             build_step("auto", by_target, run_config(
+                 "optim=torch", "optim.lr=0.05", "+optim.momentum=0.9",
+                 "+optim.weight_decay=0.01").optim, "multiclass")]
+    for x, y in _batches(5):
+        for step in steps:
+            step(x, y, 0.0, len(x))
+    torch.testing.assert_close(by_target.params, built_in.params)
+    assert not torch.equal(by_target.params, FlatModel(_net()).params)  # it trained
+
+
 def test_without_a_scheduler_the_runs_lr_schedule_holds() -> None:
     optim = run_config("optim=torch", "optim.lr=0.5", "optim.milestones=[1]").optim
     step = build_step("autograd", FlatModel(_net()), optim, "multiclass")
