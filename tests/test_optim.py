@@ -161,22 +161,20 @@ def test_an_outer_sgd_step_is_nesterov_on_the_rounds_change() -> None:
     torch.testing.assert_close(params, expected)
 
 
-@pytest.mark.parametrize(("optim", "outer", "line"), [
-    ((*ADAMW, "+optim.momentum=0.9"), None,
+@pytest.mark.parametrize(("overrides", "line"), [
+    ((*ADAMW, "+optim.momentum=0.9"),
      "optim._target_=torch.optim.AdamW: building it raised TypeError"),
-    (("optim=torch", "optim._target_=torch.nn.Linear"), None,
+    (("optim=torch", "optim._target_=torch.nn.Linear"),
      "optim._target_=torch.nn.Linear: not a torch.optim.optimizer.Optimizer class"),
-    (("optim=torch", "optim.scheduler={_target_:torch.optim.lr_scheduler.NoSuch}"), None,
+    (("optim=torch", "optim.scheduler={_target_:torch.optim.lr_scheduler.NoSuch}"),
      "optim.scheduler._target_=torch.optim.lr_scheduler.NoSuch: torch.optim.lr_scheduler has "
      "no attribute 'NoSuch'"),
-    ((), {"_target_": "torch.optim.SGD", "lr": -1.0},
+    (("algo=local_sgd", "algo.outer={_target_:torch.optim.SGD,lr:-1.0}"),
      "algo.outer._target_=torch.optim.SGD: building it raised ValueError: Invalid learning rate"),
 ], ids=["kwarg", "not_an_optimizer", "scheduler", "outer"])
-def test_a_wrong_class_or_argument_is_one_line(optim: tuple[str, ...], outer: dict | None,
-                                               line: str) -> None:
+def test_a_wrong_class_or_argument_is_one_line(overrides: tuple[str, ...], line: str) -> None:
     with pytest.raises(UserError) as raised:
-        check_optimizers(run_config(*optim).optim,
-                         None if outer is None else Target.parse("algo.outer", outer))
+        check_optimizers(run_config(*overrides))
     assert str(raised.value).startswith(line) and "\n" not in str(raised.value)
 
 
