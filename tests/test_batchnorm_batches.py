@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from hetsgd.config.schema import OptimConfig
+from hetsgd.config.optim import SGDConfig
 from hetsgd.engines.batches import Batches, min_rows
 from hetsgd.engines.common.memory import SharedData
 from hetsgd.errors import UserError
@@ -52,7 +52,7 @@ def test_a_chunk_of_one_row_is_merged_with_its_neighbour_under_batch_norm() -> N
 def test_a_merged_last_batch_trains_a_batch_norm_model() -> None:
     torch.manual_seed(0)
     net = _batch_norm_net().train()
-    step = build_step("auto", FlatModel(net), OptimConfig(), "multiclass")
+    step = build_step("auto", FlatModel(net), SGDConfig(), "multiclass")
     before = torch.nn.utils.parameters_to_vector(net.parameters()).clone()
     x, y = _batches(min_rows(net)).get(0, ROWS - 1, 1)
     loss, _ = step(x, y, 0.0, 1)
@@ -61,7 +61,7 @@ def test_a_merged_last_batch_trains_a_batch_norm_model() -> None:
 
 
 def test_what_a_models_forward_raises_in_training_is_one_line() -> None:
-    step = build_step("auto", FlatModel(_batch_norm_net().train()), OptimConfig(), "multiclass")
+    step = build_step("auto", FlatModel(_batch_norm_net().train()), SGDConfig(), "multiclass")
     with pytest.raises(UserError, match=r"^the model's forward on a training batch \[1, 3\] "
                                         r"raised ValueError: Expected more than 1 value per "
                                         r"channel when training[^\n]*$"):

@@ -23,7 +23,7 @@ from hetsgd.workers import expand
 # dataset read from the user's files names them)
 NEEDS = {("algo", "custom"): ["algo._target_=hetsgd.algorithms.hogwild"],
          ("model", "custom"): ["model._target_=torch.nn.Identity"]}
-GROUPS = ["algo", "dataset", "devices", "model", "logger", "method"]
+GROUPS = ["algo", "dataset", "devices", "model", "optim", "logger", "method"]
 
 
 def _choices(group: str) -> list[str]:

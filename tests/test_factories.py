@@ -15,8 +15,8 @@ import torch
 from conftest import run_config
 
 from hetsgd.config import ConfigError
+from hetsgd.config.optim import SGDConfig
 from hetsgd.config.problem import DATA_ARGUMENTS, CustomModelConfig
-from hetsgd.config.schema import OptimConfig
 from hetsgd.errors import UserError
 from hetsgd.model.custom import LogitsOf, data_arguments
 from hetsgd.model.flat import FlatModel
@@ -137,7 +137,7 @@ def test_a_model_returning_an_output_object_trains_on_its_logits(factories: Any,
     assert isinstance(model, LogitsOf)
     x, y = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)), torch.arange(32) % 10
     assert model(x).shape == (32, 10)
-    step = build_step("auto", FlatModel(model), OptimConfig(lr=0.5), "multiclass")
+    step = build_step("auto", FlatModel(model), SGDConfig(lr=0.5), "multiclass")
     assert isinstance(step, AutogradStep)
     losses = [float(step(x, y, 0.0, 32)[0]) for _ in range(20)]
     assert losses[-1] < 0.5 * losses[0]

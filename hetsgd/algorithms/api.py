@@ -26,7 +26,9 @@ are refused for an algorithm that does not declare it); run it with
   ``local_steps``, ``aggregate`` and ``state_dict``/``load_state_dict``; the loop owns the
   rest. :class:`Rank` is what every rank has (its replica, ``train_step``, ``clock``,
   ``ledger`` and the exchanges :meth:`Rank.average` and :meth:`Rank.exchange`, each
-  returning the ranks' :class:`Verdict`).
+  returning the ranks' :class:`Verdict`). The run's optimizer (``optim``) is ``rank.optimizer``;
+  an outer one (DiLoCo's) is an :class:`OuterOptimizer` built from a :class:`Target`
+  (``algo.outer`` of :class:`LocalSGDConfig`, which local SGD steps after every average).
 - Pieces the built-ins share: :func:`check_world` and :func:`choose_backend` (a rank layout's
   checks), :func:`per_group` (a per-rank column as summary.json's per-group entry),
   :class:`EpochCursor`, :class:`Batches`, :class:`AutogradStep` and :class:`Pending` (a step
@@ -45,6 +47,7 @@ from hetsgd.config import (
     SyncConfig,
 )
 from hetsgd.config.algorithms import HogwildConfig
+from hetsgd.config.optim import Target
 from hetsgd.engines.batches import Batches
 from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.common.cursor import EpochCursor
@@ -64,6 +67,7 @@ from hetsgd.engines.ranks.loop import RankLoop
 from hetsgd.engines.ranks.rank import Rank
 from hetsgd.engines.training import Controller
 from hetsgd.errors import Diverged, UserError
+from hetsgd.model.optimizer import OuterOptimizer
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import AutogradStep, Pending
 from hetsgd.workers import WorkerSpec, renumber
@@ -71,7 +75,8 @@ from hetsgd.workers import WorkerSpec, renumber
 __all__ = [
     "AdaptiveConfig", "AlgoConfig", "Algorithm", "AutogradStep", "Batches", "Controller",
     "Diverged", "EpochCursor", "Group", "HogbatchConfig", "HogwildConfig", "Hooks", "InPlace",
-    "Link", "LinkFactory", "LinkHooks", "LocalSGDConfig", "Pending", "Plan", "Problem", "Rank",
-    "RankLoop", "RankLoopHooks", "Replica", "Resident", "RunConfig", "SetupSummary", "SharedState",
-    "SyncConfig", "UserError", "Verdict", "WorkerCounters", "WorkerSpec", "WorkerState",
-    "check_world", "choose_backend", "default_link", "per_group", "renumber"]
+    "Link", "LinkFactory", "LinkHooks", "LocalSGDConfig", "OuterOptimizer", "Pending", "Plan",
+    "Problem", "Rank", "RankLoop", "RankLoopHooks", "Replica", "Resident", "RunConfig",
+    "SetupSummary", "SharedState", "SyncConfig", "Target", "UserError", "Verdict",
+    "WorkerCounters", "WorkerSpec", "WorkerState", "check_world", "choose_backend",
+    "default_link", "per_group", "renumber"]

@@ -44,7 +44,7 @@ import logging
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -52,6 +52,7 @@ from hetsgd.algorithms.api import (
     Batches,
     Hooks,
     LocalSGDConfig,
+    OuterOptimizer,
     Plan,
     RankLoop,
     RankLoopHooks,
@@ -259,9 +260,9 @@ def warn_if_the_side_is_not_as_named(world: list[WorkerSpec], plan: RoundPlan,
 
 
 class LocalSGDLoop(RankLoop):
-    """One rank of local SGD: rounds of tau local steps, then one aggregating all-reduce. A
-    subclass may do more with the average (override :meth:`aggregate`: an outer optimizer's
-    step, as DiLoCo's)."""
+    """One rank of local SGD: rounds of tau local steps of the run's optimizer, then one
+    aggregating all-reduce and, with ``algo.outer``, the outer optimizer's step (DiLoCo's). A
+    subclass may do more with the average (override :meth:`aggregate`)."""
 
     SETUP_COLUMNS: ClassVar[tuple[str, ...]] = ("tau", "weight", "step_s")
 
@@ -280,6 +281,8 @@ class LocalSGDLoop(RankLoop):
             self.step_times = rank.step_times(self.batches, cfg.optim.step)
         self.plan = RoundPlan.build(cfg, world, rank.num_examples, self.step_times)
         self.table = LossTable(rank.num_examples) if algo.biased.sampling else None
+        outer = algo.outer_optimizer
+        self.outer = None if outer is None else OuterOptimizer(outer, rank.flat.params)
         if self.table is not None and rank.spec.rank == 0:
             warn_if_the_side_is_not_as_named(world, self.plan, algo.biased.side)
 
@@ -287,26 +290,34 @@ class LocalSGDLoop(RankLoop):
         return {"tau": [float(t) for t in self.plan.taus], "weight": self.plan.weights,
                 "step_s": self.step_times or [math.nan] * len(self.plan.taus)}
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def state_dict(self) -> dict[str, Any]:
         """After an aggregation the models are equal; this rank's shard of the period and loss
-        table are its own. The round plan's measured step times go along, so a resumed run
-        keeps its taus."""
-        loop = {"shard": self.batches.shard}
+        table are its own, as is its copy of the outer optimizer. The round plan's measured
+        step times go along, so a resumed run keeps its taus."""
+        loop: dict[str, Any] = {"shard": self.batches.shard}
         if self.step_times is not None:
             loop["step_times"] = torch.tensor(self.step_times)
         if self.table is not None:
             loop["loss_table"] = self.table.values
+        if self.outer is not None:
+            loop["outer"] = self.outer.state_dict()
         return loop
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.batches.shard = state["shard"]
         if self.table is not None:
             self.table.values = state["loss_table"]
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
 
     def aggregate(self) -> Verdict:
         """The round's aggregation: the replica becomes the weighted average of the ranks'
-        (:meth:`Rank.average`), with the ranks' agreement on stopping and checkpoints."""
-        return self.rank.average(self.plan.weights[self.rank.spec.rank], self.loss)
+        (:meth:`Rank.average`), with the ranks' agreement on stopping and checkpoints; then the
+        outer optimizer's step from it, if any."""
+        verdict = self.rank.average(self.plan.weights[self.rank.spec.rank], self.loss)
+        if self.outer is not None:
+            self.outer.step()
+        return verdict
 
     def local_steps(self) -> bool:
         """A round's tau local steps on this rank's shard (reshuffled every ``period`` rounds),

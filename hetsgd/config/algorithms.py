@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from omegaconf import MISSING
 
 from hetsgd.config.checks import MAX_SECONDS, finite, one_of, positive, require, seconds
+from hetsgd.config.optim import Target
 
 log = logging.getLogger("hetsgd")
 
@@ -177,7 +178,9 @@ class LocalSGDConfig(AlgoConfig):
     mix (fast = the group with the higher measured step speed), or one number for every group
     (balanced), or "auto": proportional to measured step speed, so that all groups finish a round
     together, the slowest group taking `tau_min` steps. Parsed into a :class:`Tau` on validation.
-    See hetsgd/algorithms/local_sgd.py."""
+    `outer`: an outer optimizer stepped on each round's averaged change, DiLoCo's
+    (``{_target_: torch.optim.SGD, lr: 0.7, momentum: 0.9, nesterov: true}``); null: the
+    average is the next round's model. See hetsgd/algorithms/local_sgd.py."""
 
     DEVICES: ClassVar[str | None] = "auto"  # the machine's CPU and GPU (emulated without CUDA)
     name: str = "local_sgd"
@@ -187,6 +190,7 @@ class LocalSGDConfig(AlgoConfig):
     alpha: float = 2.0  # extra weight of fast-group models under fast_weighted
     biased: BiasedSamplingConfig = field(default_factory=BiasedSamplingConfig)
     epoch_accounting: str = "examples"  # examples (N consumed) | authors (their round count)
+    outer: Any = None  # a mapping with a _target_ (parsed into a Target), or null
 
     def __post_init__(self) -> None:
         one_of("algo.aggregation", self.aggregation, ("uniform", "samples", "fast_weighted"))
@@ -194,6 +198,12 @@ class LocalSGDConfig(AlgoConfig):
         positive("algo.alpha", self.alpha, "a positive weight")
         require(self.tau_min > 0, "algo.tau_min", "a positive step count", self.tau_min)
         self.tau = Tau.parse(self.tau)
+        if self.outer is not None:
+            Target.parse("algo.outer", self.outer)
+
+    @property
+    def outer_optimizer(self) -> Target | None:
+        return None if self.outer is None else Target.parse("algo.outer", self.outer)
 
 
 @dataclass

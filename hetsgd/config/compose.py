@@ -24,6 +24,7 @@ from hetsgd.config.checks import ConfigError
 from hetsgd.config.group_names import recorded_config, recorded_groups, recorded_override
 from hetsgd.config.hydra_private import args_parser, basic_sweep, present_child
 from hetsgd.config.labels import dataset_label
+from hetsgd.config.optim import OPTIM_SCHEMAS, TorchOptimConfig
 from hetsgd.config.paths import safe_component
 from hetsgd.config.problem import (
     MODEL_SCHEMAS,
@@ -76,6 +77,9 @@ def register_configs() -> None:
     cs.store(group="schema", name="devices", node=DevicesConfig)
     for algo_name, schema in ALGO_SCHEMAS.items():
         _store_algo(cs, algo_name, schema)
+    for optim_name, optim_schema in OPTIM_SCHEMAS.items():
+        cs.store(group="schema/optim", name=optim_name, node=_open(optim_schema)
+                 if optim_schema in OPEN_SCHEMAS else optim_schema)
 
 
 def _store_algo(cs: ConfigStore, name: str, schema: type[AlgoConfig]) -> None:
@@ -100,8 +104,9 @@ def _swept(*, _root_: DictConfig) -> str:
 
 
 #: The schemas that take keys they do not declare: a custom model's factory arguments and a
-#: custom algorithm's settings (:func:`to_run_config` gathers them into ``kwargs``/``settings``).
-OPEN_SCHEMAS: tuple[type, ...] = (CustomModelConfig, CustomAlgoConfig)
+#: custom algorithm's settings and a torch optimizer's arguments (:func:`to_run_config` gathers
+#: them into ``kwargs``/``settings``).
+OPEN_SCHEMAS: tuple[type, ...] = (CustomModelConfig, CustomAlgoConfig, TorchOptimConfig)
 
 
 def _open(schema: type) -> DictConfig:
@@ -221,6 +226,8 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
             run.model.kwargs = {**run.model.kwargs, **_undeclared(cfg.model, CustomModelConfig)}
         if isinstance(run, RunConfig) and isinstance(run.algo, CustomAlgoConfig):
             run.algo.settings = {**run.algo.settings, **_undeclared(cfg.algo, CustomAlgoConfig)}
+        if isinstance(run, RunConfig) and isinstance(run.optim, TorchOptimConfig):
+            run.optim.kwargs = {**run.optim.kwargs, **_undeclared(cfg.optim, TorchOptimConfig)}
     except OmegaConfBaseException as exc:  # e.g. a key added with `+` that no schema has
         raise ConfigError(one_line(exc)) from exc
     assert isinstance(run, RunConfig)
@@ -236,7 +243,7 @@ def _undeclared(node: DictConfig, schema: type) -> dict[str, Any]:
 
 
 #: The config groups whose choice decides a schema (an MLP's keys are not logreg's).
-SCHEMA_GROUPS = ("algo", "dataset", "model", "devices")
+SCHEMA_GROUPS = ("algo", "dataset", "model", "devices", "optim")
 
 
 def _recorded_choices(recorded: DictConfig) -> list[str]:

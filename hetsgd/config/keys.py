@@ -17,7 +17,7 @@ from hetsgd.config.typos import did_you_mean, dotted_keys, nearest, nearest_key
 from hetsgd.errors import out_of_memory
 
 #: The config groups an override chooses from; those with ``+`` are not in the defaults list.
-GROUPS = ("algo", "devices", "dataset", "model", "logger", "+method", "+experiment")
+GROUPS = ("algo", "devices", "dataset", "model", "optim", "logger", "+method", "+experiment")
 # Hydra's "Could not override 'budget.second'." (a key that the config does not have)
 _NOT_OVERRIDDEN = re.compile(r"Could not override '([^']+)'")
 

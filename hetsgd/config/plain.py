@@ -1,8 +1,8 @@
 """A typed run config as plain values (JSON's: mappings, lists, strings, numbers, null), and
 back: for sending a config to another process that must not unpickle what it receives.
 
-The way back builds nothing but the schemas' own dataclasses: the algorithm, dataset and model
-schemas are looked up by class name among this package's, and every value goes through
+The way back builds nothing but the schemas' own dataclasses: the algorithm, dataset, model and
+optimizer schemas are looked up by class name among this package's, and every value goes through
 OmegaConf's type checks and the schemas' range checks (:func:`to_run_config`), as a composed
 config does. Strings are taken literally: a ``${...}`` in one is never resolved.
 """
@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hetsgd.config.algorithms import ALGO_SCHEMAS, Tau
 from hetsgd.config.checks import ConfigError
 from hetsgd.config.compose import to_run_config
+from hetsgd.config.optim import OPTIM_SCHEMAS
 from hetsgd.config.problem import (
     MODEL_SCHEMAS,
     DatasetConfig,
@@ -28,10 +29,10 @@ from hetsgd.config.problem import (
 from hetsgd.config.schema import RunConfig
 
 #: The parts of a run config whose schema depends on the choice (``algo=local_sgd``).
-CHOSEN = ("algo", "dataset", "model")
+CHOSEN = ("algo", "dataset", "model", "optim")
 SCHEMAS: dict[str, type] = {schema.__name__: schema for schema in (
     *ALGO_SCHEMAS.values(), DatasetConfig, SyntheticConfig, FilesConfig, FolderConfig,
-    *MODEL_SCHEMAS.values())}
+    *MODEL_SCHEMAS.values(), *OPTIM_SCHEMAS.values())}
 
 
 def plain(value: Any) -> Any:

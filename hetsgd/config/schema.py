@@ -4,7 +4,8 @@ Hydra composes the YAML files of ``hetsgd/conf`` on top of these schemas (regist
 ConfigStore by :mod:`hetsgd.config.compose`); a YAML file states only what its choice changes.
 An unknown key or a value of the wrong type is rejected during composition; range checks live in
 ``__post_init__`` and run when the composed config becomes objects, before any work starts.
-The algorithms' schemas are in :mod:`hetsgd.config.algorithms`.
+The algorithms' schemas are in :mod:`hetsgd.config.algorithms`, the optimizers' in
+:mod:`hetsgd.config.optim`.
 """
 
 from __future__ import annotations
@@ -16,44 +17,12 @@ from omegaconf import MISSING
 
 from hetsgd.config.algorithms import AlgoConfig
 from hetsgd.config.checks import ConfigError, finite, one_of, positive, require, seconds
+from hetsgd.config.optim import OptimConfig
 from hetsgd.config.problem import DatasetConfig, ModelConfig
 
 # --------------------------------------------------------------------------------------------
-# optimizer, budget, evaluation, monitoring
+# budget, evaluation, monitoring (the optimizer's schemas: hetsgd/config/optim.py)
 # --------------------------------------------------------------------------------------------
-
-LR_SCALINGS = ("none", "linear", "sqrt")
-STEP_CHOICES = ("auto", "fused", "autograd")
-
-
-@dataclass
-class OptimConfig:
-    """Plain SGD. The papers' asynchronous code uses one constant lr for every worker with
-    mean-reduced losses; ``lr_scaling`` rescales it by batch size relative to ``base_batch``."""
-
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    lr_scaling: str = "none"
-    base_batch: int = 1
-    milestones: list[float] = field(default_factory=list)  # epochs at which lr *= lr_decay
-    lr_decay: float = 0.1
-    # How a worker computes a step (same parameters either way, see hetsgd.model.step): `fused`
-    # updates an MLP's layers in place during a hand-written backward; `autograd` runs torch's
-    # backward into a flat gradient; `auto` takes `fused` wherever the model is such an MLP.
-    step: str = "auto"
-
-    def __post_init__(self) -> None:
-        positive("optim.lr", self.lr)
-        one_of("optim.step", self.step, STEP_CHOICES)
-        require(0 <= self.momentum < 1, "optim.momentum", "0 <= x < 1", self.momentum)
-        require(finite(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay",
-                "a finite x >= 0", self.weight_decay)
-        require(all(finite(m) and m >= 0 for m in self.milestones), "optim.milestones",
-                "finite epochs >= 0", self.milestones)
-        one_of("optim.lr_scaling", self.lr_scaling, LR_SCALINGS)
-        require(self.base_batch > 0, "optim.base_batch", "a positive batch size", self.base_batch)
-        require(0 < self.lr_decay <= 1, "optim.lr_decay", "0 < x <= 1", self.lr_decay)
 
 
 @dataclass
@@ -362,7 +331,7 @@ class RunConfig:
     dataset: DatasetConfig = MISSING
     model: ModelConfig = MISSING
     devices: DevicesConfig = MISSING
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = MISSING
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from hetsgd.config import RunConfig
+from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.snapshots import Snapshot, Snapshots
 from hetsgd.engines.training import Controller, Journal, OnTick, Training
 from hetsgd.model.problem import Problem
@@ -33,6 +35,7 @@ class EngineBase:
         self.journal = journal  # where snapshots and counters go as they are taken
         self.state = SharedState.create(data, master, cfg.budget.epochs, len(specs), ctx)
         self.state.checkpointing = cfg.checkpoint.every_s is not None
+        self._parts: dict[int, dict[int, WorkerState]] = {}  # by position, then rank
 
     def _new_snapshots(self) -> Snapshots:
         evaluation = self.cfg.eval
@@ -54,6 +57,32 @@ class EngineBase:
                                              for rank in range(len(counters.table))])
             for old in dropped:
                 self.journal.drop(old)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _receive_part(self, rank: int, part: WorkerState) -> None:
+        self._parts.setdefault(part.position, {})[rank] = part
+
+    def _write_checkpoints(self, t0: float, snapshots: Snapshots) -> None:
+        """Assemble every position that all workers have sent their part of, for the journal
+        (``t0``: when training started, on the clock the parts' times are read on)."""
+        world = len(self.state.counters.table)
+        for position in [p for p, parts in self._parts.items() if len(parts) == world]:
+            parts = self._parts.pop(position)
+            checkpoint = Checkpoint.assemble([parts[rank] for rank in range(world)], t0,
+                                             snapshots.items,
+                                             (snapshots.every_s, snapshots.every_epochs))
+            if self.journal is not None:
+                self.journal.checkpoint(checkpoint)
+
+    def _resume_snapshots(self, resume: Checkpoint, snapshots: Snapshots) -> None:
+        """The snapshots the checkpoint kept come first, at the spacing they had reached."""
+        counters = [dict(zip(COUNTERS, row.tolist())) for row in resume.counters]
+        for snapshot in resume.snapshots:
+            snapshots.add(snapshot, snapshot.examples / self.state.data.num_examples)
+            if self.journal is not None:
+                self.journal.snapshot(snapshot, counters)
+        snapshots.every_s, snapshots.every_epochs = resume.snapshot_spacing
 
     def _duties(self, elapsed: float) -> None:
         """Each tick's duties, at ``elapsed`` seconds of training: the controller, then the

@@ -4,17 +4,18 @@ A checkpoint is taken where every worker's state is consistent: after a step of 
 replica equal) or after an aggregation round of local SGD (the models equal, each momentum its
 own). The coordinator only asks (:class:`~hetsgd.engines.common.state.Signals`); each
 worker answers at its next such point with a :class:`WorkerState`, the part only it holds: its
-momentum, its RNG streams, its counters, its algorithm's own state, and, from the worker that
-holds the model (the lone worker, rank 0), the model. The coordinator assembles the parts of one
-position into a :class:`Checkpoint`, adds the snapshots taken up to then, and has it written
-(:mod:`hetsgd.outputs.checkpoint`). A resumed run hands each worker its part back before the
-clock starts.
+momentum or optimizer state, its RNG streams, its counters, its algorithm's own state, and, from
+the worker that holds the model (the lone worker, rank 0), the model. The coordinator assembles
+the parts of one position into a :class:`Checkpoint`, adds the snapshots taken up to then, and
+has it written (:mod:`hetsgd.outputs.checkpoint`). A resumed run hands each worker its part back
+before the clock starts.
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -31,12 +32,15 @@ class WorkerState:
     checkpoint: examples handed out by the epoch cursor (sync) or rounds done (local SGD)."""
 
     position: int
-    time: float  # time.perf_counter() when taken: one clock for every process of a machine
+    time: float  # when taken: time.perf_counter() (one clock for every process of a machine),
+    # or a virtual clock's time
     counters: torch.Tensor  # the worker's row of COUNTERS
-    momentum: torch.Tensor | None
+    momentum: torch.Tensor | None  # plain SGD's flat momentum buffer
     rng: dict[str, torch.Tensor]  # torch's CPU stream, the device's, the augmentation's
-    loop: dict[str, torch.Tensor] = field(default_factory=dict)  # the algorithm's own state
+    loop: dict[str, Any] = field(default_factory=dict)  # the algorithm's own state
     model: tuple[torch.Tensor, torch.Tensor] | None = None  # (params, buffers), from its holder
+    optimizer: dict[str, Any] = field(default_factory=dict)  # a torch optimizer's and scheduler's
+    clock: dict[str, Any] = field(default_factory=dict)  # a rank's virtual clock
 
     def __post_init__(self) -> None:
         # a checkpoint written before the later counters existed: they start from 0

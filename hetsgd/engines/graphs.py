@@ -26,6 +26,7 @@ from functools import partial
 import torch
 
 from hetsgd.engines import device_ops
+from hetsgd.model.sgd import SGD
 from hetsgd.model.step import Pending, Step
 
 log = logging.getLogger("hetsgd")
@@ -67,17 +68,21 @@ class GraphedStep(Step):
     per (batch size, learning rate) where one could be captured, eagerly otherwise."""
 
     def __init__(self, step: Step, device: torch.device) -> None:
-        self.step, self.sgd, self.device = step, step.sgd, device
+        self.step, self.optimizer, self.device = step, step.optimizer, device
         self.graphs: dict[tuple[int, float], _Graph] = {}
         self.eager_reason = None if device_ops.is_cuda(device) else "no CUDA"
         if self.eager_reason is not None:
             log.warning("cuda graphs: this worker computes on %s, not a CUDA device: it steps "
                         "eagerly", device)
+        elif not isinstance(self.optimizer, SGD):  # a torch.optim state is not ours to restore
+            self.eager_reason = "optim=torch"
+            log.warning("cuda graphs: only plain SGD's step is captured (optim=sgd); this worker "
+                        "steps eagerly")
         self.full = False  # MAX_GRAPHS reached, and said
 
     def compute(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
                 per_sample: bool = False) -> Pending:
-        key = (len(x), self.sgd.lr(epoch, batch_size))
+        key = (len(x), self.optimizer.lr(epoch, batch_size))
         graph = self.graphs.get(key)
         if graph is None and self._may_capture(key, per_sample):
             graph = self._capture(key, x, y, partial(self._eager, epoch=epoch,
@@ -114,8 +119,9 @@ class GraphedStep(Step):
         """Warm up, put the model back, capture; None (and eager steps from now on, said once)
         if capture fails."""
         static_x, static_y = x.clone(), y.clone()
-        state = [t for t in (self.sgd.flat.params, self.sgd.flat.buffers,
-                             self.sgd.momentum_buffer) if t is not None]
+        assert isinstance(self.optimizer, SGD)
+        state = [t for t in (self.optimizer.flat.params, self.optimizer.flat.buffers,
+                             self.optimizer.momentum_buffer) if t is not None]
         saved = [t.clone() for t in state]
 
         def whole() -> tuple[Pending, torch.Tensor]:

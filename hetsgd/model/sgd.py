@@ -1,4 +1,5 @@
-"""Plain SGD with the run's learning-rate schedule: the update arithmetic, in one place.
+"""Plain SGD (``optim=sgd``) and the run's learning-rate schedule: the update arithmetic, in one
+place.
 
 Two kinds of step use it: the autograd step updates the whole flat parameter vector from the flat
 gradient in one vector operation (:meth:`SGD.step`), and the fused MLP step updates each layer as
@@ -10,31 +11,46 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from hetsgd.config import OptimConfig
+from hetsgd.config import OptimConfig, SGDConfig
 from hetsgd.model.flat import FlatModel
+
+
+def scheduled_lr(optim: OptimConfig, epoch: float, batch_size: int) -> float:
+    """The learning rate at ``epoch`` for a step of ``batch_size``: decayed at each milestone,
+    scaled by batch size (any optimizer without a scheduler of its own)."""
+    lr = optim.lr * optim.lr_decay ** sum(epoch >= m for m in optim.milestones)
+    ratio = batch_size / optim.base_batch
+    if optim.lr_scaling == "linear":
+        lr *= ratio
+    elif optim.lr_scaling == "sqrt":
+        lr *= math.sqrt(ratio)
+    return lr
 
 
 class SGD:
     """The arithmetic of ``torch.optim.SGD`` (no dampening, no Nesterov) with the learning-rate
     schedule and batch-size scaling of the config. The momentum buffer is one flat vector laid
-    out like the parameters, so the fused step can update any parameter's slice of it."""
+    out like the parameters, so the fused step can update any parameter's slice of it; a
+    checkpoint keeps it as such (``WorkerState.momentum``), so :meth:`state_dict` has nothing
+    more."""
 
-    def __init__(self, optim: OptimConfig, flat: FlatModel) -> None:
+    def __init__(self, optim: SGDConfig, flat: FlatModel) -> None:
         self.cfg = optim
         self.flat = flat
         self.momentum_buffer = torch.zeros_like(flat.params) if optim.momentum > 0 else None
 
     def lr(self, epoch: float, batch_size: int) -> float:
-        lr = self.cfg.lr * self.cfg.lr_decay ** sum(epoch >= m for m in self.cfg.milestones)
-        ratio = batch_size / self.cfg.base_batch
-        if self.cfg.lr_scaling == "linear":
-            lr *= ratio
-        elif self.cfg.lr_scaling == "sqrt":
-            lr *= math.sqrt(ratio)
-        return lr
+        return scheduled_lr(self.cfg, epoch, batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing beyond the momentum buffer, which the checkpoint restores itself."""
 
     def momentum_views(self) -> Sequence[torch.Tensor | None]:
         """Each parameter's slice of the momentum buffer (None for every one without momentum)."""

@@ -1,6 +1,7 @@
-"""One SGD step on a batch: the loss, and the update applied to the model's parameters.
+"""One training step on a batch: the loss, and the update applied to the model's parameters
+(plain SGD's, or a ``torch.optim`` optimizer's under ``optim=torch``: :mod:`.optimizer`).
 
-Two implementations with the same result (``optim.step``):
+Two implementations, with the same result under plain SGD (``optim.step``):
 
 - :class:`AutogradStep`, any model: autograd accumulates into the flat gradient, then one vector
   update. Per step it writes the gradient three times over (zeroing, accumulating, reading it back
@@ -36,10 +37,11 @@ from torch import nn
 from torch.nn.modules import module as module_hooks
 from torch.nn.utils import parametrize
 
-from hetsgd.config import OptimConfig
+from hetsgd.config import OptimConfig, SGDConfig
 from hetsgd.errors import UserError, out_of_memory
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.losses import logits_gradient, loss_fn, per_sample_loss
+from hetsgd.model.optimizer import Optimizer, build_optimizer
 from hetsgd.model.sgd import SGD
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -91,7 +93,7 @@ class Pending:
 class Step:
     """A training step: ``compute`` then ``land``; calling it does both."""
 
-    sgd: SGD
+    optimizer: Optimizer
 
     def compute(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
                 per_sample: bool = False) -> Pending:
@@ -125,8 +127,8 @@ def forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class AutogradStep(Step):
-    def __init__(self, flat: FlatModel, sgd: SGD, task: str) -> None:
-        self.flat, self.sgd, self.task = flat, sgd, task
+    def __init__(self, flat: FlatModel, optimizer: Optimizer, task: str) -> None:
+        self.flat, self.optimizer, self.task = flat, optimizer, task
         self.loss = loss_fn(task)
 
     def compute(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
@@ -137,17 +139,17 @@ class AutogradStep(Step):
         loss = losses.mean() if losses is not None else self.loss(out, y)
         loss.backward()
         return Pending(partial(loss.detach), losses.detach() if losses is not None else None,
-                       self.sgd.lr(epoch, batch_size))
+                       self.optimizer.lr(epoch, batch_size))
 
     def on_no_examples(self, epoch: float, batch_size: int) -> Pending:
         """The first half of a step on no examples (a sync rank whose shard of the global batch
         is empty): a zero gradient, so the all-reduced one lands as on every other rank."""
         self.flat.zero_grad()
-        return Pending(partial(torch.zeros, ()), None, self.sgd.lr(epoch, batch_size))
+        return Pending(partial(torch.zeros, ()), None, self.optimizer.lr(epoch, batch_size))
 
     @torch.no_grad()
     def land(self, pending: Pending) -> None:
-        self.sgd.step(pending.lr)
+        self.optimizer.step(pending.lr)
 
 
 Activation = tuple[Forward, Backward]
@@ -200,7 +202,8 @@ def mlp_layers(module: nn.Module) -> list[tuple[nn.Linear, Activation | None]] |
 class FusedMlpStep(Step):
     def __init__(self, flat: FlatModel, sgd: SGD, task: str,
                  layers: list[tuple[nn.Linear, Activation | None]]) -> None:
-        self.sgd, self.task = sgd, task
+        self.optimizer = self.sgd = sgd
+        self.task = task
         self.loss = loss_fn(task)
         self.activations = [activation for _, activation in layers]
         momentum = dict(zip((id(p) for p in flat.module.parameters()), sgd.momentum_views()))
@@ -256,11 +259,13 @@ class FusedMlpStep(Step):
             self.sgd.apply_product(param, momentum, left, right, pending.lr)
 
 
-def _fused_layers(module: nn.Module, step_choice: str
+def _fused_layers(module: nn.Module, step_choice: str, optim: OptimConfig
                   ) -> list[tuple[nn.Linear, Activation | None]] | None:
-    """The layers of the fused step when ``optim.step=step_choice`` gets it for ``module``, None for the
-    autograd step; ``fused`` on a model it cannot run is an error."""
-    layers = mlp_layers(module) if step_choice != "autograd" else None
+    """The layers of the fused step when ``optim.step=step_choice`` gets it for ``module``
+    (plain SGD only: its update is fused into backward), None for the autograd step; ``fused``
+    on a model it cannot run is an error."""
+    fusable = step_choice != "autograd" and isinstance(optim, SGDConfig)
+    layers = mlp_layers(module) if fusable else None
     if layers is None and step_choice == "fused":
         raise UserError(f"optim.step=fused needs an MLP (linear layers with sigmoid, relu or tanh "
                         f"between them); this model is a {type(module).__name__}: use "
@@ -268,17 +273,18 @@ def _fused_layers(module: nn.Module, step_choice: str
     return layers
 
 
-def resolved_step(module: nn.Module, step_choice: str) -> str:
+def resolved_step(module: nn.Module, step_choice: str, optim: OptimConfig) -> str:
     """Which step (``fused`` or ``autograd``) :func:`build_step` gives ``module`` under
     ``optim.step=step_choice``: what a run's summary reports."""
-    return "fused" if _fused_layers(module, step_choice) is not None else "autograd"
+    return "fused" if _fused_layers(module, step_choice, optim) is not None else "autograd"
 
 
 def build_step(step_choice: str, flat: FlatModel, optim: OptimConfig, task: str) -> Step:
     """The step ``optim.step`` (``step_choice``, one of ``config.schema.STEP_CHOICES``) asks
     for: ``fused`` where the model allows it under ``auto``."""
-    sgd = SGD(optim, flat)
-    layers = _fused_layers(flat.module, step_choice)
+    optimizer = build_optimizer(optim, flat)
+    layers = _fused_layers(flat.module, step_choice, optim)
     if layers is not None:
-        return FusedMlpStep(flat, sgd, task, layers)
-    return AutogradStep(flat, sgd, task)
+        assert isinstance(optimizer, SGD)  # only plain SGD is fused
+        return FusedMlpStep(flat, optimizer, task, layers)
+    return AutogradStep(flat, optimizer, task)

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from hetsgd.config.schema import OptimConfig
+from hetsgd.config.optim import OPTIM_SCHEMAS, SGDConfig
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import CONFIG, UNUSABLE, load_csv, override_key, settings
 from hetsgd.outputs.intervals import mean_interval
@@ -133,7 +133,7 @@ def row_order(frame: pd.DataFrame) -> pd.DataFrame:
 
 def optim_settings(run_dir: str) -> frozenset[str]:
     """``optim.<key>=<value>`` for each optim value of the run's ``config.yaml`` that differs
-    from the schema's default (``{}`` without a readable file): what a device mix or an
+    from its optimizer schema's default (``{}`` without a readable file): what a device mix or an
     experiment set without an override saying so."""
     try:
         config = yaml.safe_load((Path(run_dir) / CONFIG).read_text())
@@ -142,7 +142,7 @@ def optim_settings(run_dir: str) -> frozenset[str]:
     optim = config.get("optim") if isinstance(config, dict) else None
     if not isinstance(optim, dict):
         return frozenset()
-    defaults = dataclasses.asdict(OptimConfig())
+    defaults = dataclasses.asdict(OPTIM_SCHEMAS.get(str(optim.get("name")), SGDConfig)())
     return frozenset(f"optim.{key}={plain(value)}" for key, value in optim.items()
                      if key in defaults and value != defaults[key])
 

@@ -27,6 +27,7 @@ from hetsgd.data.libsvm import LibsvmFile
 from hetsgd.data.registry import _check_task, get_source
 from hetsgd.data.synthetic import Synthetic
 from hetsgd.data.tables import Files
+from hetsgd.engines.factory import check_optimizer_for
 from hetsgd.errors import UserError
 from hetsgd.runs.sweep_dir import settle_sweep_dir
 from hetsgd.tuning.spec import NODE
@@ -83,11 +84,13 @@ def _checked(number: int, overrides: Sequence[str]) -> Job:
 
 def check_job(cfg: RunConfig) -> str | None:
     """What a run of ``cfg`` checks before it trains, in its order (:mod:`hetsgd.runs.runner`):
-    the mix's workers, the algorithm's plan for them, the dataset; a failure raises. Returns
+    the mix's workers, the algorithm's plan for them, its optimizers, the dataset; a failure
+    raises. Returns
     what the run would do first that takes time (download a dataset), if anything."""
     specs = expand(cfg.devices)
     algorithm, cfg = algorithms.choose(cfg)
-    algorithm.plan(cfg, specs)
+    plan = algorithm.plan(cfg, specs)
+    check_optimizer_for(plan.cfg, algorithm.hooks(plan), len(plan.workers))
     source = get_source(cfg.dataset.name)
     _check_task(cfg.dataset.task, source.task, source.name)
     if isinstance(source, NEEDS_PATH) and not cfg.dataset.path:

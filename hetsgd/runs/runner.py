@@ -168,7 +168,7 @@ def _loaded(attempt: _Attempt, plan: Plan) -> tuple[RunData, SharedMaster]:
         features=data.features,
         classes=None if data.class_names is None else list(data.class_names),  # sorted, numbered
         # which step the workers take: fused only where it computes the model's own forward
-        plan={**plan.settled, "step": resolved_step(model, cfg.optim.step)})
+        plan={**plan.settled, "step": resolved_step(model, cfg.optim.step, cfg.optim)})
     return data, master
 
 

@@ -35,7 +35,6 @@ from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.common.links import UNANSWERED_STEPS
 from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.common.watch import Watch, cpu_s, ended
-from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.processes import (
     LOST_TO_FORKSERVER,
     context,
@@ -117,7 +116,6 @@ class Coordinator(EngineBase):
         super().__init__(cfg, specs, problem, data, master, on_tick, controller, journal,
                          self.ctx)
         self.target, self.resume = target, resume
-        self._parts: dict[int, dict[int, WorkerState]] = {}  # by position, then rank
         self.reports = self.ctx.Queue()
         # Accelerator workers keep replicas of their own: the master holds their latest steps
         # only once they answered a publish request (see Signals).
@@ -158,31 +156,6 @@ class Coordinator(EngineBase):
         return {}
 
     # -- checkpoints -------------------------------------------------------------------------
-
-    def _receive_part(self, rank: int, data: bytes) -> None:
-        part = WorkerState.from_bytes(data)
-        self._parts.setdefault(part.position, {})[rank] = part
-
-    def _write_checkpoints(self, t0: float, snapshots: Snapshots) -> None:
-        """Assemble every position that all workers have sent their part of, for the journal."""
-        world = len(self.state.counters.table)
-        for position in [p for p, parts in self._parts.items() if len(parts) == world]:
-            parts = self._parts.pop(position)
-            checkpoint = Checkpoint.assemble([parts[rank] for rank in range(world)], t0,
-                                             snapshots.items,
-                                             (snapshots.every_s, snapshots.every_epochs))
-            if self.journal is not None:
-                self.journal.checkpoint(checkpoint)
-
-    def _resume_snapshots(self, t0: float, snapshots: Snapshots) -> None:
-        """The snapshots the checkpoint kept come first, at the spacing they had reached."""
-        assert self.resume is not None
-        counters = [dict(zip(COUNTERS, row.tolist())) for row in self.resume.counters]
-        for snapshot in self.resume.snapshots:
-            snapshots.add(snapshot, snapshot.examples / self.state.data.num_examples)
-            if self.journal is not None:
-                self.journal.snapshot(snapshot, counters)
-        snapshots.every_s, snapshots.every_epochs = self.resume.snapshot_spacing
 
     def _start(self, procs: list) -> dict[int, str]:
         """Start the workers with SIGINT and SIGHUP blocked, which they inherit through fork and
@@ -255,7 +228,7 @@ class Coordinator(EngineBase):
         live.t0 = t0 = time.perf_counter() - resumed_s
         monitor.set_time_origin(t0)
         if self.resume is not None:
-            self._resume_snapshots(t0, live.snapshots)
+            self._resume_snapshots(self.resume, live.snapshots)
         self._take_snapshot(time.perf_counter() - t0, live.snapshots)
         live.last_request = time.perf_counter()
         self.state.signals.go.set()
@@ -420,7 +393,7 @@ class Coordinator(EngineBase):
                 if topic == "ready":
                     ready.add(rank)
                 elif topic == "checkpoint":
-                    self._receive_part(rank, message)
+                    self._receive_part(rank, WorkerState.from_bytes(message))
                 else:
                     finished[rank] = (topic, message)
                     if topic != "done":

@@ -162,16 +162,20 @@ class Worker:
         is exactly the examples it has trained on."""
         counters.count_cpu()
         flat = self.link.flat
-        momentum = self.train_step.sgd.momentum_buffer
+        optimizer = self.train_step.optimizer
+        momentum = optimizer.momentum_buffer
         return WorkerState(self.state.cursor.handed_out, time.perf_counter(),
                            cpu_copy(counters.row), None if momentum is None else cpu_copy(momentum),
                            rng_state(self.device, augment_generator(self.batches.augment)),
-                           model=(cpu_copy(flat.params), cpu_copy(flat.buffers)))
+                           model=(cpu_copy(flat.params), cpu_copy(flat.buffers)),
+                           optimizer=optimizer.state_dict())
 
     def _restore(self, part: WorkerState) -> None:
-        momentum = self.train_step.sgd.momentum_buffer
-        if momentum is not None and part.momentum is not None:
-            momentum.copy_(part.momentum)
+        optimizer = self.train_step.optimizer
+        if optimizer.momentum_buffer is not None and part.momentum is not None:
+            optimizer.momentum_buffer.copy_(part.momentum)
+        if part.optimizer:
+            optimizer.load_state_dict(part.optimizer)
         restore_rng(part.rng, self.device, augment_generator(self.batches.augment))
 
     @staticmethod

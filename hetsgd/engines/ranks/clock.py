@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from hetsgd.engines.step_timing import StepTimer
 from hetsgd.workers import WorkerSpec
@@ -41,6 +41,14 @@ class RankClock(Protocol):
         takes the i-th throwaway step where it is measured."""
         ...
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this clock (a virtual clock's time and its draws)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resumed run's clock, as :meth:`state_dict` left it."""
+        ...
+
 
 class WallClock:
     """The real engines' clock."""
@@ -58,3 +66,9 @@ class WallClock:
                      ) -> float:
         """Measured: the median of a few timed steps, the emulated slowdown included."""
         return statistics.median(SPEED_TIMER.times(step, spec))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the coordinator continues the wall clock from the checkpoint's time
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None

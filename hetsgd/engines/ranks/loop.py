@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -76,12 +76,13 @@ class RankLoop(ABC):
         time): :meth:`Rank.average` or :meth:`Rank.exchange`, whose verdict it returns. The
         replica it leaves is the model of this step or round."""
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's own state for a checkpoint, besides what every rank has (model, momentum,
-        counters, random streams, ``position``): e.g. an outer optimizer's momentum."""
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's own state for a checkpoint (tensors, numbers and containers of them),
+        besides what every rank has (model, optimizer, counters, random streams,
+        ``position``): e.g. an outer optimizer's (:class:`~hetsgd.model.optimizer.OuterOptimizer`)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027 - optional
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
         """A resumed run's :meth:`state_dict`, before its first step. (What the loop needs while
         it is built, say measured step times, it reads from ``self.rank.restored_loop``.)"""
 

@@ -21,9 +21,8 @@ process entry (:mod:`~.process`) runs it, so this module knows no loop and no al
 from __future__ import annotations
 
 import math
-import time
 from functools import partial
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import torch
 
@@ -79,7 +78,7 @@ class Rank:
         # the step the loop asks for (``optim.step`` for local SGD; ``autograd`` for sync, which
         # all-reduces the gradient between the step's two halves)
         self.train_step = build_step(step_choice, self.flat, cfg.optim, problem.task)
-        self.sgd = self.train_step.sgd
+        self.optimizer = self.train_step.optimizer
         self.next_loss_read = 0.0
         self.ledger = Ledger(spec.rank, spec.batch_size, state.counters,
                              partial(state.signals.beat, spec.rank))
@@ -165,21 +164,26 @@ class Rank:
         return self.state.checkpointing
 
     @property
-    def restored_loop(self) -> dict[str, torch.Tensor]:
+    def restored_loop(self) -> dict[str, Any]:
         """The loop's own state in the checkpoint this run resumes ({} for a fresh run)."""
         return self.restored.loop if self.restored is not None else {}
 
     def restore(self) -> None:
-        """Before the first step of a resumed run: this rank's momentum, counters and random
+        """Before the first step of a resumed run: this rank's optimizer state, counters and random
         streams as the checkpoint left them (after any speed measurement, which draws too)."""
         if self.restored is None:
             return
-        if self.sgd.momentum_buffer is not None and self.restored.momentum is not None:
-            self.sgd.momentum_buffer.copy_(self.restored.momentum)
+        momentum = self.optimizer.momentum_buffer
+        if momentum is not None and self.restored.momentum is not None:
+            momentum.copy_(self.restored.momentum)
+        if self.restored.optimizer:
+            self.optimizer.load_state_dict(self.restored.optimizer)
+        if self.restored.clock:
+            self.clock.load_state_dict(self.restored.clock)
         self.ledger.row.copy_(self.restored.counters)
         restore_rng(self.restored.rng, self.device, self.augment)
 
-    def checkpoint(self, position: int, loop: dict[str, torch.Tensor]) -> WorkerState:
+    def checkpoint(self, position: int, loop: dict[str, Any]) -> WorkerState:
         """This rank's part of a checkpoint at ``position`` (the same on every rank), with the
         loop's own state; rank 0's holds the model. Answers the coordinator's request."""
         self.ledger.count_cpu()
@@ -187,10 +191,11 @@ class Rank:
         model = None
         if self.spec.rank == 0:
             model = (cpu_copy(self.flat.params), cpu_copy(self.flat.buffers))
-        momentum = self.sgd.momentum_buffer
-        return WorkerState(position, time.perf_counter(), cpu_copy(self.ledger.row),
+        momentum = self.optimizer.momentum_buffer
+        return WorkerState(position, self.clock.now(), cpu_copy(self.ledger.row),
                            None if momentum is None else cpu_copy(momentum),
-                           rng_state(self.device, self.augment), loop, model)
+                           rng_state(self.device, self.augment), loop, model,
+                           self.optimizer.state_dict(), self.clock.state_dict())
 
     def write_master(self) -> None:
         """Rank 0: the current model into the coordinator's master (a snapshot may land during

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,14 @@ class VirtualClock:
                      ) -> float:
         """The profile's, on average, without running ``step``."""
         return self.times.mean_compute_s(batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"time": self.time, "draws": self.times.draws}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Back at the checkpoint's time, the step times' stream where it was."""
+        self.time = float(state["time"])
+        self.times.skip(int(state["draws"]) - self.times.draws)
 
 
 class Meeting:

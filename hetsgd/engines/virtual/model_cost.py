@@ -13,8 +13,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from hetsgd.config.optim import STEP_CHOICES, SGDConfig
 from hetsgd.config.problem import TASKS
-from hetsgd.config.schema import STEP_CHOICES, OptimConfig
 from hetsgd.errors import UserError
 from hetsgd.model.flat import FlatModel, state_sizes
 from hetsgd.model.losses import loss_fn
@@ -72,7 +72,7 @@ class ModelCost:
         elements, logits = _activation_elements(model, x)
         y = _targets(task, logits)
         flops = _train_flops(model, x, y, task)
-        train_step = build_step(step, FlatModel(model), OptimConfig(), task)
+        train_step = build_step(step, FlatModel(model), SGDConfig(), task)
         passes = FUSED_PARAM_PASSES if isinstance(train_step, FusedMlpStep) else AUTOGRAD_PARAM_PASSES
         return cls(flops_per_example=flops / PROBE_BATCH,
                    update_flops=2.0 * n_params,

@@ -3,21 +3,26 @@ algorithm's own rank loops, as threads of one process meeting in a :class:`~.gro
 
 The coordinator's duties run at the meetings, while every rank waits: a snapshot of the master
 when one is due (rank 0 writes the master after each exchange, so at a meeting the master holds
-the model of the previous one, and the snapshot carries that one's time), utilization samples and
-progress. A rank that fails releases the others from the barrier; the run then fails with the
-first rank's error, as a real run does. The ranks' threads are watched (:mod:`.watch`): once
-training has started, ranks that neither step nor meet for ``dist.timeout_s`` (one hung in the
-algorithm's code, the others waiting for it at an exchange) fail the run naming the hung ones,
-as a real collective's timeout does; a Ctrl-C stops them at their next exchange.
+the model of the previous one, and the snapshot carries that one's time), utilization samples,
+progress, and checkpoints: a request every ``checkpoint.every_s`` virtual seconds, which the
+ranks agree on at their next exchange and answer after it, and the checkpoint of every position
+whose parts have all come (their times are virtual, and so is a resumed run's clock). A rank
+that fails releases the others from the barrier; the run then fails with the first rank's
+error, as a real run does. The ranks' threads are watched (:mod:`.watch`): once training has
+started, ranks that neither step nor meet for ``dist.timeout_s`` (one hung in the algorithm's
+code, the others waiting for it at an exchange) fail the run naming the hung ones, as a real
+collective's timeout does; a Ctrl-C stops them at their next exchange.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import EngineBase
+from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.hooks import SetupSummary
 from hetsgd.engines.ranks.group import RankLost
@@ -41,7 +46,8 @@ class VirtualRanks(EngineBase):
     def __init__(self, cfg: RunConfig, world: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster, on_tick: OnTick | None,
                  loop_type: type[RankLoop], setup_summary: SetupSummary,
-                 profiles: list[DeviceProfile], journal: Journal | None = None) -> None:
+                 profiles: list[DeviceProfile], journal: Journal | None = None,
+                 resume: Checkpoint | None = None) -> None:
         super().__init__(cfg, world, problem, data, master, on_tick, None, journal, threading)
         self.loop_type, self.setup_summary = loop_type, setup_summary
         self.busy = BusyTime(world)
@@ -52,7 +58,11 @@ class VirtualRanks(EngineBase):
         self.errors: dict[int, BaseException] = {}
         self.snapshots = self._new_snapshots()
         self.utilization: list[dict] = []
-        self.previous_meeting = 0.0  # the time of the model the master holds
+        self.resume = resume
+        # the time of the model the master holds, and of the last checkpoint request
+        self.previous_meeting = resume.time_s if resume is not None else 0.0
+        self.last_request = self.previous_meeting
+        self.parts_lock = threading.Lock()
         self.seen: tuple[float, ...] = ()  # the meetings and clocks when last seen to move
         self.seen_at = time.monotonic()
 
@@ -64,8 +74,25 @@ class VirtualRanks(EngineBase):
             self._snapshot(self.previous_meeting)
         if self.busy.due(time_s, self.cfg.monitor.interval_s):
             self._record_utilization(self.busy.sample(time_s), self.utilization)
+        self._checkpoint_duties(time_s)
         self._duties(time_s)
         self.previous_meeting = time_s
+
+    def _checkpoint_duties(self, time_s: float) -> None:
+        """The checkpoints whose parts have all come, then a request when one is due."""
+        every_s = self.cfg.checkpoint.every_s
+        if every_s is None:
+            return
+        with self.parts_lock:
+            self._write_checkpoints(0.0, self.snapshots)
+        if time_s - self.last_request >= every_s:
+            self.state.signals.request_checkpoint()
+            self.last_request = time_s
+
+    def _on_part(self, rank: int, part: WorkerState) -> None:
+        """A rank's part of a checkpoint, from its thread: a copy, as a process's would be."""
+        with self.parts_lock:
+            self._receive_part(rank, WorkerState.from_bytes(part.to_bytes()))
 
     def _snapshot(self, time_s: float) -> None:
         first = self.loops[0]
@@ -84,7 +111,7 @@ class VirtualRanks(EngineBase):
             if spec.rank == 0:
                 setup.update(loop.setup())
             self.meeting.start()
-            loop.run(lambda part: None)  # no checkpoints on the virtual clock
+            loop.run(partial(self._on_part, spec.rank))
             loop.rank.finish()
         except BaseException as exc:  # noqa: BLE001 - reported by run()
             self.errors[spec.rank] = exc
@@ -95,7 +122,11 @@ class VirtualRanks(EngineBase):
         device's virtual busy share."""
         training = Training()
         setup: dict[str, list[float]] = {}
-        self._take_snapshot(0.0, self.snapshots)
+        if self.resume is not None:  # before the ranks start: they take their parts along
+            self.state.restore(self.resume)
+            self._resume_snapshots(self.resume, self.snapshots)
+            self.busy.last_time = self.resume.time_s  # utilization from here on
+        self._take_snapshot(self.previous_meeting, self.snapshots)
         ranks = [threading.Thread(target=self._rank, args=(spec, setup), daemon=True,
                                   name=f"hetsgd-rank-{spec.rank}") for spec in self.specs]
         with simulated_math(self.cfg, self.specs):  # the rank threads inherit its float mode
@@ -109,6 +140,7 @@ class VirtualRanks(EngineBase):
                     self.meeting.abort()
         self._raise_failure(training)
         training.time_s = max(clock.time for clock in self.meeting.clocks)
+        self._write_checkpoints(0.0, self.snapshots)  # the final one, which every rank sent
         self._snapshot(training.time_s)
         if self.busy.due(training.time_s, self.cfg.monitor.interval_s, closing=True):
             self._record_utilization(self.busy.sample(training.time_s), self.utilization)

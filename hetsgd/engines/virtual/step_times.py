@@ -36,12 +36,19 @@ class StepTimes:
         self.sigma = math.sqrt(math.log1p(jitter ** 2))
         self.rng = (np.random.default_rng((JITTER_STREAM, cfg.seed, spec.rank))
                     if jitter > 0 else None)
+        self.draws = 0  # factors drawn so far: where a resumed run's stream continues
 
     def factor(self) -> float:
         """The next step's jitter factor (1 without jitter, and no draw)."""
         if self.rng is None:
             return 1.0
+        self.draws += 1
         return float(self.rng.lognormal(-self.sigma ** 2 / 2, self.sigma))
+
+    def skip(self, draws: int) -> None:
+        """Draw ``draws`` factors unused: a resumed run's stream continues the checkpoint's."""
+        for _ in range(draws):
+            self.factor()
 
     def step(self, batch_size: int, copies: int = 0) -> tuple[float, float]:
         """One step's seconds of compute and of ``copies`` copies of the model, both spread by
