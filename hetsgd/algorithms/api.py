@@ -27,6 +27,9 @@ are refused for an algorithm that does not declare it); run it with
   rest. :class:`Rank` is what every rank has (its replica, ``train_step``, ``clock``,
   ``ledger`` and the exchanges :meth:`Rank.average` and :meth:`Rank.exchange`, each
   returning the ranks' :class:`Verdict`).
+- A method's own numbers: :func:`log` (``log(name, value)``) from a link or a controller,
+  :meth:`RankLoop.log` from a rank loop; :meth:`RankLoop.eval_parameters` names the model the
+  run evaluates.
 - Pieces the built-ins share: :func:`check_world` and :func:`choose_backend` (a rank layout's
   checks), :func:`per_group` (a per-rank column as summary.json's per-group entry),
   :class:`EpochCursor`, :class:`Batches`, :class:`AutogradStep` and :class:`Pending` (a step
@@ -58,6 +61,7 @@ from hetsgd.engines.hooks import (
     SharedMemoryHooks,
     per_group,
 )
+from hetsgd.engines.method_log import log
 from hetsgd.engines.ranks.exchange import Verdict
 from hetsgd.engines.ranks.group import Group, check_world, choose_backend
 from hetsgd.engines.ranks.loop import RankLoop
@@ -74,4 +78,4 @@ __all__ = [
     "Hooks", "InPlace", "Link", "LinkFactory", "LocalSGDConfig", "Pending", "Plan", "Problem",
     "Rank", "RankLoop", "Replica", "Resident", "RunConfig", "SetupSummary", "SharedMemoryHooks",
     "SharedState", "SyncConfig", "UserError", "Verdict", "WorkerCounters", "WorkerSpec",
-    "WorkerState", "check_world", "choose_backend", "default_link", "per_group", "renumber"]
+    "WorkerState", "check_world", "choose_backend", "default_link", "log", "per_group", "renumber"]
