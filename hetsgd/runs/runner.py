@@ -80,6 +80,7 @@ from hetsgd.outputs.summary import (
     learnt_between,
     shares,
 )
+from hetsgd.outputs.trackers.live import following
 from hetsgd.runs.refused import refuse
 from hetsgd.runs.resume import Resumption, resume
 from hetsgd.runs.setup import Handoff, RunData, load_run_data
@@ -249,7 +250,9 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
         plan={**plan.settled, "step": resolved_step(model, cfg.optim.step)})
     out.write_summary(replace(attempt.summary, coordinator=running).to_dict())  # for recovery
     with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
-          RunJournal(out, specs) as journal):
+          following(out.path, cfg.logger, [s.group for s in specs],
+                    data.train.num_examples) as live,
+          RunJournal(out, specs, on_snapshot=live) as journal):
         # a simulated run times its first steps, to say what the whole run will cost
         cost = (CostProbe(cfg.budget, data.train.num_examples, progress.update)
                 if cfg.devices.simulated else None)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,12 @@ class RunRecord:
     @property
     def name(self) -> str:
         return self.run_dir.name
+
+    def after(self, fed: dict[str, int]) -> RunRecord:
+        """This record less the points a live feed wrote: up to the last step ``fed`` of each
+        series (:mod:`.live`)."""
+        return replace(self, series={name: [p for p in points if p.step > fed.get(name, -1)]
+                                     for name, points in self.series.items()})
 
     def final(self, series: str) -> float | None:
         points = self.series.get(series)
