@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -22,12 +22,15 @@ from hetsgd.config.schema import LoggersConfig
 from hetsgd.outputs.drawing import draw_figures
 from hetsgd.outputs.trackers.failures import cause, drop, tried
 
+if TYPE_CHECKING:
+    from hetsgd.outputs.trackers.live import Followed
+
 log = logging.getLogger("hetsgd")
 
 
 def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
     """Log the run in ``run_dir`` to each tracker ``loggers`` chooses."""
-    from hetsgd.outputs.trackers.live import followed
+    from hetsgd.outputs.trackers.live import followed  # loads the tracker packages lazily
     from hetsgd.outputs.trackers.record import read_run
 
     live = followed(run_dir)  # what was fed while it trained: written once
@@ -41,7 +44,7 @@ def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
     sweep = run_dir.parent if record.sweep is not None else None
     if sweep is not None and not record.figures:
         record = replace(record, figures=draw_figures(run_dir))  # a job draws none
-    if chosen.tensorboard is not None and tried(sweep, "tensorboard"):
+    if chosen.tensorboard is not None and _tried(sweep, "tensorboard", live):
         try:
             from hetsgd.outputs.trackers.tensorboard_events import write_events
 
@@ -49,7 +52,7 @@ def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
         except Exception as exc:  # noqa: BLE001 - costs the event files, never the run
             log.warning("tensorboard: could not log the run in %s: %s%s", run_dir, cause(exc),
                         drop(sweep, "tensorboard"))
-    if chosen.mlflow is not None and tried(sweep, "mlflow"):
+    if chosen.mlflow is not None and _tried(sweep, "mlflow", live):
         try:
             from hetsgd.outputs.trackers.mlflow_runs import log_run
 
@@ -57,3 +60,9 @@ def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
         except Exception as exc:  # noqa: BLE001 - costs the MLflow run, never the run
             log.warning("mlflow: could not log the run in %s to %s: %s%s", run_dir,
                         chosen.mlflow.tracking_uri, cause(exc), drop(sweep, "mlflow"))
+
+
+def _tried(sweep: Path | None, tracker: str, live: Followed) -> bool:
+    """Whether ``tracker`` logs the run: not where it failed in the run's sweep, nor where
+    its live feed could not open it (already said)."""
+    return tried(sweep, tracker) and tracker not in live.unopened

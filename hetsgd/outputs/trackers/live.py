@@ -6,8 +6,9 @@ utilization, config and figures (:func:`hetsgd.outputs.trackers.track`), which w
 points not fed here, into the same TensorBoard folder and the same MLflow run.
 
 Writes run on a thread of their own, so a slow tracking server never delays the engine. A
-tracker that cannot be opened or fed costs one warning and is fed no more (the final log writes
-what it missed); in a sweep it is left out for the later jobs, as the final log leaves it.
+tracker that cannot be opened costs one warning and is not tried again for the run; one that
+fails while fed costs one warning and is fed no more (the final log writes what it missed); in
+a sweep it is left out for the later jobs, as the final log leaves it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -89,6 +90,7 @@ class Followed:
 
     fed: dict[str, dict[str, int]] = field(default_factory=dict)
     mlflow_run: str | None = None
+    unopened: set[str] = field(default_factory=set)  # failed to open: said, not tried again
 
 
 #: Runs whose trackers were fed live, by run folder, until the final log takes them.
@@ -158,14 +160,15 @@ def _open(loggers: LoggersConfig, run_dir: Path, sweep: Path | None) -> dict[str
     if (mlflow := loggers.mlflow) is not None:
         openers["mlflow"] = lambda: MlflowFeed(
             mlflow, mlflow.experiment or sweep_name or SINGLE_RUNS, run_dir.name)
+    where = {"mlflow": f" to {mlflow.tracking_uri}" if mlflow is not None else ""}
     feeds = {}
     for name, opener in openers.items():
         if tried(sweep, name):
             try:
                 feeds[name] = opener()
-            except Exception as exc:  # noqa: BLE001 - costs the live feed, never the run
-                log.warning("%s: could not follow the run live: %s%s", name, cause(exc),
-                            drop(sweep, name))
+            except Exception as exc:  # noqa: BLE001 - costs the tracker, never the run
+                log.warning("%s: could not log the run in %s%s: %s%s", name, run_dir,
+                            where.get(name, ""), cause(exc), drop(sweep, name))
     return feeds
 
 
@@ -185,9 +188,12 @@ def following(run_dir: Path, loggers: LoggersConfig, groups: list[str],
             from hetsgd.outputs.trackers.mlflow_runs import request_limits
 
             stack.enter_context(request_limits(loggers.mlflow))
-        feed = LiveFeed(_open(loggers, run_dir, sweep),
+        feeds = _open(loggers, run_dir, sweep)
+        unopened = {name for name in ("tensorboard", "mlflow")
+                    if getattr(loggers, name) is not None and name not in feeds}
+        feed = LiveFeed(feeds,
                         lambda s: snapshot_points(s, groups, num_examples, time.time()), sweep)
         try:
             yield feed.snapshot
         finally:
-            _followed[run_dir] = feed.close()
+            _followed[run_dir] = replace(feed.close(), unopened=unopened)
