@@ -29,6 +29,9 @@ are refused for an algorithm that does not declare it); run it with
   returning the ranks' :class:`Verdict`). The run's optimizer (``optim``) is ``rank.optimizer``;
   an outer one (DiLoCo's) is an :class:`OuterOptimizer` built from a :class:`Target`
   (``algo.outer`` of :class:`LocalSGDConfig`, which local SGD steps after every average).
+- A method's own numbers: :func:`log` (``log(name, value)``) from a link or a controller,
+  :meth:`RankLoop.log` from a rank loop; :meth:`RankLoop.eval_parameters` names the model the
+  run evaluates.
 - Pieces the built-ins share: :func:`check_world` and :func:`choose_backend` (a rank layout's
   checks), :func:`per_group` (a per-rank column as summary.json's per-group entry),
   :class:`EpochCursor`, :class:`Batches`, :class:`AutogradStep` and :class:`Pending` (a step
@@ -61,6 +64,7 @@ from hetsgd.engines.hooks import (
     SetupSummary,
     per_group,
 )
+from hetsgd.engines.method_log import log
 from hetsgd.engines.ranks.exchange import Verdict
 from hetsgd.engines.ranks.group import Group, check_world, choose_backend
 from hetsgd.engines.ranks.loop import RankLoop
@@ -79,4 +83,4 @@ __all__ = [
     "Problem", "Rank", "RankLoop", "RankLoopHooks", "Replica", "Resident", "RunConfig",
     "SetupSummary", "SharedState", "SyncConfig", "Target", "UserError", "Verdict",
     "WorkerCounters", "WorkerSpec", "WorkerState", "check_world", "choose_backend",
-    "default_link", "per_group", "renumber"]
+    "default_link", "log", "per_group", "renumber"]

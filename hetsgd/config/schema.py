@@ -259,8 +259,9 @@ class MlflowConfig:
 @dataclass
 class LoggersConfig:
     """Where a run's results go besides its run directory (`logger=tensorboard`,
-    `logger=[tensorboard,mlflow]`; default none). Loggers read the run directory once the run
-    has written it; a logger that fails costs a warning, never the run."""
+    `logger=[tensorboard,mlflow]`; default none). Loggers are fed each snapshot as it is taken,
+    then the rest from the run directory once the run has written it; a logger that fails costs
+    a warning, never the run."""
 
     tensorboard: TensorBoardConfig | None = None
     mlflow: MlflowConfig | None = None

@@ -13,6 +13,7 @@ from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.counters import COUNTERS
+from hetsgd.engines.method_log import bind
 from hetsgd.engines.snapshots import Snapshot, Snapshots
 from hetsgd.engines.training import Controller, Journal, OnTick, Training
 from hetsgd.model.problem import Problem
@@ -36,6 +37,7 @@ class EngineBase:
         self.state = SharedState.create(data, master, cfg.budget.epochs, len(specs), ctx)
         self.state.checkpointing = cfg.checkpoint.every_s is not None
         self._parts: dict[int, dict[int, WorkerState]] = {}  # by position, then rank
+        bind(self.state.log)  # a controller's log() in this process
 
     def _new_snapshots(self) -> Snapshots:
         evaluation = self.cfg.eval
@@ -49,8 +51,8 @@ class EngineBase:
         counters = self.state.counters
         params, buffers = self.state.master.snapshot()
         examples = float(counters.column("examples").sum())
-        snapshot = Snapshot(time_s, examples,
-                            counters.column("updates").tolist(), params, buffers)
+        snapshot = Snapshot(time_s, examples, counters.column("updates").tolist(), params,
+                            buffers, self.state.log.latest())
         dropped = snapshots.add(snapshot, examples / self.state.data.num_examples)
         if self.journal is not None:
             self.journal.snapshot(snapshot, [counters.row(rank)

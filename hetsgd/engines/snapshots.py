@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,6 +15,7 @@ class Snapshot:
     updates: list[float]  # per worker
     params: torch.Tensor
     buffers: torch.Tensor
+    logged: dict[str, float] = field(default_factory=dict)  # the method's latest (method_log)
 
 
 class Snapshots:

@@ -79,10 +79,10 @@ def _malformed(file: Path, err: Exception) -> UnreadableFile:
 
 
 def snapshot_row(snapshot: Snapshot) -> dict[str, Any]:
-    """What indexes a snapshot besides its tensors: its time, examples and each worker's
-    updates."""
+    """What indexes a snapshot besides its tensors: its time, examples, each worker's updates
+    and the method's logged values."""
     return {"time_s": snapshot.time_s, "examples": snapshot.examples,
-            "updates": list(snapshot.updates)}
+            "updates": list(snapshot.updates), "logged": dict(snapshot.logged)}
 
 
 def save_snapshot(snapshot: Snapshot, handle: IO[bytes]) -> None:
@@ -105,7 +105,8 @@ def load_snapshot(file: Path, row: dict[str, Any] | None = None) -> Snapshot:
         if not isinstance(params, torch.Tensor) or not isinstance(buffers, torch.Tensor):
             raise TypeError("its model is not tensors")
         return Snapshot(float(row["time_s"]), float(row["examples"]),
-                        [float(u) for u in row["updates"]], params, buffers)
+                        [float(u) for u in row["updates"]], params, buffers,
+                        {str(k): float(v) for k, v in row.get("logged", {}).items()})
     except (KeyError, TypeError, ValueError) as err:
         raise _malformed(file, err) from err
 

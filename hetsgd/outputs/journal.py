@@ -69,8 +69,10 @@ class RunJournal:
     monitor's ``on_sample`` (:meth:`utilization`). :meth:`close` waits for every write; a write
     that failed (a full disk) stops the journal and raises there, or at the next snapshot."""
 
-    def __init__(self, out: RunDirectory, specs: list[WorkerSpec]) -> None:
+    def __init__(self, out: RunDirectory, specs: list[WorkerSpec],
+                 on_snapshot: Callable[[Snapshot], None] | None = None) -> None:
         self.out, self.specs = out, specs
+        self.on_snapshot = on_snapshot  # told of each snapshot as it is taken (live trackers)
         self.folder = out.path / SNAPSHOTS
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetsgd-journal")
         self._failure: Exception | None = None
@@ -82,6 +84,8 @@ class RunJournal:
         if self.training_started_at is None:
             self.training_started_at = time.time()
         self._writer.submit(self._write, self._write_snapshot, snapshot, counters)
+        if self.on_snapshot is not None:
+            self.on_snapshot(snapshot)
 
     def drop(self, snapshot: Snapshot) -> None:
         self._writer.submit(self._write, (self.folder / snapshot_file(snapshot)).unlink)

@@ -265,6 +265,8 @@ class RunSummary:
     epochs_to_loss: dict[str, float | None] | None = None
     unstable_losses: list[str] | None = None  # targets reached, then left (keys as above)
     snapshot_spacing_s: float | None = None  # median seconds between snapshots: the resolution
+    # the last value a method logged under each name (hetsgd.engines.method_log)
+    method_log: dict[str, float] | None = None
     utilization: dict[str, float | None] | None = None  # the run's own means
     # whether the workers got the CPU they wanted (hetsgd.observe.contention)
     contention: dict[str, Any] | None = None

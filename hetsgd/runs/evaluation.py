@@ -47,7 +47,7 @@ def _convergence(snapshots: list[Snapshot], metrics: list, workers: list[dict[st
                "updates": sum(snap.updates)}
         row.update({f"updates_{group}": n for group, n in by_group(groups, snap.updates).items()})
         row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
-        rows.append(row)
+        rows.append({**row, **snap.logged})  # the method's own, empty before its first
     return pd.DataFrame(rows)
 
 
@@ -90,6 +90,7 @@ def _results(summary: RunSummary, training: Training, convergence: pd.DataFrame,
         epochs_to_loss=time_to_losses(convergence["epoch"], loss, targets.losses),
         unstable_losses=[key for key, reach in in_time.items() if reach.unstable],
         snapshot_spacing_s=snapshot_spacing(convergence["time_s"]),
+        method_log=training.snapshots[-1].logged or None,
         utilization=summarize(training.utilization,
                               cores_given=int(sum(w["threads"] for w in workers))))
 

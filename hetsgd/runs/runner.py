@@ -64,6 +64,7 @@ from hetsgd.outputs.summary import (
     Staleness,
     Timing,
 )
+from hetsgd.outputs.trackers.live import following
 from hetsgd.runs.evaluation import evaluate
 from hetsgd.runs.refused import refuse
 from hetsgd.runs.resume import Resumption, resume
@@ -177,7 +178,9 @@ def _trained(attempt: _Attempt, plan: Plan, hooks: Hooks, data: RunData, master:
     """The engine's training, journaled as it goes, and the host's load meanwhile."""
     cfg, specs = plan.cfg, plan.workers
     with (TrainingProgress(cfg, specs, data.train.num_examples) as progress,
-          RunJournal(attempt.out, specs) as journal):
+          following(attempt.out.path, cfg.logger, [s.group for s in specs],
+                    data.train.num_examples) as live,
+          RunJournal(attempt.out, specs, on_snapshot=live) as journal):
         # a simulated run times its first steps, to say what the whole run will cost
         cost = (CostProbe(cfg.budget, data.train.num_examples, progress.update)
                 if cfg.devices.simulated else None)

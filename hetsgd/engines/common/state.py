@@ -15,6 +15,7 @@ from hetsgd.engines.common.cursor import EpochCursor
 from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.common.numpy_views import SharedFlag, SharedViews
 from hetsgd.engines.counters import WorkerCounters
+from hetsgd.engines.method_log import MethodLog
 
 # A worker that has left its loop answers every publish request from then on.
 RETIRED = torch.iinfo(torch.int64).max
@@ -113,6 +114,7 @@ class SharedState:
     cursor: EpochCursor
     counters: WorkerCounters
     signals: Signals
+    log: MethodLog  # the method's own numbers (``log(name, value)``)
     checkpointing: bool = False  # workers send their part of a checkpoint when asked, and at the end
     restored: list[WorkerState] | None = None  # by rank: each worker's part, when resuming
 
@@ -122,7 +124,8 @@ class SharedState:
         """``ctx`` makes the lock and event: a multiprocessing context for worker processes,
         the ``threading`` module for workers that share this process (the virtual engines)."""
         return cls(data, master, EpochCursor(data.num_examples, epochs, ctx.Lock()),
-                   WorkerCounters(num_workers), Signals.create(ctx, num_workers))
+                   WorkerCounters(num_workers), Signals.create(ctx, num_workers),
+                   MethodLog(ctx.Lock()))
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Start where ``checkpoint`` left: the model, the counters, the cursor's hand-out and

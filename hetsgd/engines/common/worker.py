@@ -44,6 +44,7 @@ from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.counters import CounterRow
 from hetsgd.engines.denormals import flush_denormals
 from hetsgd.engines.graphs import GraphedStep
+from hetsgd.engines.method_log import bind
 from hetsgd.errors import Diverged
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending, Step, build_step
@@ -70,6 +71,7 @@ class Worker:
     def __init__(self, spec: WorkerSpec, cfg: RunConfig, problem: Problem, state: SharedState,
                  link_factory: LinkFactory | None = None) -> None:
         self.spec, self.cfg, self.state = spec, cfg, state
+        bind(state.log)  # the link's log() in this process
         self.device = torch.device(spec.device)
         module = problem.build_model(cfg.model, cfg.seed).to(self.device)
         self.module = module.train()

@@ -4,11 +4,12 @@ A method on ranks (sync SGD, local SGD, a plugin's DiLoCo) writes only what make
 torchft's ``LocalSGD``/``DiLoCo`` and Lightning's ``Strategy`` do: :meth:`RankLoop.local_steps`
 (this rank's work up to the next exchange) and :meth:`RankLoop.aggregate` (the exchange, which
 returns the ranks' :class:`~.exchange.Verdict`), and what a checkpoint keeps of it
-(:meth:`RankLoop.state_dict` / :meth:`RankLoop.load_state_dict`). The loop here does the rest,
-the same for every method, in the order that keeps every rank out of a collective that will
-never come: a resumed run's restore, the round's model into the master, the verdict's
-divergence, stop and checkpoint, and the final checkpoint. :meth:`RankLoop.train` is one local
-step with its clocks, emulated slowdown, counters and loss reads, for methods whose steps are
+(:meth:`RankLoop.state_dict` / :meth:`RankLoop.load_state_dict`); optionally the model to
+evaluate (:meth:`RankLoop.eval_parameters`) and numbers of its own (:meth:`RankLoop.log`). The
+loop here does the rest, the same for every method, in the order that keeps every rank out of
+a collective that will never come: a resumed run's restore, the round's model into the master,
+the verdict's divergence, stop and checkpoint, and the final checkpoint. :meth:`RankLoop.train`
+is one local step with its clocks, emulated slowdown, counters and loss reads, for methods whose steps are
 whole ones.
 """
 
@@ -24,6 +25,7 @@ import torch
 from hetsgd.config import RunConfig
 from hetsgd.engines.checkpoint import WorkerState
 from hetsgd.engines.common.state import SharedState
+from hetsgd.engines.method_log import check_name, check_value
 from hetsgd.engines.ranks.exchange import Verdict
 from hetsgd.engines.ranks.group import Group
 from hetsgd.engines.ranks.rank import Rank
@@ -86,6 +88,23 @@ class RankLoop(ABC):
         """A resumed run's :meth:`state_dict`, before its first step. (What the loop needs while
         it is built, say measured step times, it reads from ``self.rank.restored_loop``.)"""
 
+    def eval_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model the run evaluates, as (flat parameters, flat buffers) on rank 0, written
+        into the master after each aggregation: by default rank 0's replica; a method whose
+        model is another (EASGD's centre) returns that. Not read by a ``LINKED`` loop, whose
+        link publishes the replica itself."""
+        return self.rank.flat.params, self.rank.flat.buffers
+
+    def log(self, name: str, value: object) -> None:
+        """Log a number of the method's own under ``name`` (convergence.csv's column of that
+        name at each snapshot, summary.json's ``method_log``, the trackers' ``method/<name>``):
+        rank 0's values are the run's, as its model is; every rank's are checked (a name that
+        is an identifier and no built-in column, a finite value: one line if not)."""
+        if self.rank.spec.rank == 0:
+            self.rank.state.log.log(name, value)
+        else:
+            check_value(check_name(name), value)
+
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self, on_checkpoint: Callable[[WorkerState], None]) -> None:
@@ -114,7 +133,7 @@ class RankLoop(ABC):
         if rank.link is not None:
             rank.ledger.add("comm_s", rank.link.after_step())
         else:
-            rank.write_master()
+            rank.write_master(*self.eval_parameters())
 
     def checkpoint(self) -> WorkerState:
         """This rank's part of a checkpoint at ``position``, with :meth:`state_dict`."""

@@ -197,12 +197,13 @@ class Rank:
                            rng_state(self.device, self.augment), loop, model,
                            self.optimizer.state_dict(), self.clock.state_dict())
 
-    def write_master(self) -> None:
-        """Rank 0: the current model into the coordinator's master (a snapshot may land during
-        the copy and mix two consecutive models, as Hogwild snapshots can)."""
+    def write_master(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
+        """Rank 0: the model to evaluate (its replica's, or the loop's own) into the
+        coordinator's master (a snapshot may land during the copy and mix two consecutive
+        models, as Hogwild snapshots can)."""
         if self.spec.rank == 0:
-            self.state.master.params.copy_(self.flat.params)
-            self.state.master.buffers.copy_(self.flat.buffers)
+            self.state.master.params.copy_(params)
+            self.state.master.buffers.copy_(buffers)
 
     def finish(self) -> None:
         """After the last exchange: rank 0's final publish, then every rank's exact counters."""

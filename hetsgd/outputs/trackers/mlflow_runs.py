@@ -88,7 +88,7 @@ def _artifact_location(cfg: MlflowConfig, experiment: str) -> str | None:
     return (Path(cfg.artifact_dir).expanduser().resolve() / experiment).as_uri()
 
 
-def _experiment_id(client: Any, name: str, cfg: MlflowConfig) -> str:
+def experiment_id(client: Any, name: str, cfg: MlflowConfig) -> str:
     """The experiment called ``name``, created if new; a sweep's job running at the same time
     may create it first."""
     from mlflow.exceptions import MlflowException
@@ -110,34 +110,38 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[start:start + size]
 
 
-def _ms(seconds: float) -> int:
+def ms(seconds: float) -> int:
     return int(round(1000 * seconds))
 
 
-def _open_store(uri: str) -> None:
+def open_store(uri: str) -> None:
     """A SQLite store's folder, made if missing (SQLite creates the file, not its folder)."""
     path = uri.removeprefix("sqlite:///")
     if path != uri and path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
-def log_run(record: RunRecord, cfg: MlflowConfig) -> str:
-    """Log the run as a new MLflow run; return its id."""
+def log_run(record: RunRecord, cfg: MlflowConfig, run_id: str | None = None) -> str:
+    """Log the run as a new MLflow run, or into ``run_id`` (the run its live feed opened:
+    :mod:`.live`); return its id."""
     from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param, RunTag
 
     experiment = cfg.experiment or record.sweep or SINGLE_RUNS
     with request_limits(cfg), quiet():
-        _open_store(cfg.tracking_uri)
+        open_store(cfg.tracking_uri)
         client = MlflowClient(tracking_uri=cfg.tracking_uri)
-        run_id = client.create_run(_experiment_id(client, experiment, cfg),
-                                   start_time=_ms(record.started), tags=dict(record.tags),
-                                   run_name=record.name).info.run_id
+        if run_id is None:
+            run_id = client.create_run(experiment_id(client, experiment, cfg),
+                                       start_time=ms(record.started), tags=dict(record.tags),
+                                       run_name=record.name).info.run_id
+        else:
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in record.tags.items()])
         try:
             params = [Param(key, value[:PARAM_LENGTH]) for key, value in record.params.items()]
             for chunk in _chunks(params, PARAMS_PER_CALL):
                 client.log_batch(run_id, params=chunk)
-            metrics = [Metric(name, point.value, _ms(point.time), point.step)
+            metrics = [Metric(name, point.value, ms(point.time), point.step)
                        for name, points in record.series.items() for point in points]
             for chunk in _chunks(metrics, METRICS_PER_CALL):
                 client.log_batch(run_id, metrics=chunk)
@@ -151,5 +155,5 @@ def log_run(record: RunRecord, cfg: MlflowConfig) -> str:
                 client.set_terminated(run_id, "FAILED")
             raise
         client.set_terminated(run_id, RUN_STATUS.get(record.status, "FAILED"),
-                              end_time=_ms(record.ended))
+                              end_time=ms(record.ended))
     return run_id

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from hetsgd.outputs.index import CONFIG, MULTIRUN, override_key, read_overrides,
 from hetsgd.outputs.run_directory import SUMMARY
 
 #: convergence.csv's columns and the series they are logged as; ``updates_<group>`` is
-#: ``updates/<group>`` and any other column keeps its name.
+#: ``updates/<group>``, a method's own column ``method/<name>`` and any other keeps its name.
 CONVERGENCE_SERIES = {"train_loss": "train/loss", "test_loss": "test/loss",
                       "test_acc": "test/accuracy", "updates": "updates/total",
                       "epoch": "progress/epoch"}
@@ -68,6 +68,12 @@ class RunRecord:
     def name(self) -> str:
         return self.run_dir.name
 
+    def after(self, fed: dict[str, int]) -> RunRecord:
+        """This record less the points a live feed wrote: up to the last step ``fed`` of each
+        series (:mod:`.live`)."""
+        return replace(self, series={name: [p for p in points if p.step > fed.get(name, -1)]
+                                     for name, points in self.series.items()})
+
     def final(self, series: str) -> float | None:
         points = self.series.get(series)
         return points[-1].value if points else None
@@ -92,6 +98,15 @@ def swept_values(run_dir: Path) -> dict[str, str]:
     return {override_key(key): value for key, value in job if override_key(key) in swept}
 
 
+def series_name(column: str, logged: dict[str, float]) -> str:
+    """The series a convergence column is logged as: a method's own (named in ``logged``,
+    summary.json's ``method_log``) under ``method/``, the others as ``CONVERGENCE_SERIES``
+    says."""
+    if column in logged:
+        return f"method/{column}"
+    return CONVERGENCE_SERIES.get(column) or re.sub(r"^updates_", "updates/", column)
+
+
 def _points(frame: pd.DataFrame, column: str, started: float) -> list[Point]:
     """The column's numbers; an empty cell (NaN) has nothing to draw and is left out."""
     return [Point(step_of(time_s), started + float(time_s), float(value))
@@ -108,8 +123,9 @@ def _table(run_dir: Path, name: str) -> pd.DataFrame:
 
 def _series(run_dir: Path, summary: dict[str, Any], started: float) -> dict[str, list[Point]]:
     conv = _table(run_dir, "convergence")
-    series = {CONVERGENCE_SERIES.get(column) or re.sub(r"^updates_", "updates/", column):
-              _points(conv, column, started) for column in conv.columns if column != "time_s"}
+    logged = summary.get("method_log") or {}
+    series = {series_name(column, logged): _points(conv, column, started)
+              for column in conv.columns if column != "time_s"}
     if "epoch" in conv and summary.get("epochs") and summary.get("examples"):
         # the summary's epochs are its examples / the training examples, as each row's epoch
         per_epoch = summary["examples"] / summary["epochs"]

@@ -16,8 +16,9 @@ from hetsgd.outputs.trackers.record import RunRecord
 RESULTS = ("train/loss", "test/loss", "test/accuracy")
 
 
-def events_dir(record: RunRecord, cfg: TensorBoardConfig) -> Path:
-    return Path(cfg.dir, *([record.sweep] if record.sweep else []), record.name)
+def events_dir(cfg: TensorBoardConfig, sweep: str | None, name: str) -> Path:
+    """The folder of run ``name``'s event files (under its sweep's, for a sweep's job)."""
+    return Path(cfg.dir, *([sweep] if sweep else []), name)
 
 
 def write_events(record: RunRecord, cfg: TensorBoardConfig) -> Path:
@@ -26,7 +27,7 @@ def write_events(record: RunRecord, cfg: TensorBoardConfig) -> Path:
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.summary import hparams
 
-    folder = events_dir(record, cfg)
+    folder = events_dir(cfg, record.sweep, record.name)
     with SummaryWriter(str(folder), max_queue=1000) as writer:
         for name, points in record.series.items():
             for point in points:

@@ -1,0 +1,132 @@
+"""Trackers fed while the run trains: a tracker double sees each snapshot's progress and the
+method's own numbers before the run has evaluated anything (convergence.csv not yet written);
+TensorBoard and a file-based MLflow store then hold every snapshot once, the live points and the
+final log's together, in one folder and one run; a live feed that fails costs a warning, and
+the final log writes the points it missed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_method_log import SIMULATED, _run, plugins  # noqa: F401 - the fixture
+
+from hetsgd.outputs.trackers import live
+from hetsgd.outputs.trackers.record import Point, step_of
+
+CENTRE = ("mymethods.centre", *SIMULATED, "+algo.tau=4")
+
+
+class Recorder:
+    """A tracker double: what it was fed, and whether the run had evaluated its snapshots
+    (written convergence.csv) by then."""
+
+    def __init__(self, run_dir: Path, fail_after: int | None = None) -> None:
+        self.run_dir, self.fail_after = run_dir, fail_after
+        self.calls: list[tuple[dict[str, Point], bool]] = []
+        self.closed = False
+
+    def write(self, points: dict[str, Point]) -> None:
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise OSError("disk full")
+        self.calls.append((points, (self.run_dir / "convergence.csv").exists()))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch, name: str,
+               fail_after: int | None = None) -> list[Recorder]:
+    """The live feed's trackers replaced by one double called ``name``; returns where it
+    will be once the run opens it."""
+    opened: list[Recorder] = []
+
+    def _open(loggers: object, run_dir: Path, sweep: Path | None) -> dict[str, Recorder]:
+        opened.append(Recorder(run_dir, fail_after))
+        return {name: opened[-1]}
+
+    monkeypatch.setattr(live, "_open", _open)
+    return opened
+
+
+def _steps(time_s: list[float]) -> list[int]:
+    return [step_of(t) for t in time_s]
+
+
+def test_the_tracker_is_fed_each_snapshot_before_the_run_has_evaluated_any(
+        plugins: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    opened = _recording(monkeypatch, "double")
+    result = _run(*CENTRE, "logger=tensorboard")
+    assert result.status == "completed" and result.convergence is not None
+    recorder, = opened
+    assert recorder.closed and len(recorder.calls) == len(result.convergence)
+    assert not any(evaluated for _, evaluated in recorder.calls)  # all while it trained
+    fed = [points for points, _ in recorder.calls]
+    assert [p["updates/total"].step for p in fed] == _steps(result.convergence["time_s"])
+    assert [p["updates/total"].value for p in fed] == result.convergence["updates"].tolist()
+    distance = [p["method/replica_distance"].value for p in fed
+                if "method/replica_distance" in p]
+    assert distance == pytest.approx(result.convergence["replica_distance"].dropna().tolist())
+    assert live._followed == {}  # the final log took what was fed
+
+
+def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(Path(os.environ["HETSGD_RESULTS"]) / "tensorboard"
+                                  / run_dir.name))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def test_tensorboard_holds_every_snapshot_once_live_and_final_together(
+        plugins: Path) -> None:  # noqa: F811
+    result = _run(*CENTRE, "logger=tensorboard")
+    conv = result.convergence
+    assert result.status == "completed" and conv is not None
+    steps = _steps(conv["time_s"])
+    assert _scalars(result.run_dir, "updates/total") == list(zip(steps, conv["updates"]))
+    assert [s for s, _ in _scalars(result.run_dir, "train/loss")] == steps  # the final log's
+    logged = conv["replica_distance"].notna()
+    distance = _scalars(result.run_dir, "method/replica_distance")
+    assert [s for s, _ in distance] == [s for s, k in zip(steps, logged) if k]
+    assert [v for _, v in distance] == pytest.approx(conv["replica_distance"][logged].tolist())
+
+
+def test_a_file_based_mlflow_store_holds_one_run_with_each_snapshot_once(
+        plugins: Path) -> None:  # noqa: F811
+    from mlflow import MlflowClient
+
+    result = _run(*CENTRE, "logger=mlflow")
+    conv = result.convergence
+    assert result.status == "completed" and conv is not None
+    results = Path(os.environ["HETSGD_RESULTS"])
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+    run, = client.search_runs([client.get_experiment_by_name("hetsgd").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["status"] == "completed"
+
+    def history(name: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
+
+    steps = _steps(conv["time_s"])
+    assert history("updates/total") == list(zip(steps, conv["updates"]))
+    # the final log's (MLflow keeps one of two equal points: the run's last two snapshots)
+    assert {s for s, _ in history("train/loss")} == set(steps)
+    logged = conv["replica_distance"].dropna()
+    assert [v for _, v in history("method/replica_distance")] == pytest.approx(logged.tolist())
+
+
+def test_a_live_feed_that_fails_costs_a_warning_and_the_final_log_writes_what_it_missed(
+        plugins: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    opened = _recording(monkeypatch, "tensorboard", fail_after=1)
+    result = _run(*CENTRE, "logger=tensorboard")
+    conv = result.convergence
+    assert result.status == "completed" and conv is not None
+    assert len(opened[0].calls) == 1  # the first snapshot, then it failed and was fed no more
+    warnings = [line.partition(" - ")[2] for line in capsys.readouterr().out.splitlines()
+                if "could not follow the run live" in line]
+    assert warnings == ["tensorboard: could not follow the run live: OSError: disk full"]
+    steps = _steps(conv["time_s"])  # the real event files: all but the point the double took
+    assert _scalars(result.run_dir, "updates/total") == list(zip(steps, conv["updates"]))[1:]
