@@ -14,7 +14,7 @@ import torch
 from conftest import compose_config
 from torch import nn
 
-from hetsgd.config import OptimConfig, to_run_config
+from hetsgd.config import SGDConfig, to_run_config
 from hetsgd.engines import device_ops, graphs
 from hetsgd.engines.graphs import GraphedStep
 from hetsgd.model.flat import FlatModel
@@ -24,7 +24,7 @@ from hetsgd.runs import runner
 CPU, CUDA = torch.device("cpu"), torch.device("cuda:0")
 # two batch sizes (a controller's change) and a milestone (a new learning rate): three graphs
 SCHEDULE = [(0.0, 8)] * 3 + [(0.0, 5)] * 2 + [(1.0, 8)] * 3
-OPTIM = OptimConfig(lr=0.5, momentum=0.5, milestones=[1.0], lr_decay=0.1)
+OPTIM = SGDConfig(lr=0.5, momentum=0.5, milestones=[1.0], lr_decay=0.1)
 
 
 def _net(device: torch.device) -> nn.Module:

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from hetsgd import algorithms
 from hetsgd.cli import app
-from hetsgd.config import to_run_config
+from hetsgd.config import SGDConfig, to_run_config
 from hetsgd.config.problem import CustomModelConfig
 from hetsgd.data import load_dataset
 from hetsgd.engines.common.memory import SharedData, SharedMaster
@@ -167,21 +167,22 @@ def test_what_cannot_be_built_is_one_line_naming_the_target(nets: object, factor
 def test_the_fused_step_only_where_it_computes_the_forward(nets: object) -> None:
     plain = BINARY.build_model(_custom("mlp"), seed=0)
     assert mlp_layers(plain) is not None
-    assert resolved_step(plain, "auto") == "fused" and resolved_step(plain, "autograd") == "autograd"
+    assert resolved_step(plain, "auto", SGDConfig()) == "fused"
+    assert resolved_step(plain, "autograd", SGDConfig()) == "autograd"
     for factory in ("subclassed", "hooked"):
         module = BINARY.build_model(_custom(factory), seed=0)
         assert mlp_layers(module) is None
-        assert resolved_step(module, "auto") == "autograd"
+        assert resolved_step(module, "auto", SGDConfig()) == "autograd"
         with pytest.raises(UserError, match="optim.step=fused needs an MLP"):
-            resolved_step(module, "fused")
+            resolved_step(module, "fused", SGDConfig())
     handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
     try:
-        assert resolved_step(plain, "auto") == "autograd"  # a global hook runs on every module
+        assert resolved_step(plain, "auto", SGDConfig()) == "autograd"  # a global hook runs on every module
     finally:
         handle.remove()
-    assert resolved_step(plain, "auto") == "fused"
+    assert resolved_step(plain, "auto", SGDConfig()) == "fused"
     cnn = DIGIT_IMAGES.build_model(_custom("small_cnn"), seed=0)
-    assert resolved_step(cnn, "auto") == "autograd"
+    assert resolved_step(cnn, "auto", SGDConfig()) == "autograd"
 
 
 def _altered(change: str) -> nn.Sequential:

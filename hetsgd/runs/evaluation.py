@@ -90,7 +90,7 @@ def _results(summary: RunSummary, training: Training, convergence: pd.DataFrame,
         epochs_to_loss=time_to_losses(convergence["epoch"], loss, targets.losses),
         unstable_losses=[key for key, reach in in_time.items() if reach.unstable],
         snapshot_spacing_s=snapshot_spacing(convergence["time_s"]),
-        method_log=training.snapshots[-1].logged or None,
+        method_log=(training.snapshots[-1].logged or None) if training.snapshots else None,
         utilization=summarize(training.utilization,
                               cores_given=int(sum(w["threads"] for w in workers))))
 
