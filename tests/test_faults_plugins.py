@@ -322,6 +322,7 @@ def test_a_worker_that_exits_0_before_its_report_is_named(
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_thread_left_running_fails_the_run_and_the_command_ends(
         evil: Path, results_dir: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "hetsgd", "run", "algo=custom",
@@ -338,6 +339,7 @@ def test_a_thread_left_running_fails_the_run_and_the_command_ends(
 
 @pytest.mark.integration
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.wall
 def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
         evil: Path, results_dir: Path, tmp_path: Path, signum: int, code: int) -> None:
     """The other ranks wait for the hung one at a barrier, which the signal releases."""
@@ -361,6 +363,7 @@ def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_ctrl_c_ends_a_simulation_whose_link_hangs_keeping_its_snapshots(
         evil: Path, results_dir: Path, tmp_path: Path) -> None:
     """The simulation does not stop at its next event: it is left behind, and what it took

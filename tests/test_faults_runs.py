@@ -294,6 +294,7 @@ def _as_a_terminal_starts_it() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_second_ctrl_c_during_the_final_evaluation_keeps_the_snapshots_for_recover(
         results_dir: Path) -> None:
     done = subprocess.run(

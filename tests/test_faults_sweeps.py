@@ -93,6 +93,7 @@ def test_a_sweep_keeps_no_jobs_configs_once_it_has_ended() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_any_job(
         results_dir: Path, tmp_path: Path) -> None:
     folder = tmp_path / "my sweep"

@@ -119,6 +119,7 @@ def test_a_factory_that_exits_or_interrupts_fails_its_job_and_the_sweep_goes_on(
     ("hangs", ("devices=single_cpu",)),  # in the coordinator, which builds the model first
     ("hangs_in_a_worker", ("algo=hogwild", "devices=cpu", "devices.groups.cpu.count=2")),
 ])
+@pytest.mark.wall
 def test_a_factory_that_never_returns_fails_the_run_within_its_bound(
         user_code: Path, results_dir: Path, factory: str, mix: tuple[str, ...]) -> None:
     proc = _hetsgd(results_dir, user_code, "run", "model=custom",

@@ -170,6 +170,7 @@ def test_the_pages_bad_plugins_fail_with_the_lines_it_prints(package: Path,
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_diloco_under_torchrun_is_called_only_where_each_nodes_command_names_it(
         tmp_path: Path) -> None:
     """Two torchrun nodes with the page's package in their working folder (``python -m``

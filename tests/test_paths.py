@@ -45,6 +45,7 @@ def test_long_values_keep_a_readable_prefix_and_stay_distinct() -> None:
 
 @pytest.mark.integration
 @pytest.mark.usefixtures("two_cores")  # hogwild's mix: one worker per core
+@pytest.mark.wall
 def test_a_hostile_long_sweep_writes_only_safe_job_folders(tmp_path: Path, results_dir: Path) -> None:
     overrides = ["algo=sync,hogwild", "dataset=digits", "budget.epochs=null", "budget.seconds=1",
                  "eval.every_s=0.5", "eval.every_epochs=null", "optim.lr=0.05", "optim.momentum=0",

@@ -148,6 +148,7 @@ def tuned_sweep(results: Path, *more: str) -> Path:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_a_tuned_comparison_on_the_virtual_clock_chooses_the_same_settings_again(
         tmp_path: Path) -> None:
     first, second = tuned_sweep(tmp_path / "a"), tuned_sweep(tmp_path / "b")
