@@ -7,6 +7,7 @@ experiment=$1; shift
 variant=_small
 if [[ "${1:-}" == "full" ]]; then variant=""; shift; fi
 make -s setup
+source scripts/w8a_cache.sh  # the small variants train on w8a too
 results=${HETSGD_RESULTS:-results}
 before=$(ls -1 "$results/sweeps" 2>/dev/null | sort | tail -n 1 || true)
 status=0

@@ -12,19 +12,12 @@ cd "$(dirname "$0")/.."
 make -s setup
 BIN=.venv/bin
 
-# w8a from the data cache, else $HETSGD_W8A (scripts/w8a_path.py), through a temporary cache
+source scripts/w8a_cache.sh  # w8a from the data cache, else $HETSGD_W8A
 if ! "$BIN/python" -c "import sys; from hetsgd.data import source_info
 sys.exit(not source_info('w8a').cached)"; then
-  w8a=$("$BIN/python" scripts/w8a_path.py)
-  if [[ ! -f $w8a ]]; then
-    echo "reproduce_biased_local_sim: w8a is not cached and $w8a is missing" \
-      "(hetsgd data fetch w8a, or set HETSGD_W8A)" >&2
-    exit 1
-  fi
-  HETSGD_DATA=$(mktemp -d)
-  export HETSGD_DATA
-  trap 'rm -rf "$HETSGD_DATA"' EXIT
-  ln -s "$w8a" "$HETSGD_DATA/$("$BIN/python" scripts/w8a_path.py --name)"
+  echo "reproduce_biased_local_sim: w8a is not cached and $("$BIN/python" scripts/w8a_path.py)" \
+    "is missing (hetsgd data fetch w8a, or set HETSGD_W8A)" >&2
+  exit 1
 fi
 
 out=${HETSGD_RESULTS:-results}/biased_local_sim/$(date +%Y-%m-%d_%H-%M-%S)

@@ -17,14 +17,7 @@ make -s setup
 out=${HETSGD_RESULTS:-results}/hogbatch_sim/$(date +%Y-%m-%d_%H-%M-%S)
 mkdir -p "$out"
 
-# w8a: the data cache, else $HETSGD_W8A (scripts/w8a_path.py) through a cache of our own
-cached=$(.venv/bin/python -c "from hetsgd.data import source_info; print(source_info('w8a').cached)")
-w8a=$(.venv/bin/python scripts/w8a_path.py)
-if [[ $cached != True && -f $w8a ]]; then
-  mkdir -p "$out/data"
-  ln -sf "$w8a" "$out/data/$(.venv/bin/python scripts/w8a_path.py --name)"
-  export HETSGD_DATA=$out/data
-fi
+source scripts/w8a_cache.sh  # w8a from the data cache, else $HETSGD_W8A
 
 status=0
 # sweep NAME EXPERIMENT OVERRIDES...: one sweep of EXPERIMENT into $out/NAME, its output in NAME.log
