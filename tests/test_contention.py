@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import torch
 from hetsgd.config import ConfigError
 from hetsgd.config.schema import MonitorConfig
 from hetsgd.engines import counters
-from hetsgd.engines.common.run_queue import waited_s, waits
+from hetsgd.engines.common.run_queue import COLLECTIVE_THREADS, TASKS, waited_s, waits
 from hetsgd.engines.counters import COUNTERS, RANK_COUNTERS, CounterRow
 from hetsgd.machine import cgroup_cpu_limit, cpu_sharing
 from hetsgd.observe import monitor
@@ -86,6 +87,34 @@ def test_the_wait_for_a_cpu_is_each_threads_growth_in_schedstat(tmp_path):
     (tasks / "100" / "schedstat").write_text("garbled\n")
     (tasks / "102" / "schedstat").unlink()
     assert waits(str(tasks)) is None  # nothing readable: the OS does not say
+
+
+def test_a_collective_backends_own_threads_are_left_out_of_the_wait(tmp_path):
+    """gloo's threads wake for every message: their wakeup latency is not a busy machine."""
+    tasks = tmp_path / "task"
+    tasks.mkdir()
+    schedstat(tasks, {"100": 1_000, "101": 2_000, "102": 4_000, "103": 8_000})
+    for tid, name in {"100": "python\n", "101": "gloo_tcp_loop\n", "102": "pt_gloo_runloop\n",
+                      "103": "glooish_but_mine\n"}.items():
+        (tasks / tid / "comm").write_text(name)
+    assert waits(str(tasks)) == {"100": 1_000, "103": 8_000}
+    (tasks / "100" / "comm").unlink()  # a name that cannot be read: the thread counts
+    assert waits(str(tasks)) == {"100": 1_000, "103": 8_000}
+
+
+@NEEDS_SCHEDSTAT
+def test_the_threads_gloo_starts_are_named_as_left_out():
+    """The names COLLECTIVE_THREADS leaves out are those this torch gives gloo's threads."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        dist.all_reduce(torch.ones(4))
+        names = {(Path(TASKS) / tid / "comm").read_text().strip() for tid in os.listdir(TASKS)}
+    finally:
+        dist.destroy_process_group()
+    assert any(name.startswith(COLLECTIVE_THREADS) for name in names), names
 
 
 def reading(wall: float, busy: float, tree: float, own: float = 0.0, steal: float | None = 0.0,
