@@ -13,7 +13,7 @@ import pytest
 from test_method_log import SIMULATED, _run, plugins  # noqa: F401 - the fixture
 
 from hetsgd.outputs.trackers import live
-from hetsgd.outputs.trackers.record import Point, step_of
+from hetsgd.outputs.trackers.record import Point, RunRecord, step_of
 
 CENTRE = ("mymethods.centre", *SIMULATED, "+algo.tau=4")
 
@@ -130,3 +130,18 @@ def test_a_live_feed_that_fails_costs_a_warning_and_the_final_log_writes_what_it
     assert warnings == ["tensorboard: could not follow the run live: OSError: disk full"]
     steps = _steps(conv["time_s"])  # the real event files: all but the point the double took
     assert _scalars(result.run_dir, "updates/total") == list(zip(steps, conv["updates"]))[1:]
+
+
+def test_the_final_log_writes_a_snapshot_the_feed_missed_at_a_step_it_fed(tmp_path: Path) -> None:
+    """A run's last meeting and its final snapshot can share a step: the feed may have written
+    the first and not the second, which the final log must still write, once."""
+    points = [Point(0, 0.0, 0.0), Point(50, 1.0, 690.0), Point(50, 2.0, 696.0)]
+    record = RunRecord(run_dir=tmp_path, sweep=None, status="completed", started=0.0, ended=1.0,
+                       params={}, tags={}, series={"updates/total": points, "train/loss": points},
+                       figures=[])
+    left = record.after({"updates/total": (50, 1)})
+    assert left.series["updates/total"] == [Point(50, 2.0, 696.0)]
+    assert left.series["train/loss"] == points  # never fed: all of it
+    assert record.after({"updates/total": (50, 2)}).series["updates/total"] == []
+    assert record.after({"updates/total": (0, 1)}).series["updates/total"] == points[1:]
+

@@ -86,9 +86,10 @@ class MlflowFeed:
 @dataclass
 class Followed:
     """What the live feed left for the final log: per tracker, the last step fed of each
-    series, and the MLflow run it opened."""
+    series with how many points it fed at that step (two snapshots can share a step: the
+    last of a run's meetings and its final snapshot), and the MLflow run it opened."""
 
-    fed: dict[str, dict[str, int]] = field(default_factory=dict)
+    fed: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     mlflow_run: str | None = None
     unopened: set[str] = field(default_factory=set)  # failed to open: said, not tried again
 
@@ -138,7 +139,10 @@ class LiveFeed:
                             drop(self.sweep, name))
                 del self.feeds[name]
                 continue
-            self.state.fed[name].update({series: p.step for series, p in points.items()})
+            fed = self.state.fed[name]
+            for series, point in points.items():
+                step, count = fed.get(series, (-1, 0))
+                fed[series] = (step, count + 1) if point.step == step else (point.step, 1)
 
     def close(self) -> Followed:
         self._pool.shutdown(wait=True)

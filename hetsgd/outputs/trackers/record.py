@@ -68,10 +68,10 @@ class RunRecord:
     def name(self) -> str:
         return self.run_dir.name
 
-    def after(self, fed: dict[str, int]) -> RunRecord:
-        """This record less the points a live feed wrote: up to the last step ``fed`` of each
-        series (:mod:`.live`)."""
-        return replace(self, series={name: [p for p in points if p.step > fed.get(name, -1)]
+    def after(self, fed: dict[str, tuple[int, int]]) -> RunRecord:
+        """This record less the points a live feed wrote (:mod:`.live`): of each series, those
+        before its last step ``fed`` and as many at that step as were fed there."""
+        return replace(self, series={name: _unfed(points, *fed.get(name, (-1, 0)))
                                      for name, points in self.series.items()})
 
     def final(self, series: str) -> float | None:
@@ -154,3 +154,14 @@ def read_run(run_dir: Path) -> RunRecord:
                      tags={**tags, **swept_values(run_dir)},
                      series=_series(run_dir, summary, started),
                      figures=sorted((run_dir / "figures").glob("*.png")))
+
+
+def _unfed(points: list[Point], last: int, at_last: int) -> list[Point]:
+    """``points`` (in step order) after the first ``at_last`` at step ``last`` and all before."""
+    kept, seen = [], 0
+    for point in points:
+        if point.step == last:
+            seen += 1
+        if point.step > last or (point.step == last and seen > at_last):
+            kept.append(point)
+    return kept
