@@ -50,8 +50,8 @@ def _baseline_row(comp: Comparison, table: pd.DataFrame, selector: str | None) -
     wanted = parse_selector(selector)
     unknown = [key for key in wanted if key not in comp.runs.columns]
     if unknown:
-        raise UserError(f"baseline key {unknown[0]!r} is not a summary.json key "
-                        "(use e.g. algo, devices, seed)")
+        raise UserError(f"baseline key {unknown[0]!r} is not a summary.json key (use e.g. algo, "
+                        "devices, seed, or a row's setting: 'variant=+method=sync')")
     match = comp.runs[comp.runs["status"] == "completed"]
     for key, value in wanted.items():
         match = match[match[key].map(plain) == value]
