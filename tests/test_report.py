@@ -255,7 +255,7 @@ def test_baseline_selector(tmp_path: Path) -> None:
     numbers = pd.read_csv(sweep / "report.csv").set_index(["algo", "devices"])
     assert numbers.loc[("adaptive", "auto"), "baseline"]
     assert numbers.loc[("sync", "auto"), "speedup"] < 1.0
-    with pytest.raises(UserError, match="not a summary.json key.*variant=\+method=sync"):
+    with pytest.raises(UserError, match=r"not a summary.json key.*variant=\+method=sync"):
         write_report(sweep, baseline="colour=red")
     with pytest.raises(UserError, match="key=value"):
         write_report(sweep, baseline="sync")
