@@ -308,3 +308,27 @@ def test_an_algorithm_target_read_back_is_called_only_where_the_user_names_it() 
         check_targets(cfg, "the store", [], "give model._target_={}")
     check_targets(cfg, "the store", ["evil.module"], "give model._target_={}")
     check_targets(cfg, "a run folder", [], "pass --model-target {}", calls_algorithm=False)
+
+
+@pytest.mark.parametrize("overrides, part, target", [
+    (("optim=torch", "optim._target_=evil.optimizer"), "optim", "evil.optimizer"),
+    (("optim=torch", "optim.scheduler={_target_:evil.scheduler}"), "optim", "evil.scheduler"),
+    (("algo=local_sgd", "algo.outer={_target_:torch.optim.sgd.torch.hub.load}"), "algo.outer",
+     "torch.optim.sgd.torch.hub.load"),
+])
+def test_an_optimizer_target_read_back_is_called_only_where_the_user_names_it(
+        overrides: tuple[str, ...], part: str, target: str) -> None:
+    """torch.optim's own classes, by their public names, are trusted; any other path is not."""
+    cfg = run_config(*overrides)
+    with pytest.raises(UserError, match=rf"names {re.escape(part)}\._target_ '{re.escape(target)}'"
+                                        rf".*add {re.escape(part)}\._target_="):
+        check_targets(cfg, "a run folder", [], "pass --model-target {}")
+    check_targets(cfg, "a run folder", [target], "pass --model-target {}")
+    check_targets(cfg, "a run folder", [], "pass --model-target {}", calls_algorithm=False)
+
+
+def test_torch_optims_own_optimizers_read_back_are_trusted() -> None:
+    cfg = run_config("algo=local_sgd", "optim=torch", "optim._target_=torch.optim.AdamW",
+                     "optim.scheduler={_target_:torch.optim.lr_scheduler.CosineAnnealingLR,"
+                     "T_max:10}", "algo.outer={_target_:torch.optim.SGD,lr:0.7}")
+    check_targets(cfg, "a run folder", [], "pass --model-target {}")
