@@ -15,7 +15,7 @@ import psutil
 from hetsgd.outputs.run_directory import SNAPSHOTS
 
 
-def _as_a_terminal_starts_it() -> None:
+def as_a_terminal_starts_it() -> None:
     """Ctrl-C and a hangup as a terminal's foreground command gets them, even where the tests
     themselves run in the background of a script or under nohup (which start them with SIGINT or
     SIGHUP ignored, and children inherit that)."""
@@ -28,7 +28,7 @@ def start(results: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "HETSGD_RESULTS": str(results)}
     return subprocess.Popen([sys.executable, "-m", "hetsgd", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            process_group=0, preexec_fn=_as_a_terminal_starts_it)
+                            process_group=0, preexec_fn=as_a_terminal_starts_it)
 
 
 def workers(proc: subprocess.Popen, count: int, timeout_s: float = 90) -> list[int]:

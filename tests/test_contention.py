@@ -305,6 +305,7 @@ def test_workers_squeezed_onto_one_core_are_flagged(tmp_path):
 
 @pytest.mark.integration
 @NEEDS_SCHEDSTAT
+@pytest.mark.wall
 def test_gloo_ranks_collective_cpu_is_wanted_and_got_so_their_share_is_at_most_one(tmp_path):
     """Two sync ranks over gloo spend much of their CPU in the allreduce, which the share once
     counted as got but not asked (reading above 1); now each rank's wait is its own."""

@@ -276,6 +276,7 @@ def test_a_link_reporting_a_nan_time_is_refused(
                         r"time is finite, >= 0 and within the call\)", str(result.summary.error))
 
 
+@pytest.mark.wall
 def test_a_hung_controller_tick_is_bounded(
         evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _failed(capsys, _run("hangs_in_tick", *SIMULATED, "workers.stall_s=1"),
@@ -283,6 +284,7 @@ def test_a_hung_controller_tick_is_bounded(
             "within workers.stall_s=1 s (raise it if it is only slow)")
 
 
+@pytest.mark.wall
 def test_a_hung_link_on_the_virtual_clock_is_bounded(
         evil: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The simulation runs in a thread of its own: the hung call is left behind, and the run
@@ -296,6 +298,7 @@ def test_a_hung_link_on_the_virtual_clock_is_bounded(
     assert f"hetsgd: error: {result.summary.error} (details in" in capsys.readouterr().err
 
 
+@pytest.mark.wall
 def test_a_hung_rank_on_the_virtual_clock_fails_after_dist_timeout_s(
         evil: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

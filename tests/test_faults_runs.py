@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import psutil
 import pytest
 import torch
 import yaml
+from processes import as_a_terminal_starts_it
 from typer.testing import CliRunner, Result
 
 import hetsgd
@@ -288,11 +288,6 @@ main()
 """
 
 
-def _as_a_terminal_starts_it() -> None:
-    """Ctrl-C as a terminal's command gets it, even where the tests run under nohup."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.integration
 @pytest.mark.wall
 def test_a_second_ctrl_c_during_the_final_evaluation_keeps_the_snapshots_for_recover(
@@ -302,7 +297,7 @@ def test_a_second_ctrl_c_during_the_final_evaluation_keeps_the_snapshots_for_rec
          "devices.groups.cpu.count=2", "model=mlp", "budget.seconds=0.05", "budget.epochs=null",
          "eval.every_s=0.01", "progress=false"], capture_output=True, text=True, timeout=300,
         env={**os.environ, "HETSGD_RESULTS": str(results_dir)},
-        preexec_fn=_as_a_terminal_starts_it)
+        preexec_fn=as_a_terminal_starts_it)
     run_dir, = (results_dir / "runs").iterdir()
     why = ("interrupted by the user during the final evaluation; its snapshots are kept: "
            f"`hetsgd recover {run_dir}` evaluates them")

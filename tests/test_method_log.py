@@ -222,6 +222,7 @@ def test_the_model_evaluated_is_the_one_the_loop_names(plugins: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_the_centre_plugin_logs_on_gloo_ranks(plugins: Path) -> None:
     result = _run("mymethods.centre", *EMULATED, "+algo.tau=4")
     assert _logged(result, "replica_distance").dropna().gt(0).all()
@@ -243,7 +244,7 @@ def test_a_rank_loops_bad_log_fails_the_run_in_one_line(plugins: Path, plugin: s
 
 @pytest.mark.parametrize("devices", [
     pytest.param(SIMULATED, id="virtual"),
-    pytest.param(EMULATED, id="processes", marks=pytest.mark.integration)])
+    pytest.param(EMULATED, id="processes", marks=[pytest.mark.integration, pytest.mark.wall])])
 def test_a_links_and_a_controllers_values_reach_convergence_csv(plugins: Path,
                                                                 devices: tuple[str, ...]) -> None:
     result = _run("logalgos.counting", *devices)

@@ -220,6 +220,7 @@ def test_a_lone_worker_with_adamw_learns_and_resumes_as_a_straight_run(results_d
 
 
 @pytest.mark.integration
+@pytest.mark.wall
 def test_diloco_with_adamw_inside_and_nesterov_outside_resumes_as_a_straight_run(
         package: Path, results_dir: Path) -> None:  # noqa: F811 - the fixture imported above
     """Issue 46's check, on two gloo ranks: AdamW's moments and step counts (each rank's own),
