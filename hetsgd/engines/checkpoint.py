@@ -113,7 +113,3 @@ def restore_rng(state: dict[str, torch.Tensor], device: torch.device,
 def augment_generator(augment: object) -> torch.Generator | None:
     """The generator of a worker's training-batch augmentation (None without one)."""
     return getattr(augment, "generator", None)
-
-
-def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu", copy=True)

@@ -202,7 +202,7 @@ def mlp_layers(module: nn.Module) -> list[tuple[nn.Linear, Activation | None]] |
 class FusedMlpStep(Step):
     def __init__(self, flat: FlatModel, sgd: SGD, task: str,
                  layers: list[tuple[nn.Linear, Activation | None]]) -> None:
-        self.optimizer = self.sgd = sgd
+        self.optimizer: SGD = sgd  # the fused step applies plain SGD's arithmetic itself
         self.task = task
         self.loss = loss_fn(task)
         self.activations = [activation for _, activation in layers]
@@ -251,12 +251,12 @@ class FusedMlpStep(Step):
                 assert activation is not None  # every layer but the last has one
                 activation[1](below, a)
                 grad = below
-        return Pending(loss_of, losses, self.sgd.lr(epoch, batch_size), products)
+        return Pending(loss_of, losses, self.optimizer.lr(epoch, batch_size), products)
 
     @torch.no_grad()
     def land(self, pending: Pending) -> None:
         for param, momentum, left, right in pending.products:
-            self.sgd.apply_product(param, momentum, left, right, pending.lr)
+            self.optimizer.apply_product(param, momentum, left, right, pending.lr)
 
 
 def _fused_layers(module: nn.Module, step_choice: str, optim: OptimConfig

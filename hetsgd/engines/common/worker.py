@@ -35,7 +35,6 @@ from hetsgd.engines.batches import Batches, min_rows, training_augment
 from hetsgd.engines.checkpoint import (
     WorkerState,
     augment_generator,
-    cpu_copy,
     restore_rng,
     rng_state,
 )
@@ -46,6 +45,7 @@ from hetsgd.engines.denormals import flush_denormals
 from hetsgd.engines.graphs import GraphedStep
 from hetsgd.engines.method_log import bind
 from hetsgd.errors import Diverged
+from hetsgd.model.optimizer import copied
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending, Step, build_step
 from hetsgd.workers import WorkerSpec
@@ -167,9 +167,9 @@ class Worker:
         optimizer = self.train_step.optimizer
         momentum = optimizer.momentum_buffer
         return WorkerState(self.state.cursor.handed_out, time.perf_counter(),
-                           cpu_copy(counters.row), None if momentum is None else cpu_copy(momentum),
+                           copied(counters.row), None if momentum is None else copied(momentum),
                            rng_state(self.device, augment_generator(self.batches.augment)),
-                           model=(cpu_copy(flat.params), cpu_copy(flat.buffers)),
+                           model=(copied(flat.params), copied(flat.buffers)),
                            optimizer=optimizer.state_dict())
 
     def _restore(self, part: WorkerState) -> None:

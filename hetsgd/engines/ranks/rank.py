@@ -32,7 +32,6 @@ from hetsgd.engines.batches import Batches, min_rows, training_augment
 from hetsgd.engines.checkpoint import (
     WorkerState,
     augment_generator,
-    cpu_copy,
     restore_rng,
     rng_state,
 )
@@ -43,6 +42,7 @@ from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.ranks.exchange import Exchange, Ledger, Verdict
 from hetsgd.engines.ranks.group import Group
 from hetsgd.model.flat import FlatModel
+from hetsgd.model.optimizer import copied
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step
 from hetsgd.workers import WorkerSpec
@@ -190,10 +190,10 @@ class Rank:
         self.state.signals.answer_checkpoint(self.spec.rank)
         model = None
         if self.spec.rank == 0:
-            model = (cpu_copy(self.flat.params), cpu_copy(self.flat.buffers))
+            model = (copied(self.flat.params), copied(self.flat.buffers))
         momentum = self.optimizer.momentum_buffer
-        return WorkerState(position, self.clock.now(), cpu_copy(self.ledger.row),
-                           None if momentum is None else cpu_copy(momentum),
+        return WorkerState(position, self.clock.now(), copied(self.ledger.row),
+                           None if momentum is None else copied(momentum),
                            rng_state(self.device, self.augment), loop, model,
                            self.optimizer.state_dict(), self.clock.state_dict())
 
