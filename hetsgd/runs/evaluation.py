@@ -117,5 +117,3 @@ def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Trainin
         log.warning("%s", warning)
         summary = replace(summary, warnings=[*(summary.warnings or []), warning])
     return summary
-
-
