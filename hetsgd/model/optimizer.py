@@ -58,6 +58,23 @@ def copied(state: Any) -> Any:
     return state
 
 
+def saved_state(optimizer: Optimizer) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    """What a checkpoint keeps of ``optimizer``: a copy of plain SGD's momentum (None without
+    one) and the rest of its state."""
+    momentum = optimizer.momentum_buffer
+    return (None if momentum is None else copied(momentum)), optimizer.state_dict()
+
+
+def restore_state(optimizer: Optimizer, momentum: torch.Tensor | None,
+                  state: dict[str, Any]) -> None:
+    """``optimizer`` as :func:`saved_state` found it (an empty ``state``: nothing beyond the
+    momentum, as an older checkpoint or plain SGD has)."""
+    if optimizer.momentum_buffer is not None and momentum is not None:
+        optimizer.momentum_buffer.copy_(momentum)
+    if state:
+        optimizer.load_state_dict(state)
+
+
 def _built(spec: Target, base: type, *args: Any) -> Any:
     """The ``base`` subclass ``spec`` names, built from ``args`` and its keyword arguments."""
     cls = locate(spec.key, spec.target)
@@ -82,9 +99,9 @@ class TorchOptimizer:
 
     momentum_buffer: torch.Tensor | None = None  # its state is the optimizer's own
 
-    def __init__(self, optim: TorchOptimConfig, flat: FlatModel) -> None:
+    def __init__(self, optim: TorchOptimConfig, params: list[torch.Tensor]) -> None:
         self.cfg = optim
-        self.optimizer = torch_optimizer(optim.optimizer, list(flat.module.parameters()))
+        self.optimizer = torch_optimizer(optim.optimizer, params)
         schedule = optim.lr_scheduler
         self.scheduler: LRScheduler | None = (None if schedule is None
                                               else _built(schedule, LRScheduler, self.optimizer))
@@ -115,7 +132,7 @@ class TorchOptimizer:
 def build_optimizer(optim: OptimConfig, flat: FlatModel) -> SGD | TorchOptimizer:
     """The update ``optim`` (the run's ``optim`` group) asks for, over ``flat``'s parameters."""
     if isinstance(optim, TorchOptimConfig):
-        return TorchOptimizer(optim, flat)
+        return TorchOptimizer(optim, list(flat.module.parameters()))
     assert isinstance(optim, SGDConfig), f"an optim schema without an update: {optim.name}"
     return SGD(optim, flat)
 
@@ -152,12 +169,7 @@ def check_optimizers(cfg: RunConfig) -> None:
     """Before any worker starts (and in a dry run): the run's optimizer, scheduler and outer
     optimizer (local SGD's ``algo.outer``) built once on a throwaway parameter, so that a wrong
     class or argument is one line here, not a failure in every worker."""
-    optim = cfg.optim
-    outer = cfg.algo.outer_optimizer if isinstance(cfg.algo, LocalSGDConfig) else None
-    probe = [torch.zeros(1, requires_grad=True)]
-    if isinstance(optim, TorchOptimConfig):
-        optimizer = torch_optimizer(optim.optimizer, probe)
-        if (schedule := optim.lr_scheduler) is not None:
-            _built(schedule, LRScheduler, optimizer)
-    if outer is not None:
-        torch_optimizer(outer, [torch.zeros(1)])
+    if isinstance(cfg.optim, TorchOptimConfig):
+        TorchOptimizer(cfg.optim, [torch.zeros(1, requires_grad=True)])
+    if isinstance(cfg.algo, LocalSGDConfig) and cfg.algo.outer_optimizer is not None:
+        OuterOptimizer(cfg.algo.outer_optimizer, torch.zeros(1))

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from hetsgd.config import RunConfig
     from hetsgd.engines.ranks.torchrun import Torchrun
+    from hetsgd.engines.snapshots import Snapshot
 
 #: The fields every summary writes, None or not: which run it is and how it ended.
 IDENTITY = ("status", "error", "algo", "dataset", "model", "devices", "seed")
@@ -206,6 +207,15 @@ def by_group(groups: Sequence[str], values: Iterable[float]) -> dict[str, float]
     for group, value in zip(groups, values, strict=False):
         sums[group] += value
     return sums
+
+
+def progress_columns(snapshot: Snapshot, groups: Sequence[str],
+                     num_examples: int) -> dict[str, float]:
+    """A snapshot's convergence.csv columns known before it is evaluated: its epoch, updates in
+    all and of each group, and the method's own numbers (``method_log``, after the others)."""
+    row = {"epoch": snapshot.examples / num_examples, "updates": sum(snapshot.updates)}
+    row.update({f"updates_{group}": n for group, n in by_group(groups, snapshot.updates).items()})
+    return {**row, **snapshot.logged}
 
 
 def shares(counts: Mapping[str, float]) -> dict[str, float | None]:

@@ -31,6 +31,7 @@ from hetsgd.outputs.summary import (
     TargetLosses,
     by_group,
     learnt_between,
+    progress_columns,
     shares,
 )
 from hetsgd.runs.setup import RunData
@@ -43,11 +44,10 @@ def _convergence(snapshots: list[Snapshot], metrics: list, workers: list[dict[st
     groups = [w["group"] for w in workers]
     rows = []
     for snap, m in zip(snapshots, metrics):
-        row = {"time_s": snap.time_s, "epoch": snap.examples / num_examples,
-               "updates": sum(snap.updates)}
-        row.update({f"updates_{group}": n for group, n in by_group(groups, snap.updates).items()})
-        row.update(train_loss=m.train_loss, test_loss=m.test_loss, test_acc=m.test_acc)
-        rows.append({**row, **snap.logged})  # the method's own, empty before its first
+        progress = progress_columns(snap, groups, num_examples)
+        logged = {name: progress.pop(name) for name in snap.logged}  # empty before its first
+        rows.append({"time_s": snap.time_s, **progress, "train_loss": m.train_loss,
+                     "test_loss": m.test_loss, "test_acc": m.test_acc, **logged})
     return pd.DataFrame(rows)
 
 

@@ -45,7 +45,7 @@ from hetsgd.engines.denormals import flush_denormals
 from hetsgd.engines.graphs import GraphedStep
 from hetsgd.engines.method_log import bind
 from hetsgd.errors import Diverged
-from hetsgd.model.optimizer import copied
+from hetsgd.model.optimizer import copied, restore_state, saved_state
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import Pending, Step, build_step
 from hetsgd.workers import WorkerSpec
@@ -164,20 +164,15 @@ class Worker:
         is exactly the examples it has trained on."""
         counters.count_cpu()
         flat = self.link.flat
-        optimizer = self.train_step.optimizer
-        momentum = optimizer.momentum_buffer
+        momentum, optimizer = saved_state(self.train_step.optimizer)
         return WorkerState(self.state.cursor.handed_out, time.perf_counter(),
-                           copied(counters.row), None if momentum is None else copied(momentum),
+                           copied(counters.row), momentum,
                            rng_state(self.device, augment_generator(self.batches.augment)),
                            model=(copied(flat.params), copied(flat.buffers)),
-                           optimizer=optimizer.state_dict())
+                           optimizer=optimizer)
 
     def _restore(self, part: WorkerState) -> None:
-        optimizer = self.train_step.optimizer
-        if optimizer.momentum_buffer is not None and part.momentum is not None:
-            optimizer.momentum_buffer.copy_(part.momentum)
-        if part.optimizer:
-            optimizer.load_state_dict(part.optimizer)
+        restore_state(self.train_step.optimizer, part.momentum, part.optimizer)
         restore_rng(part.rng, self.device, augment_generator(self.batches.augment))
 
     @staticmethod

@@ -42,7 +42,7 @@ from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.ranks.exchange import Exchange, Ledger, Verdict
 from hetsgd.engines.ranks.group import Group
 from hetsgd.model.flat import FlatModel
-from hetsgd.model.optimizer import copied
+from hetsgd.model.optimizer import copied, restore_state, saved_state
 from hetsgd.model.problem import Problem
 from hetsgd.model.step import build_step
 from hetsgd.workers import WorkerSpec
@@ -173,11 +173,7 @@ class Rank:
         streams as the checkpoint left them (after any speed measurement, which draws too)."""
         if self.restored is None:
             return
-        momentum = self.optimizer.momentum_buffer
-        if momentum is not None and self.restored.momentum is not None:
-            momentum.copy_(self.restored.momentum)
-        if self.restored.optimizer:
-            self.optimizer.load_state_dict(self.restored.optimizer)
+        restore_state(self.optimizer, self.restored.momentum, self.restored.optimizer)
         if self.restored.clock:
             self.clock.load_state_dict(self.restored.clock)
         self.ledger.row.copy_(self.restored.counters)
@@ -191,11 +187,10 @@ class Rank:
         model = None
         if self.spec.rank == 0:
             model = (copied(self.flat.params), copied(self.flat.buffers))
-        momentum = self.optimizer.momentum_buffer
-        return WorkerState(position, self.clock.now(), copied(self.ledger.row),
-                           None if momentum is None else copied(momentum),
-                           rng_state(self.device, self.augment), loop, model,
-                           self.optimizer.state_dict(), self.clock.state_dict())
+        momentum, optimizer = saved_state(self.optimizer)
+        return WorkerState(position, self.clock.now(), copied(self.ledger.row), momentum,
+                           rng_state(self.device, self.augment), loop, model, optimizer,
+                           self.clock.state_dict())
 
     def write_master(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
         """Rank 0: the model to evaluate (its replica's, or the loop's own) into the

@@ -25,9 +25,9 @@ from typing import Protocol
 from hetsgd.config.schema import LoggersConfig, MlflowConfig
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.outputs.index import MULTIRUN
-from hetsgd.outputs.summary import by_group
+from hetsgd.outputs.summary import progress_columns
 from hetsgd.outputs.trackers.failures import cause, drop, tried
-from hetsgd.outputs.trackers.record import Point, step_of
+from hetsgd.outputs.trackers.record import Point, series_name, step_of
 
 log = logging.getLogger("hetsgd")
 
@@ -107,11 +107,8 @@ def snapshot_points(snapshot: Snapshot, groups: list[str], num_examples: int,
                     wall: float) -> dict[str, Point]:
     """A snapshot's live series, at its training milliseconds and wall time ``wall``."""
     step = step_of(snapshot.time_s)
-    values = {"updates/total": sum(snapshot.updates),
-              **{f"updates/{g}": n for g, n in by_group(groups, snapshot.updates).items()},
-              "progress/epoch": snapshot.examples / num_examples,
-              **{f"method/{name}": v for name, v in snapshot.logged.items()}}
-    return {name: Point(step, wall, float(value)) for name, value in values.items()}
+    return {series_name(column, snapshot.logged): Point(step, wall, float(value))
+            for column, value in progress_columns(snapshot, groups, num_examples).items()}
 
 
 class LiveFeed:
