@@ -24,6 +24,7 @@ from hetsgd.config.schema import LoggersConfig, MlflowConfig, TensorBoardConfig
 from hetsgd.outputs.index import MULTIRUN, OVERRIDES
 from hetsgd.outputs.run_directory import SUMMARY
 from hetsgd.outputs.trackers import track
+from hetsgd.outputs.trackers.failures import drop, tried
 from hetsgd.outputs.trackers.record import flatten, read_run, swept_values
 
 SHORT = ("budget.epochs=null", "eval.every_s=0.25", "progress=false")
@@ -239,3 +240,16 @@ def test_a_failed_sweep_job_is_logged_in_its_sweeps_folder(tmp_path: Path,
     events = EventAccumulator(str(tmp_path / "tb" / "sweep" / job.name))
     events.Reload()
     assert events.Tags()["scalars"] == [] and "config/text_summary" in events.Tags()["tensors"]
+
+
+def test_a_tracker_dropped_in_a_sweep_is_left_out_however_its_folder_is_spelt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live feed and the final log reach the sweep's folder by different paths (relative,
+    resolved): a failure one of them records must hold for the other."""
+    (tmp_path / "sweep").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert tried(Path("sweep"), "mlflow")
+    assert drop(Path("sweep"), "mlflow").endswith("left out for the rest of the sweep")
+    assert not tried(tmp_path / "sweep", "mlflow")
+    assert not tried(tmp_path / "sweep" / ".." / "sweep", "mlflow")
+    assert tried(tmp_path / "sweep", "tensorboard") and tried(None, "mlflow")

@@ -17,9 +17,14 @@ def cause(exc: BaseException) -> str:
     return said + (" (pip install 'hetsgd[tracking]')" if isinstance(exc, ImportError) else "")
 
 
+def _key(sweep: Path, tracker: str) -> tuple[Path, str]:
+    """One key per sweep folder however a caller spells its path (relative, through a link)."""
+    return sweep.resolve(), tracker
+
+
 def tried(sweep: Path | None, tracker: str) -> bool:
     """Whether ``tracker`` is to log this run: not once it failed in the run's sweep."""
-    return (sweep, tracker) not in _failed
+    return sweep is None or _key(sweep, tracker) not in _failed
 
 
 def drop(sweep: Path | None, tracker: str) -> str:
@@ -27,5 +32,5 @@ def drop(sweep: Path | None, tracker: str) -> str:
     warning adds."""
     if sweep is None:
         return ""
-    _failed.add((sweep, tracker))
+    _failed.add(_key(sweep, tracker))
     return f"; {tracker} is left out for the rest of the sweep"
