@@ -49,7 +49,10 @@ def test_tf32_is_set_for_a_gpu_and_labelled() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("merge", ["delta", "overwrite"])
-def test_the_pipelined_replica_on_a_gpu_lands_every_step_once(merge: str) -> None:
+def test_the_replica_on_a_gpu_lands_every_step_once_and_keeps_cpu_updates_between_steps(
+        merge: str) -> None:
+    """The same bookkeeping as on the CPU (tests/test_async.py), with asynchronous copies from
+    the page-locked master: a CPU update between two steps survives under either merge."""
     torch.manual_seed(0)
     state = _state_with_master(torch.nn.Linear(3, 1, bias=False))
     master = state.master.params
@@ -63,6 +66,10 @@ def test_the_pipelined_replica_on_a_gpu_lands_every_step_once(merge: str) -> Non
         replica.flat.params.add_(step.to(CUDA))
         replica.after_step()
         total += step
+        if i == 10:  # a CPU worker's update, between two of the accelerator's steps
+            cpu_update = torch.tensor([0.5, -1.0, 2.0])
+            master.add_(cpu_update)
+            total += cpu_update
     replica.finish()
     torch.testing.assert_close(master, start + total)
     torch.testing.assert_close(replica.flat.params.cpu(), start + total)

@@ -48,19 +48,20 @@ def test_delta_merge_keeps_a_concurrent_cpu_update_that_overwrite_loses(merge: s
     gpu_update = torch.tensor([0.1, 0.1, 0.1])
     replica.flat.params.add_(gpu_update)  # ... the accelerator's own step ...
     replica.after_step()  # ... its result on the way to the master ...
-    torch.testing.assert_close(master, start + cpu_update)  # (landing at the next step's end)
-    replica.publish()  # ... and the merge.
-    kept = start + cpu_update + gpu_update
-    if merge == "delta":
-        torch.testing.assert_close(master, kept)
-    else:
+    if merge == "delta":  # (landing at the next step's end, or when published)
+        torch.testing.assert_close(master, start + cpu_update)
+        replica.publish()
+        torch.testing.assert_close(master, start + cpu_update + gpu_update)
+    else:  # (landed at once, over the CPU's update)
         torch.testing.assert_close(master, start + gpu_update)
 
 
 @pytest.mark.parametrize("merge", ["delta", "overwrite"])
-def test_a_pipelined_merge_lands_every_step_once_and_the_replica_keeps_its_own(merge: str) -> None:
-    """The replica's result lands at the end of its next step: meanwhile the next step starts
-    from its own result (no update lost), and each step lands once (none counted twice)."""
+def test_every_step_lands_once_and_a_cpu_update_between_steps_survives(merge: str) -> None:
+    """Pipelined (delta), the replica's change lands at the end of its next step: meanwhile the
+    next step starts from the master plus that change (no update lost), and each step lands
+    once (none counted twice). Overwrite lands each step before the next copies the master in,
+    so a CPU update between two accelerator steps reaches the next one and survives."""
     state = _state_with_master(torch.nn.Linear(3, 1, bias=False))
     master = state.master.params
     replica = Replica(ACCEL, torch.nn.Linear(3, 1, bias=False), state, merge)
@@ -68,19 +69,16 @@ def test_a_pipelined_merge_lands_every_step_once_and_the_replica_keeps_its_own(m
     steps = [torch.tensor([0.1, 0.2, 0.3]), torch.tensor([1.0, -1.0, 0.5]),
              torch.tensor([-0.5, 0.25, 2.0])]
     cpu_update = torch.tensor([4.0, 4.0, 4.0])
-    seen = cpu_update if merge == "delta" else torch.zeros(3)  # in the master from step 3 on
     for i, step in enumerate(steps):
         replica.before_step()
         torch.testing.assert_close(replica.flat.params,
-                                   start + sum(steps[:i], torch.zeros(3)) + (seen if i == 2 else 0))
+                                   start + sum(steps[:i], torch.zeros(3)) + (cpu_update if i == 2 else 0))
         replica.flat.params.add_(step)
         replica.after_step()
-        if i == 1:  # a CPU update lands while the accelerator's second step is in flight
+        if i == 1:  # a CPU update lands after the accelerator's second step
             master.add_(cpu_update)
     replica.finish()
-    own = start + sum(steps, torch.zeros(3))
-    # delta keeps the CPU's update, landed after the second step's copy in; overwrite loses it
-    torch.testing.assert_close(master, own + cpu_update if merge == "delta" else own)
+    torch.testing.assert_close(master, start + sum(steps, torch.zeros(3)) + cpu_update)
 
 
 @pytest.mark.parametrize("link", ["replica", "resident"])

@@ -3,8 +3,9 @@
 - ``InPlace``: the model's parameters *are* the master in shared memory; each step updates it
   lock-free (Hogwild). Host workers of the asynchronous family, and the single-device CPU baseline.
 - ``Replica``: the accelerator's path in Hogbatch: copy the master in before each batch, merge the
-  result back after it (``delta`` or ``overwrite``), pipelined: a step's result lands in the master
-  at the end of the next step, or when published. Runs on a CPU too (the emulated ``accel``).
+  result back after it (``delta`` or ``overwrite``); ``delta`` is pipelined: a step's change lands
+  in the master at the end of the next step, or when published. Runs on a CPU too (the emulated
+  ``accel``).
 - ``Resident``: the model lives on the worker's device and is copied into the master only when the
   coordinator asks for a snapshot, and at the end. The single-device GPU baseline.
 
@@ -155,15 +156,19 @@ class Replica:
     that landed during the batch survive; ``overwrite`` copies the replica over the master, as the
     authors' released code does, losing them. Buffers (BatchNorm statistics) are overwritten.
 
-    The merge is pipelined: a step's change is queued to the host as the step ends and added into
-    the master at the end of the *next* step, once that step's device work is queued (on a GPU it
-    runs meanwhile). The replica keeps its own change in the meantime: under ``delta`` it adds the
-    change still on its way to the master it has just copied in; under ``overwrite`` it keeps its
-    own parameters, which the master is about to become. So no update is lost or counted twice,
-    and each step still lands exactly once. The one host wait of a step is :attr:`loaded`: the
-    master's copy into the replica has finished (and, before it on the device's queue, the
-    previous step's copy out), so the master may change again. ``publish`` (a snapshot's request,
-    a checkpoint, the end) lands the change in flight, so the master holds every step.
+    The ``delta`` merge is pipelined: a step's change is queued to the host as the step ends and
+    added into the master at the end of the *next* step, once that step's device work is queued
+    (on a GPU it runs meanwhile). The replica adds the change still on its way to the master it
+    has just copied in, so no update is lost or counted twice, and each step lands exactly once.
+    The one host wait of such a step is :attr:`loaded`: the master's copy into the replica has
+    finished (and, before it on the device's queue, the previous step's copy out), so the master
+    may change again. ``publish`` (a snapshot's request, a checkpoint, the end) lands the change
+    in flight, so the master holds every step.
+
+    ``overwrite`` lands each step before the next copies the master in, as the authors' code
+    orders it: CPU updates made between two accelerator batches reach the next batch, those made
+    during one are lost. Pipelined, the next batch would start from the replica's own parameters
+    and no CPU update would ever reach it, so this merge waits for its copy out instead.
     """
 
     COPIES_PER_STEP = 2  # in before the batch, out after it
@@ -187,10 +192,9 @@ class Replica:
 
     def before_step(self) -> float:
         start = time.perf_counter()
-        if not (self.in_flight and self.merge == "overwrite"):
-            self.flat.load_(self.master.params, self.master.buffers)
-            if self.in_flight:  # delta: the change the master does not hold yet
-                self.flat.params.add_(self.change)
+        self.flat.load_(self.master.params, self.master.buffers)
+        if self.in_flight:  # delta: the change the master does not hold yet
+            self.flat.params.add_(self.change)
         self.loaded.record()
         if self.merge == "delta":
             self.start_params.copy_(self.flat.params)
@@ -210,6 +214,8 @@ class Replica:
         self.host_buffers.copy_(self.flat.buffers, non_blocking=True)
         self.copied.record()
         self.in_flight = True
+        if self.merge == "overwrite":
+            self.publish()
         if self.signals.asked(self.rank):
             self.publish()
             self.signals.answer(self.rank)
