@@ -22,9 +22,10 @@ GPU = WorkerSpec(rank=0, group="accel", kind="cuda", device="cuda:0", threads=1,
 def test_a_registered_host_tensor_is_pinned_and_an_empty_one_is_left_alone() -> None:
     host = torch.zeros(1 << 16).share_memory_()
     assert not host.is_pinned()
-    device_ops.register_host(host, CUDA)
+    unregister = device_ops.register_host(host, CUDA)
     assert host.is_pinned()
-    device_ops.register_host(host, CUDA)  # once only: a second call leaves it as it is
+    device_ops.register_host(host, CUDA)()  # once only: a second call leaves it as it is ...
+    assert host.is_pinned()  # ... and its undo undoes nothing
     empty = torch.zeros(0)
     device_ops.register_host(empty, CUDA)
     assert not empty.is_pinned()
@@ -34,6 +35,9 @@ def test_a_registered_host_tensor_is_pinned_and_an_empty_one_is_left_alone() -> 
     fence.record()
     fence.wait()
     assert float(host.sum()) == 1 << 16
+    unregister()
+    unregister()  # the undo runs once
+    assert not host.is_pinned()
 
 
 @pytest.mark.gpu
@@ -71,5 +75,6 @@ def test_the_replica_on_a_gpu_lands_every_step_once_and_keeps_cpu_updates_betwee
             master.add_(cpu_update)
             total += cpu_update
     replica.finish()
+    assert not master.is_pinned()  # released at the end, before the master can be freed
     torch.testing.assert_close(master, start + total)
     torch.testing.assert_close(replica.flat.params.cpu(), start + total)

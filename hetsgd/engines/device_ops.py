@@ -7,7 +7,7 @@ the engines that no test reaches without a GPU (docs/how_it_works.md lists them)
 
 from __future__ import annotations
 
-import atexit
+from collections.abc import Callable
 
 import psutil
 import torch
@@ -40,17 +40,29 @@ def to_host(mirror: torch.Tensor, tensor: torch.Tensor) -> None:
         mirror.copy_(tensor, non_blocking=True)
 
 
-def register_host(tensor: torch.Tensor, device: torch.device) -> None:
-    """Page-lock a host tensor (the shared master) for ``device``'s copies, once per process and
-    until it exits: copies from and to it are then asynchronous and at pinned bandwidth. Only
-    for a GPU, and not for an empty or already pinned tensor."""
+def register_host(tensor: torch.Tensor, device: torch.device) -> Callable[[], None]:
+    """Page-lock a host tensor (the shared master) in place for ``device``'s copies: copies from
+    and to it are then asynchronous and at pinned bandwidth. Only for a GPU, and not for an
+    empty or already pinned tensor. Returns the undo, to call once no copy from or to the
+    tensor is queued and before it is freed: memory mapped again at the same address would
+    otherwise pass for pinned while the device reads the old pages (an exiting process's
+    registrations end with it)."""
     if not is_cuda(device) or tensor.numel() == 0 or tensor.is_pinned():
-        return
+        return _nothing
     cudart = torch.cuda.cudart()
     pointer = tensor.data_ptr()
     torch.cuda.check_error(cudart.cudaHostRegister(
         pointer, tensor.numel() * tensor.element_size(), 0))
-    atexit.register(cudart.cudaHostUnregister, pointer)
+    registered = [pointer]
+
+    def unregister() -> None:
+        if registered:
+            torch.cuda.check_error(cudart.cudaHostUnregister(registered.pop()))
+    return unregister
+
+
+def _nothing() -> None:
+    """The undo of what was not done."""
 
 
 class Fence:

@@ -11,9 +11,10 @@ worker running the same code, against the same loop on the CPU: the same ratios,
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -22,13 +23,10 @@ from hetsgd.algorithms.hogbatch import hogbatch_link
 from hetsgd.config import RunConfig, to_run_config
 from hetsgd.engines import device_ops
 from hetsgd.engines.common.links import LinkFactory, default_link
-from hetsgd.engines.common.memory import SharedData, SharedMaster
-from hetsgd.engines.common.state import SharedState
-from hetsgd.engines.common.worker import Worker
+from hetsgd.engines.common.memory import SharedData
 from hetsgd.model.architectures import build_model
 from hetsgd.model.losses import loss_fn
 from hetsgd.model.problem import Problem
-from hetsgd.workers import expand
 from scripts.bench import inprocess
 from scripts.bench.jobs import Jobs, compose_config
 from scripts.bench.section import Section
@@ -52,25 +50,41 @@ def _config(data: tuple[str, ...], model: str, batch: int, steps: int, n: int,
         f"devices.cuda_graphs={str(graphs).lower()}"))
 
 
-def _hetsgd(cfg: RunConfig, problem: Problem, data: SharedData, link: LinkFactory) -> float:
+def _hetsgd(cfg: RunConfig, problem: Problem, data: SharedData, link: LinkFactory,
+            around: AbstractContextManager = nullcontext()) -> float:
     """Seconds per step of the accelerator worker's loop with ``link``, to its last merge,
-    after one step outside the timing (as the plain loop warms up; a graph is captured then)."""
-    master = SharedMaster.initial(cfg.model, problem, cfg.seed)
-    state = SharedState.create(data, master, cfg.budget.epochs, 1, mp.get_context("spawn"))
-    spec, = expand(cfg.devices)
-    worker = Worker(spec, cfg, problem, state, link)
-    worker.step(0, 0, spec.batch_size)
+    after one step outside the timing (as the plain loop warms up; a graph is captured then).
+    ``around`` (a profiler) sees the timed steps only."""
+    worker = inprocess.worker(cfg, problem, data, link=link)
+    worker.step(0, 0, worker.spec.batch_size)
     device_ops.synchronize(worker.device)
-    start = time.perf_counter()
-    worker.run()
-    device_ops.synchronize(worker.device)
-    return (time.perf_counter() - start) / max(int(state.counters.row(0)["updates"]), 1)
+    with around:
+        start = time.perf_counter()
+        worker.run()
+        device_ops.synchronize(worker.device)
+        seconds = time.perf_counter() - start
+    return seconds / max(int(worker.state.counters.row(0)["updates"]), 1)
 
 
-def _plain_step(cfg: RunConfig, problem: Problem, data: SharedData, device: torch.device,
-                steps: int) -> tuple[Callable[[int], None], torch.Tensor]:
-    """The textbook step on resident data (a call per step), and the index batch it reads:
-    random batches drawn up front, on the device."""
+@dataclass
+class PlainLoop:
+    """The textbook loop on resident data: random index batches drawn up front, on the device;
+    :meth:`load` puts batch ``i`` where :meth:`compute` (forward, backward, update) reads it."""
+
+    batches: torch.Tensor
+    idx: torch.Tensor
+    compute: Callable[[], None]
+
+    def load(self, i: int) -> None:
+        self.idx.copy_(self.batches[i % len(self.batches)])
+
+    def step(self, i: int) -> None:
+        self.load(i)
+        self.compute()
+
+
+def _plain_loop(cfg: RunConfig, problem: Problem, data: SharedData, device: torch.device,
+                steps: int) -> PlainLoop:
     model = build_model(cfg.model, problem.num_features, problem.num_outputs, None,
                         cfg.seed).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, foreach=True)
@@ -81,27 +95,30 @@ def _plain_step(cfg: RunConfig, problem: Problem, data: SharedData, device: torc
     batches = torch.randint(data.num_examples, (steps, batch), generator=generator).to(device)
     idx = batches[0].clone()
 
-    def step(i: int) -> None:
-        idx.copy_(batches[i % steps])
+    def compute() -> None:
         optimizer.zero_grad(set_to_none=False)
         criterion(model(x.rows(idx)), y.index_select(0, idx)).backward()
         optimizer.step()
-    return step, idx
+    return PlainLoop(batches, idx, compute)
 
 
-def _graphed(step: Callable[[int], None]) -> Callable[[int], None]:
-    """``step`` captured in one CUDA graph (after warm-up steps on a side stream, as torch's
-    documentation does); a call copies the next index batch in and replays it."""
+def _graphed(loop: PlainLoop) -> Callable[[int], None]:
+    """``loop``'s computation captured in one CUDA graph (after warm-up steps on a side stream,
+    as torch's documentation does); a call copies batch ``i`` in and replays it."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for i in range(3):
-            step(i)
+            loop.step(i)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step(0)
-    return lambda i: graph.replay()
+        loop.compute()
+
+    def replay(i: int) -> None:
+        loop.load(i)
+        graph.replay()
+    return replay
 
 
 def _per_step(step: Callable[[int], None], steps: int, device: torch.device) -> float:
@@ -115,12 +132,14 @@ def _per_step(step: Callable[[int], None], steps: int, device: torch.device) -> 
     return (time.perf_counter() - start) / steps
 
 
-def _profile_counts(run: Callable[[], None], steps: int) -> tuple[float, float]:
-    """CUDA kernels and host waits per step while ``run`` takes ``steps`` steps."""
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as profiler:
-        run()
-        torch.cuda.synchronize()
+def _profiler() -> torch.profiler.profile:
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                              torch.profiler.ProfilerActivity.CUDA])
+
+
+def _counts(profiler: torch.profiler.profile, steps: int) -> tuple[float, float]:
+    """CUDA kernels and host waits per step in what ``profiler`` saw of ``steps`` steps (and
+    the one synchronize that ends their timing)."""
     events = profiler.events()
     kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
     syncs = sum(1 for e in events if e.name in SYNC_CALLS)
@@ -132,13 +151,14 @@ def _bandwidth(nbytes: int, device: torch.device) -> dict[str, float]:
     pageable = torch.empty(nbytes // 4)
     pinned = torch.empty(nbytes // 4, pin_memory=True)
     registered = torch.empty(nbytes // 4)
-    device_ops.register_host(registered, device)
+    unregister = device_ops.register_host(registered, device)
     target = torch.empty(nbytes // 4, device=device)
     result = {}
     for name, source in (("pageable", pageable), ("pinned", pinned), ("registered", registered)):
         seconds = _per_step(lambda _i, s=source: target.copy_(s, non_blocking=True),
                             COPY_REPEATS, device)
         result[name] = nbytes / seconds / 1e9
+    unregister()
     return result
 
 
@@ -184,24 +204,28 @@ def _measure(section: Section, jobs: Jobs, seconds: float, problem: Problem,
     """One row: ``model`` at ``batch``, each loop timed over about ``seconds`` / 4."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     probe = _config(jobs.data, model, batch, 3, shared.num_examples)
-    probe_step, _ = _plain_step(probe, problem, shared, device, 3)
-    steps = max(3, round(seconds / 4 / _per_step(probe_step, 3, device)))
+    probe_loop = _plain_loop(probe, problem, shared, device, 3)
+    steps = max(3, round(seconds / 4 / _per_step(probe_loop.step, 3, device)))
     cfg = _config(jobs.data, model, batch, steps, shared.num_examples)
-    step, _ = _plain_step(cfg, problem, shared, device, steps)
-    plain = _per_step(step, steps, device)
+    loop = _plain_loop(cfg, problem, shared, device, steps)
+    plain = _per_step(loop.step, steps, device)
     replica = _hetsgd(cfg, problem, shared, partial(hogbatch_link, merge="delta"))
     alone = _hetsgd(cfg, problem, shared, default_link)
     graphed = graphed_replica = kernels = waits = None
     if device.type == "cuda":
-        graphed = _per_step(_graphed(step), steps, device)
+        graphed = _per_step(_graphed(loop), steps, device)
         graphed_replica = _hetsgd(
             _config(jobs.data, model, batch, steps, shared.num_examples, graphs=True),
             problem, shared, partial(hogbatch_link, merge="delta"))
         few = _config(jobs.data, model, batch, PROFILED_STEPS, shared.num_examples)
-        ours = _profile_counts(lambda: _hetsgd(few, problem, shared,
-                                               partial(hogbatch_link, merge="delta")),
-                               PROFILED_STEPS)
-        theirs = _profile_counts(lambda: [step(i) for i in range(PROFILED_STEPS)], PROFILED_STEPS)
+        with _profiler() as profiler:
+            for i in range(PROFILED_STEPS):
+                loop.step(i)
+            device_ops.synchronize(device)
+        theirs = _counts(profiler, PROFILED_STEPS)
+        profiler = _profiler()
+        _hetsgd(few, problem, shared, partial(hogbatch_link, merge="delta"), around=profiler)
+        ours = _counts(profiler, PROFILED_STEPS)
         kernels, waits = (ours[0], theirs[0]), (ours[1], theirs[1])
     section.rows.append([
         model, str(batch), precision, f"{plain * 1e3:.3f}",

@@ -179,8 +179,8 @@ class Replica:
         self.master, self.signals, self.rank = state.master, state.signals, spec.rank
         self.merge = merge
         device = self.flat.params.device
-        for shared in (self.master.params, self.master.buffers):
-            device_ops.register_host(shared, device)
+        self.unregister = [device_ops.register_host(shared, device)
+                           for shared in (self.master.params, self.master.buffers)]
         self.start_params = torch.empty_like(self.flat.params)
         self.change = torch.empty_like(self.flat.params)  # delta: this step's, on the device
         # what lands in the master: the change (delta) or the parameters (overwrite), on the host
@@ -241,7 +241,12 @@ class Replica:
         return time.perf_counter() - start
 
     def finish(self) -> float:
-        return self.publish()
+        """Land the last step, then release the master's page lock (no copy of it is queued:
+        each step waited for its copy in)."""
+        seconds = self.publish()
+        for unregister in self.unregister:
+            unregister()
+        return seconds
 
 
 # Chooses each worker's link; algorithms with a replica path pass their own. Must be picklable.
