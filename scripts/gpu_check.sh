@@ -4,17 +4,18 @@
 # accelerator section (hetsgd's step against a textbook and a CUDA-graph loop), the paper's
 # comparison (+method=gpu,hogwild,hogbatch,adaptive, model=mlp_paper, 2 seeds, snapshots every
 # 0.25 s; the GPU alone is the baseline) and its report with each worker's time split, with a
-# background probe of the machine throughout, the accelerator's step eager and replayed from CUDA
-# graphs (devices.cuda_graphs), calibration and replay with mlp_paper, Hogwild at
-# 1, 8 and 16 workers rated after a 1 s warm-up, then local SGD and the full bench where time is
-# left. Every step is time-bounded and logged under DIR; a failed step is recorded and the next
-# one runs; the exit status is non-zero when any step failed.
+# background probe of the machine throughout; then, where time is left, calibration and replay
+# with mlp_paper, Hogwild at 1, 8 and 16 workers rated after a 1 s warm-up, the accelerator's
+# step eager and replayed from CUDA graphs (devices.cuda_graphs), local SGD and the full bench.
+# Every step is time-bounded and logged under DIR; a failed step is recorded and the next one
+# runs; the exit status is non-zero when any step failed.
 #
 #   scripts/gpu_check.sh [DIR]        (default DIR: results/gpu_check/<time>)
 #
-# Steps run in that order; each is skipped, with a line in DIR/steps.txt, when what is left of
-# GPU_CHECK_TOTAL_S is less than it needs, so a short check loses (first) the full bench, then
-# local SGD, Hogwild's scaling, the calibration and replay, the graphed runs, in that order.
+# Steps run in that order, which is their priority: each step after the report is skipped, with
+# a line in DIR/steps.txt, when what is left of GPU_CHECK_TOTAL_S is less than it needs, so a
+# short check loses the full bench first, then local SGD, the graphed runs, Hogwild's scaling,
+# and the calibration and replay last.
 #
 # Uses .venv/bin (as the Makefile does), or makes it: offline from WHEELHOUSE when that is set,
 # else with `make setup TORCH=torch` (PyPI's CUDA build). Where nvidia-smi lists no GPU, or the
@@ -23,9 +24,12 @@
 #   WHEELHOUSE            a folder of wheels (.whl only) for an offline machine whose python3
 #                         already has a CUDA torch: a --system-site-packages venv takes what
 #                         python3 lacks from it (e.g. hydra-core, omegaconf<2.4, a built wheel of
-#                         antlr4-python3-runtime 4.9.3, pooch, platformdirs; setuptools>=77 for
-#                         the editable install, <82 beside torch 2.11)
-#   HETSGD_DATA           a data cache; its w8a is used when it has one, else the embedded digits
+#                         antlr4-python3-runtime 4.9.3, pooch, platformdirs, pytest; setuptools>=77
+#                         for the editable install, <82 beside torch 2.11)
+#   HETSGD_DATA           a data cache; its w8a is used when it has one
+#   HETSGD_W8A            else a local copy of w8a (default ../shared/data/w8a.xz, as the
+#                         reproduction scripts find it); without either, the comparison runs on
+#                         the embedded digits and steps.txt says so
 #   GPU_CHECK_SECONDS     training budget of each comparison run (default 12)
 #   HETSGD_BENCH_SECONDS  budget of each benchmark run (default 2)
 #   GPU_CHECK_TOTAL_S     the whole check's time (default 540)
@@ -40,6 +44,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DIR=$(realpath -m "${1:-$ROOT/results/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)}")
 SECONDS_PER_RUN=${GPU_CHECK_SECONDS:-12}
 TOTAL_S=${GPU_CHECK_TOTAL_S:-540}
+SHORT_S=$((SECONDS_PER_RUN < 5 ? SECONDS_PER_RUN : 5))  # each run of the later steps
 BENCH_FULL_S=360   # every section (5 s runs took 250 s before the last on a 16-core H200 server)
 BIN=$ROOT/.venv/bin
 mkdir -p "$DIR"
@@ -108,6 +113,7 @@ if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/de
   echo "gpu_check: a GPU is here but the .venv's torch cannot use it (a CPU build?): rm -rf .venv and rerun" >&2
   exit 2
 fi
+source scripts/w8a_cache.sh
 step nvidia-smi 30 nvidia-smi
 step machine 60 "$BIN/hetsgd" machine
 "$BIN/hetsgd" machine --json >"$DIR/machine.json" 2>/dev/null || true
@@ -131,23 +137,28 @@ note "machine facts: $DIR/facts.txt"
 # -- a background probe of the machine during everything that follows -----------------------------
 "$PY" -m scripts.gpu_probe probe "$DIR/probe.csv" --interval 0.5 >"$DIR/probe.log" 2>&1 &
 PROBE=$!
-trap 'kill "$PROBE" 2>/dev/null || true' EXIT
+trap 'kill "$PROBE" 2>/dev/null || true; rm -rf "${W8A_LINKED:-}"' EXIT
 note "probe: steal, CPU pressure, each hetsgd process's CPU and context switches, the top others: $DIR/probe.csv"
 
 # -- the GPU tests, and the bench's accelerator section -------------------------------------------
-step pytest-gpu 150 "$PY" -m pytest -m gpu -q
+# only the modules that hold gpu tests: the others may import what an offline .venv lacks
+mapfile -t GPU_TESTS < <(grep -l 'pytest.mark.gpu' tests/test_*.py)
+step pytest-gpu 150 "$PY" -m pytest -m gpu -q "${GPU_TESTS[@]}"
 export HETSGD_BENCH_SECONDS=${HETSGD_BENCH_SECONDS:-2}
 step bench-accel 150 env "HETSGD_RESULTS=$DIR/bench-accel" "$PY" -m scripts.bench --only i
 
 # -- the paper's comparison with the paper's net, and its report ---------------------------------
 DATASET=digits
-if [[ -n ${HETSGD_DATA:-} ]] &&
-  [[ $("$PY" -c "from hetsgd.data import source_info; print(source_info('w8a').cached)" \
-    2>/dev/null) == True ]]; then
+if [[ $("$PY" -c "from hetsgd.data import source_info; print(source_info('w8a').cached)" \
+  2>/dev/null) == True ]]; then
   DATASET=w8a
 fi
 note "comparison: dataset=$DATASET, model=mlp_paper, seeds 0 and 1, ${SECONDS_PER_RUN} s per run"
-step sweep $((8 * (SECONDS_PER_RUN + 20))) \
+if [[ $DATASET != w8a ]]; then
+  note "comparison: no local w8a (set HETSGD_W8A or HETSGD_DATA): digits is not the paper's data set"
+fi
+# each run: its budget, its start, and evaluating ~4 snapshots a second of mlp_paper afterwards
+step sweep $((8 * (SECONDS_PER_RUN + 30))) \
   "$BIN/hetsgd" run -m +method=gpu,hogwild,hogbatch,adaptive model=mlp_paper "dataset=$DATASET" \
   seed=0,1 eval.every_s=0.25 budget.epochs=null "budget.seconds=$SECONDS_PER_RUN" progress=false \
   "results_dir=$DIR"
@@ -164,31 +175,21 @@ else
   FAILED+=(report)
 fi
 
-# -- the accelerator's step replayed from CUDA graphs, against its eager step ---------------------
-# the GPU alone (auto_gpu: its replica path) and Hogbatch's mix with devices.cuda_graphs off and
-# on: the updates per second and final losses say whether graphs may become the default
-SHORT_S=$((SECONDS_PER_RUN < 5 ? SECONDS_PER_RUN : 5))
-if fits graphs $((4 * (SHORT_S + 20))); then
-  step graphs $((4 * (SHORT_S + 30))) \
-    "$BIN/hetsgd" run -m algo=hogbatch devices=auto_gpu,auto devices.cuda_graphs=false,true \
-    model=mlp_paper "dataset=$DATASET" budget.epochs=null "budget.seconds=$SHORT_S" \
-    progress=false "results_dir=$DIR/graphs"
-  SWEPT=$(newest "$DIR/graphs/sweeps")
-  if [[ -n $SWEPT && -e $SWEPT/summary.csv ]]; then cp "$SWEPT/summary.csv" "$DIR/graphs.csv"; fi
-fi
-
 # -- calibration and replay with mlp_paper: sim/real per group ------------------------------------
-if fits calibrate 200; then
-  step calibrate 120 "$BIN/hetsgd" machine --calibrate --seconds 0.3 model=mlp_paper \
+if fits calibrate $((90 + SECONDS_PER_RUN + 40)); then
+  step calibrate 90 "$BIN/hetsgd" machine --calibrate --seconds 0.3 model=mlp_paper \
     "dataset=$DATASET" devices=auto "results_dir=$DIR"
   CALIBRATION=$(find "$DIR/calibration" -name '*.csv' 2>/dev/null | sort | tail -n 1 || true)
   if [[ -n $CALIBRATION ]]; then
     # the same mix replayed on the virtual clock: its update shares and updates per virtual
     # second against the sweep's real hogbatch runs (summary.csv) say what it models
-    step replay 120 "$BIN/hetsgd" run algo=hogbatch devices=auto devices.simulated=true \
-      "devices.calibration=$CALIBRATION" model=mlp_paper "dataset=$DATASET" budget.epochs=null \
+    step replay $((SECONDS_PER_RUN + 40)) "$BIN/hetsgd" run algo=hogbatch devices=auto \
+      devices.simulated=true "devices.calibration=$CALIBRATION" model=mlp_paper "dataset=$DATASET" budget.epochs=null \
       "budget.seconds=$SECONDS_PER_RUN" progress=false "results_dir=$DIR/replay"
     cp "$CALIBRATION" "$DIR/calibration.csv"
+    if [[ -n $SWEEP ]]; then  # its log is the CSV: sim/real per group beside each CPU share
+      step replayed 30 "$PY" -m scripts.gpu_probe replayed "$DIR/replay" "$SWEEP"
+    fi
   else
     note "replay: skipped, the calibration saved no profile"
     FAILED+=(replay)
@@ -206,6 +207,18 @@ if fits hogwild $((3 * (SHORT_S + 20))); then
     step hogwild-rates 60 "$PY" -m scripts.gpu_probe rates "$SWEPT"  # its log is the CSV
     if [[ -e $SWEPT/summary.csv ]]; then cp "$SWEPT/summary.csv" "$DIR/hogwild.csv"; fi
   fi
+fi
+
+# -- the accelerator's step replayed from CUDA graphs, against its eager step ---------------------
+# the GPU alone (auto_gpu: its replica path) and Hogbatch's mix with devices.cuda_graphs off and
+# on: the updates per second and final losses say whether graphs may become the default
+if fits graphs $((4 * (SHORT_S + 20))); then
+  step graphs $((4 * (SHORT_S + 30))) \
+    "$BIN/hetsgd" run -m algo=hogbatch devices=auto_gpu,auto devices.cuda_graphs=false,true \
+    model=mlp_paper "dataset=$DATASET" budget.epochs=null "budget.seconds=$SHORT_S" \
+    progress=false "results_dir=$DIR/graphs"
+  SWEPT=$(newest "$DIR/graphs/sweeps")
+  if [[ -n $SWEPT && -e $SWEPT/summary.csv ]]; then cp "$SWEPT/summary.csv" "$DIR/graphs.csv"; fi
 fi
 
 # -- local SGD on the GPU and CPU ranks (gloo, the GPU rank staging through pinned buffers) -------

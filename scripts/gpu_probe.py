@@ -8,12 +8,18 @@ three busiest other processes. A contended CPU explains a slow worker; this says
 ``rates SWEEP_DIR``: each run's updates per second after a warm-up (``--warmup`` s, default 1),
 from its ``convergence.csv``: a run's first second (processes starting, caches filling) is not
 its rate.
+
+``replayed REPLAY_DIR SWEEP_DIR``: what the calibrated simulation models. For each real run in
+the sweep with the replay's algorithm and device mix, each group's updates per second simulated
+(per virtual second) over real, beside the real run's CPU share (``contention`` in its
+summary): a ratio far from 1 where the share is low is the machine's contention, not the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import signal
 import sys
 import time
@@ -35,11 +41,15 @@ def _pressure() -> float | None:
     return float(fields["avg10"])
 
 
-def _ours(proc: psutil.Process) -> bool:
+def ours(proc: psutil.Process) -> bool:
+    """A process of hetsgd's runs (its command, its workers, the forkserver it preloads), not
+    the check's own shell script or this probe, whose paths may hold the word too."""
     try:
-        return any("hetsgd" in part for part in proc.cmdline())
+        cmdline = proc.cmdline()
     except (psutil.Error, OSError):
         return False
+    own = any(part.endswith(".sh") or "gpu_probe" in part for part in cmdline)
+    return not own and any("hetsgd" in part for part in cmdline)
 
 
 def probe(out: Path, interval: float) -> None:
@@ -76,7 +86,7 @@ def probe(out: Path, interval: float) -> None:
                     continue
                 rows.append([proc.pid, proc.info["name"], 100 * (seconds - before[0]) / interval,
                              switches.voluntary - before[1], switches.involuntary - before[2],
-                             _ours(proc)])
+                             ours(proc)])
             others = sorted((r for r in rows if not r[5]), key=lambda r: -r[2])[:TOP_OTHERS]
             at = round(time.monotonic() - started, 3)
             for row in [r for r in rows if r[5]] + others:
@@ -100,6 +110,42 @@ def rates(sweep: Path, warmup: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _summaries(folder: Path) -> list[dict]:
+    """The summaries of the runs under ``folder`` (data: read, never run)."""
+    return [json.loads(file.read_text()) for file in sorted(folder.rglob("summary.json"))]
+
+
+def _rates(summary: dict) -> dict[str, float]:
+    """Each group's updates per second of the run's (real or virtual) training time."""
+    seconds = summary.get("time_s") or float("nan")
+    return {group: n / seconds for group, n in (summary.get("updates_by_group") or {}).items()}
+
+
+def replayed(replay: Path, sweep: Path) -> pd.DataFrame:
+    """Simulated over real updates per second, per group and real run (see the module's text)."""
+    simulated = [s for s in _summaries(replay) if s.get("simulated")]
+    if len(simulated) != 1:
+        raise SystemExit(f"gpu_probe: {replay} holds {len(simulated)} simulated runs, not one")
+    sim, = simulated
+    rows = []
+    for real in _summaries(sweep):
+        if real.get("simulated") or (real.get("algo"), real.get("devices")) != (
+                sim["algo"], sim["devices"]):
+            continue
+        contention = real.get("contention") or {}
+        shares = contention.get("by_group") or {}
+        sim_rates = _rates(sim)
+        for group, rate in _rates(real).items():
+            rows.append({"run": real.get("run_dir"), "seed": real.get("seed"), "group": group,
+                         "real_updates_per_s": rate,
+                         "sim_updates_per_virtual_s": sim_rates.get(group, float("nan")),
+                         "sim_over_real": sim_rates.get(group, float("nan")) / rate if rate
+                         else float("nan"),
+                         "workers_cpu_share": contention.get("workers_cpu_share"),
+                         "group_cpu_share": shares.get(group)})
+    return pd.DataFrame(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.gpu_probe")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -109,14 +155,20 @@ def main() -> int:
     rating = commands.add_parser("rates")
     rating.add_argument("sweep", type=Path)
     rating.add_argument("--warmup", type=float, default=1.0)
+    replaying = commands.add_parser("replayed")
+    replaying.add_argument("replay", type=Path)
+    replaying.add_argument("sweep", type=Path)
     args = parser.parse_args()
     if args.command == "probe":
         probe(args.out, args.interval)
-    else:
-        if not args.sweep.is_dir():
-            print(f"gpu_probe: no folder {args.sweep}", file=sys.stderr)
-            return 2
-        rates(args.sweep, args.warmup).to_csv(sys.stdout, index=False)
+        return 0
+    folders = [args.sweep] + ([args.replay] if args.command == "replayed" else [])
+    if missing := [str(f) for f in folders if not f.is_dir()]:
+        print(f"gpu_probe: no folder {', '.join(missing)}", file=sys.stderr)
+        return 2
+    table = (rates(args.sweep, args.warmup) if args.command == "rates"
+             else replayed(args.replay, args.sweep))
+    table.to_csv(sys.stdout, index=False)
     return 0
 
 

@@ -3,6 +3,8 @@ setup of the venv, with python3 a venv of its own."""
 
 from __future__ import annotations
 
+import itertools
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # where a venv keeps its installed modules, below its root (lib/pythonX.Y/site-packages)
@@ -83,3 +86,52 @@ def test_the_offline_venv_sees_python3s_own_packages_when_python3_is_a_venv(tmp_
                             "import torch, wheelhouse_marker as m; print(torch.__file__, m.__file__)"],
                            capture_output=True, text=True, check=True).stdout.split()
     assert where == [torch.__file__, str(repo / ".venv" / PURELIB / "wheelhouse_marker.py")]
+
+
+# the values the check's variables take where it runs its hetsgd commands
+CHECK_VARIABLES = {"DATASET": "w8a", "SECONDS_PER_RUN": "12", "SHORT_S": "5",
+                   "DIR": "/check", "CALIBRATION": "/check/calibration/profile.csv"}
+
+
+def _hetsgd_commands() -> list[list[str]]:
+    """Each ``hetsgd`` command of scripts/gpu_check.sh after its subcommand, its lines joined
+    and its variables set as the check sets them."""
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text().replace("\\\n", " ")
+    commands = []
+    for line in text.splitlines():
+        if '"$BIN/hetsgd" ' not in line or line.lstrip().startswith("#"):
+            continue
+        for name, value in CHECK_VARIABLES.items():
+            line = line.replace(f"${name}", value)
+        words = shlex.split(line.split('"$BIN/hetsgd" ', 1)[1].split(">", 1)[0])
+        commands.append(words)
+    return commands
+
+
+def _jobs(overrides: list[str]) -> list[list[str]]:
+    """The jobs of a sweep's overrides: every combination of their comma-separated values."""
+    swept = [o.split("=", 1) if "=" in o else [o, None] for o in overrides]
+    choices = [[key] if values is None else [f"{key}={v}" for v in values.split(",")]
+               for key, values in swept]
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def test_every_run_the_gpu_check_starts_composes_and_its_baseline_is_the_gpu_alone() -> None:
+    """The check runs once, on a lent machine, out of a few minutes: an override it misspells
+    costs that run. Every job of every sweep it starts composes here, and the report's baseline
+    selects the comparison's GPU-alone job."""
+    commands = _hetsgd_commands()
+    runs = [c[1:] for c in commands if c[0] == "run"]
+    assert len(runs) >= 5  # the comparison, the replay, Hogwild, graphs, local SGD
+    composed = 0
+    for overrides in runs:
+        for job in _jobs([o for o in overrides if o != "-m"]):
+            run_config(*job)
+            composed += 1
+    assert composed >= 8 + 1 + 3 + 4 + 3
+    calibrate, = (c[1:] for c in commands if c[:2] == ["machine", "--calibrate"])
+    run_config(*(o for o in calibrate if "=" in o))
+    report, = (c for c in commands if c[0] == "report")
+    baseline = dict(s.split("=", 1) for s in report[report.index("--baseline") + 1].split())
+    alone = run_config("+method=gpu", "model=mlp_paper", "dataset=w8a")
+    assert baseline == {"algo": alone.algo.name, "devices": alone.devices.name}

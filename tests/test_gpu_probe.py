@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scripts.gpu_probe import rates
+from scripts.gpu_probe import ours, rates, replayed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,3 +40,44 @@ def test_rates_leave_out_the_first_second(tmp_path: Path) -> None:
         run / "convergence.csv", index=False)
     rated = rates(tmp_path, 1.0)
     assert rated.to_dict("records") == [{"run": "0", "updates_per_s_after_warmup": 100.0}]
+
+
+def _summary(folder: Path, **fields: object) -> None:
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"algo": "hogbatch", "devices": "auto",
+                                                     "run_dir": str(folder), **fields}))
+
+
+def test_replayed_rates_each_group_simulated_over_real_beside_its_cpu_share(
+        tmp_path: Path) -> None:
+    _summary(tmp_path / "replay" / "run", simulated=True, time_s=2.0,
+             updates_by_group={"accel": 100, "cpu": 3000})
+    sweep = tmp_path / "sweep"
+    contention = {"workers_cpu_share": 0.6, "by_group": {"accel": 0.9, "cpu": 0.5}}
+    _summary(sweep / "hogbatch", simulated=False, seed=0, time_s=4.0,
+             updates_by_group={"accel": 100, "cpu": 12000}, contention=contention)
+    _summary(sweep / "hogwild", algo="hogwild", simulated=False, time_s=4.0,
+             updates_by_group={"cpu": 1}, contention=contention)  # another method: left out
+    _summary(sweep / "elsewhere", devices="cpu+gpu", simulated=False, time_s=4.0,
+             updates_by_group={"accel": 1}, contention=contention)  # another mix: left out
+    table = replayed(tmp_path / "replay", sweep)
+    assert table[["group", "real_updates_per_s", "sim_updates_per_virtual_s", "sim_over_real",
+                  "workers_cpu_share", "group_cpu_share"]].to_dict("records") == [
+        {"group": "accel", "real_updates_per_s": 25.0, "sim_updates_per_virtual_s": 50.0,
+         "sim_over_real": 2.0, "workers_cpu_share": 0.6, "group_cpu_share": 0.9},
+        {"group": "cpu", "real_updates_per_s": 3000.0, "sim_updates_per_virtual_s": 1500.0,
+         "sim_over_real": 0.5, "workers_cpu_share": 0.6, "group_cpu_share": 0.5}]
+
+
+def test_the_probe_counts_hetsgds_processes_not_the_checks_own_script() -> None:
+    class Proc:
+        def __init__(self, *cmdline: str) -> None:
+            self.args = list(cmdline)
+
+        def cmdline(self) -> list[str]:
+            return self.args
+
+    assert ours(Proc("/opt/hetsgd/.venv/bin/python", "/opt/hetsgd/.venv/bin/hetsgd", "run"))
+    assert not ours(Proc("bash", "/opt/hetsgd/scripts/gpu_check.sh"))
+    assert not ours(Proc("/opt/hetsgd/.venv/bin/python", "-m", "scripts.gpu_probe", "probe"))
+    assert not ours(Proc("/usr/bin/python3", "other.py"))
