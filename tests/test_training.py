@@ -12,6 +12,7 @@ import torch
 from conftest import run_config
 
 from hetsgd.data import load_dataset
+from hetsgd.engines.common import worker as worker_module
 from hetsgd.engines.common.cursor import EpochCursor
 from hetsgd.engines.common.memory import SharedData, SharedMaster, SharedRows
 from hetsgd.engines.common.state import SharedState
@@ -146,3 +147,24 @@ def test_snapshots_are_due_by_time_or_epoch_and_thin_out_past_their_cap() -> Non
     assert [s.time_s for s in snaps.items] == [0.0, 2.0, 4.0]  # the first and newest kept
     assert not snaps.due(5.0, 0.9)  # both spacings doubled: next at 6 s or at epoch 1.0
     assert snaps.due(6.0, 0.0) and snaps.due(5.0, 1.0)
+
+
+def test_a_worker_computes_a_steps_loss_only_when_it_reads_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused step never needs the mean loss; the worker reads it every LOSS_READ_S (here
+    never, but at the first step and the last), so only those two steps compute it."""
+    monkeypatch.setattr(worker_module, "LOSS_READ_S", 1e9)
+    cfg = run_config(*SYNC)
+    dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
+    problem = Problem.of(dataset)
+    data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
+    state = SharedState.create(data, SharedMaster.initial(cfg.model, problem, cfg.seed),
+                               cfg.budget.epochs, 1, mp.get_context("spawn"))
+    spec, = expand(cfg.devices)
+    worker = Worker(spec, cfg, problem, state)
+    computed = []
+    mean_loss = worker.train_step.loss
+    worker.train_step.loss = lambda *args: computed.append(1) or mean_loss(*args)
+    worker.run()
+    assert int(state.counters.row(0)["updates"]) > 10
+    assert len(computed) == 2
