@@ -7,13 +7,15 @@ parameters are bound through ``.data``), so the graph is captured by hand, as th
 describe: static input buffers, a few warm-up steps on a side stream, then the capture.
 
 One graph per (batch size, learning rate): the learning rate is baked into the captured kernels,
-and a schedule changes it only at its milestones. A graph replays the step's forward, backward,
-update and loss into the same tensors every time, so the step's parameters and momentum must
+and a schedule changes it only at its milestones. A graph replays the step's forward, backward
+and update into the same tensors every time, so the step's parameters and momentum must
 not move (a replica's and its SGD's never do). The warm-up steps train, so the parameters,
 buffers and momentum are put back after them. Capture runs only on a CUDA device; elsewhere
 (the CPU emulating an accelerator) and after a failed capture the worker steps eagerly, said in
 one line. The graphed step lands in :meth:`compute` (the real engines land at once; the
-virtual clock, which lands later, never graphs).
+virtual clock, which lands later, never graphs). The mean loss is not captured: as an eager
+step's, it is computed when read, from the logits the last replay left (a worker reads it before
+its next step).
 """
 
 from __future__ import annotations
@@ -60,7 +62,12 @@ class _Graph:
     x: torch.Tensor
     y: torch.Tensor
     pending: Pending
-    loss: torch.Tensor
+
+
+def _loss_now(captured: Pending) -> torch.Tensor:
+    """The mean loss of the last replay's logits, in a tensor of its own: the next replay
+    overwrites the graph's."""
+    return captured.loss_of().clone()
 
 
 class GraphedStep(Step):
@@ -92,7 +99,7 @@ class GraphedStep(Step):
         graph.x.copy_(x, non_blocking=True)
         graph.y.copy_(y, non_blocking=True)
         graph.graph.replay()
-        return Pending(partial(torch.clone, graph.loss), None, key[1])
+        return Pending(partial(_loss_now, graph.pending), None, key[1])
 
     def land(self, pending: Pending) -> None:
         """Nothing left to do: :meth:`compute` landed the step."""
@@ -124,23 +131,19 @@ class GraphedStep(Step):
                              self.optimizer.momentum_buffer) if t is not None]
         saved = [t.clone() for t in state]
 
-        def whole() -> tuple[Pending, torch.Tensor]:
-            pending = run(static_x, static_y)
-            return pending, pending.loss
-
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(WARM_UP_STEPS):
-                    whole()
+                    run(static_x, static_y)
             torch.cuda.current_stream(self.device).wait_stream(side)
             for tensor, value in zip(state, saved):
                 tensor.copy_(value)
             graph = torch.cuda.CUDAGraph()
             first = next(iter(self.graphs.values()), None)  # whose memory pool all share
             with torch.cuda.graph(graph, pool=None if first is None else first.graph.pool()):
-                pending, loss = whole()
+                pending = run(static_x, static_y)
         except Exception as exc:  # any failure to capture: this worker steps eagerly
             for tensor, value in zip(state, saved):
                 tensor.copy_(value)
@@ -149,5 +152,5 @@ class GraphedStep(Step):
                         "this worker steps eagerly", key[0], type(exc).__name__,
                         " ".join(str(exc).split())[:200])
             return None
-        self.graphs[key] = _Graph(graph, static_x, static_y, pending, loss)
+        self.graphs[key] = _Graph(graph, static_x, static_y, pending)
         return self.graphs[key]
