@@ -92,7 +92,8 @@ def test_sparse_rows_equal_dense_rows() -> None:
     torch.testing.assert_close(sparse_rows.rows(idx).to_dense(), dense_rows.rows(idx))
 
 
-def _single_worker_losses(overrides: tuple[str, ...]) -> tuple[list[StepRecord], torch.Tensor]:
+def _single_worker(overrides: tuple[str, ...]) -> Worker:
+    """The one worker of a single-device mix, in this process, on the run's initial model."""
     cfg = run_config(*overrides)
     dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
     problem = Problem.of(dataset)
@@ -100,9 +101,14 @@ def _single_worker_losses(overrides: tuple[str, ...]) -> tuple[list[StepRecord],
     state = SharedState.create(data, SharedMaster.initial(cfg.model, problem, cfg.seed),
                                cfg.budget.epochs, 1, mp.get_context("spawn"))
     spec, = expand(cfg.devices)
+    return Worker(spec, cfg, problem, state)
+
+
+def _single_worker_losses(overrides: tuple[str, ...]) -> tuple[list[StepRecord], torch.Tensor]:
+    worker = _single_worker(overrides)
     records: list[StepRecord] = []
-    Worker(spec, cfg, problem, state).run(records.append)
-    return records, state.master.params.clone()
+    worker.run(records.append)
+    return records, worker.state.master.params.clone()
 
 
 SYNC = ("algo=sync", "dataset=digits", "model=mlp", "budget.epochs=2", "optim.lr=0.05", "seed=3",
@@ -154,17 +160,10 @@ def test_a_worker_computes_a_steps_loss_only_when_it_reads_it(
     """The fused step never needs the mean loss; the worker reads it every LOSS_READ_S (here
     never, but at the first step and the last), so only those two steps compute it."""
     monkeypatch.setattr(worker_module, "LOSS_READ_S", 1e9)
-    cfg = run_config(*SYNC)
-    dataset = load_dataset(cfg.dataset, cfg.seed, progress=False)
-    problem = Problem.of(dataset)
-    data = SharedData.from_arrays(dataset.x_train, dataset.y_train)
-    state = SharedState.create(data, SharedMaster.initial(cfg.model, problem, cfg.seed),
-                               cfg.budget.epochs, 1, mp.get_context("spawn"))
-    spec, = expand(cfg.devices)
-    worker = Worker(spec, cfg, problem, state)
+    worker = _single_worker(SYNC)
     computed = []
     mean_loss = worker.train_step.loss
     worker.train_step.loss = lambda *args: computed.append(1) or mean_loss(*args)
     worker.run()
-    assert int(state.counters.row(0)["updates"]) > 10
+    assert int(worker.state.counters.row(0)["updates"]) > 10
     assert len(computed) == 2
