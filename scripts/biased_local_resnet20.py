@@ -36,6 +36,7 @@ from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.engines.virtual.profiles import DeviceProfile, RooflineProfile
 from hetsgd.model.problem import Problem
 from hetsgd.outputs import intervals
+from hetsgd.outputs.metrics import sustained
 from hetsgd.outputs.report import markdown_table
 from hetsgd.workers import expand
 
@@ -157,17 +158,12 @@ def runs(out: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def crossing(curve: pd.DataFrame, accuracy: float, column: str) -> float:
-    """``column`` (``time_s``, ``epoch``) where the test accuracy first reaches ``accuracy``,
-    interpolated linearly from the snapshot before; NaN if it never does."""
-    reached = np.flatnonzero(curve["test_acc"].to_numpy() >= accuracy)
-    if not len(reached):
-        return float("nan")
-    i = reached[0]
-    if i == 0:
-        return float(curve[column].iloc[0])
-    (a0, a1), (x0, x1) = curve["test_acc"].iloc[i - 1:i + 1], curve[column].iloc[i - 1:i + 1]
-    return float(x0 + (x1 - x0) * (accuracy - a0) / (a1 - a0))
+def held(curve: pd.DataFrame, accuracy: float, column: str) -> float:
+    """``column`` (``time_s``, ``epoch``) from which the test accuracy stays at or above
+    ``accuracy`` to the run's end, as ``hetsgd report`` times a target; NaN for a run that ends
+    below it, however early it touched it."""
+    reach = sustained(curve[column], curve["test_acc"], accuracy)
+    return float("nan") if reach.time is None else reach.time
 
 
 def at_epoch(curve: pd.DataFrame, epoch: float) -> float:
@@ -179,8 +175,8 @@ def at_epoch(curve: pd.DataFrame, epoch: float) -> float:
 
 
 def common_accuracy(frame: pd.DataFrame) -> float:
-    """The highest test accuracy, to the hundredth below, that every run reaches."""
-    return float(np.floor(min(c["test_acc"].max() for c in frame["curve"]) * 100) / 100)
+    """The highest test accuracy, to the hundredth below, that every run holds at its end."""
+    return float(np.floor(min(c["test_acc"].iloc[-1] for c in frame["curve"]) * 100) / 100)
 
 
 def spread(values: pd.Series, fmt: str) -> str:
@@ -209,8 +205,8 @@ def table(out: Path, accuracy: float | None = None) -> str:
     frame = runs(out)
     target = common_accuracy(frame) if accuracy is None else accuracy
     budget = float(frame["budget"].iloc[0])
-    frame["t"] = [crossing(c, target, "time_s") * 1e3 for c in frame["curve"]]
-    frame["ep"] = [crossing(c, target, "epoch") for c in frame["curve"]]
+    frame["t"] = [held(c, target, "time_s") * 1e3 for c in frame["curve"]]
+    frame["ep"] = [held(c, target, "epoch") for c in frame["curve"]]
     frame["acc"] = [at_epoch(c, budget) for c in frame["curve"]]
     frame["rate"] = [s["examples_per_s"] for s in frame["summary"]]
     sync = frame[frame["method"] == "sync"]
@@ -228,10 +224,10 @@ def table(out: Path, accuracy: float | None = None) -> str:
                      f"{group['rate'].mean() / sync_rate:.2f}",
                      f"{group['rate'].mean() / sync_rate * sync_ep / group['ep'].mean():.2f}",
                      PAPER.get(method, "not reported")])
-    head = (f"common test accuracy {target:.2f} (t@acc, ep@acc), common budget {budget:g} epochs "
-            "(test acc @ budget); times, epochs and speedups: mean [95% bootstrap interval] n=k/m "
-            "over the runs that reached it, other numbers mean ± std over the completed runs "
-            "(seeds)")
+    head = (f"common test accuracy {target:.2f} (t@acc, ep@acc: from when a run holds it to its "
+            f"end), common budget {budget:g} epochs (test acc @ budget); times, epochs and "
+            "speedups: mean [95% bootstrap interval] n=k/m over the runs that held it, other "
+            "numbers mean ± std over the completed runs (seeds)")
     return head + "\n\n" + markdown_table(HEADERS, rows)
 
 

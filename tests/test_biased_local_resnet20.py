@@ -124,17 +124,20 @@ def test_the_test_subset_is_stratified_and_keeps_the_training_files(tmp_path: Pa
     assert (subset / images_train).resolve() == (tmp_path / "published" / images_train).resolve()
 
 
-def test_the_table_reads_accuracy_crossings_between_snapshots() -> None:
+def test_the_table_times_an_accuracy_held_to_the_end_between_snapshots() -> None:
     table = script()
-    curve = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "epoch": [0.0, 1.0, 2.5],
-                          "test_acc": [0.1, 0.5, 0.7]})
-    assert table.crossing(curve, 0.6, "time_s") == pytest.approx(1.5)
-    assert table.crossing(curve, 0.6, "epoch") == pytest.approx(1.75)
-    assert table.crossing(curve, 0.05, "epoch") == 0.0
-    assert np.isnan(table.crossing(curve, 0.8, "time_s"))
+    curve = pd.DataFrame({"time_s": [0.0, 1.0, 2.0, 3.0], "epoch": [0.0, 1.0, 2.5, 3.0],
+                          "test_acc": [0.1, 0.5, 0.7, 0.65]})
+    assert table.held(curve, 0.6, "time_s") == pytest.approx(1.5)
+    assert table.held(curve, 0.6, "epoch") == pytest.approx(1.75)
+    assert table.held(curve, 0.05, "epoch") == 0.0
+    assert np.isnan(table.held(curve, 0.8, "time_s"))  # never reached
+    assert np.isnan(table.held(curve, 0.68, "time_s"))  # touched at 2 s, left at the end
+    dip = curve.assign(test_acc=[0.1, 0.7, 0.5, 0.8])  # reached at 1 s, held only from 2 s on
+    assert table.held(dip, 0.6, "time_s") == pytest.approx(2 + 1 / 3)
     assert table.at_epoch(curve, 2.0) == pytest.approx(0.5 + 0.2 * (1.0 / 1.5))
-    assert np.isnan(table.at_epoch(curve, 3.0))
-    other = curve.assign(test_acc=[0.1, 0.456, 0.3])
+    assert np.isnan(table.at_epoch(curve, 4.0))
+    other = curve.assign(test_acc=[0.1, 0.9, 0.456, 0.458])  # its best is not held to the end
     assert table.common_accuracy(pd.DataFrame({"curve": [curve, other]})) == pytest.approx(0.45)
 
 
