@@ -26,6 +26,8 @@ def test_the_accel_section_times_hetsgd_and_the_textbook_loop(tmp_path: Path) ->
         if not torch.cuda.is_available():  # no graph, profile or copies without CUDA
             assert numbers["graphed_s"] is None and numbers["kernels_per_step"] is None
             assert numbers["replica_graphed_s"] is None
+            assert numbers["replica_graphed_4_threads_s"] is None
+        assert len(section.rows[0]) == len(section.columns)
 
 
 @pytest.mark.gpu
@@ -33,6 +35,8 @@ def test_the_accel_section_on_cuda_counts_kernels_and_copies(tmp_path: Path) -> 
     section = bench_accel(Jobs(tmp_path, SMALL), 0.4, models=("mlp",), batches=(64,))
     numbers = section.data["mlp_batch64_fp32"]
     assert numbers["graphed_s"] > 0 and numbers["kernels_per_step"][1] > 0
-    assert numbers["replica_graphed_s"] > 0
+    assert numbers["replica_graphed_s"] > 0 and numbers["replica_graphed_4_threads_s"] > 0
+    # the profile saw the timed steps alone: about one host wait each, not the setup's
+    assert numbers["waits_per_step"][0] < 1.5
     assert set(section.data["copy_gb_per_s"]) == {"pageable", "pinned", "registered"}
     assert [row[2] for row in section.rows] == ["fp32", "tf32"]

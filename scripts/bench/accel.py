@@ -35,6 +35,9 @@ ACCEL_MODELS = ("mlp", "mlp_paper")
 ACCEL_BATCHES = (1024, 8192)
 EMULATED_BATCHES = (64, 256)  # the emulated accelerator's sizes: a CPU core takes seconds at 8192
 PROFILED_STEPS = 20
+# host threads for the replica's add into the master in the threaded row (CUDA): a GPU worker's
+# torch threads do nothing else on the host (devices.groups.accel.threads)
+MERGE_THREADS = 4
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 COPY_REPEATS = 20
 
@@ -173,10 +176,12 @@ def bench_accel(jobs: Jobs, seconds: float, models: tuple[str, ...] = ACCEL_MODE
         "replica's copy in and merge into the master, or the GPU-alone step on a resident "
         "model) over a textbook loop on the same device (nn.Sequential, resident data, "
         "torch.optim.SGD(foreach=True), no .item()); ratio > 1: hetsgd is slower. On CUDA also "
-        "that loop in one CUDA graph, the replica's step in one (devices.cuda_graphs), and "
-        "kernels and host waits per step (torch.profiler).",
+        "that loop in one CUDA graph, the replica's step in one (devices.cuda_graphs), that "
+        f"again with {MERGE_THREADS} host threads for its add into the master, and kernels and "
+        "host waits per step (torch.profiler).",
         ["model", "batch", "precision", "plain ms", "graphed ms", "replica / plain",
          "alone / plain", "replica / graphed", "graphed replica / graphed",
+         f"graphed replica, {MERGE_THREADS} host threads / graphed",
          "kernels/step (replica, plain)", "waits/step (replica, plain)"])
     problem, shared = inprocess.training_data(jobs.data)
     threads = torch.get_num_threads()
@@ -211,12 +216,16 @@ def _measure(section: Section, jobs: Jobs, seconds: float, problem: Problem,
     plain = _per_step(loop.step, steps, device)
     replica = _hetsgd(cfg, problem, shared, partial(hogbatch_link, merge="delta"))
     alone = _hetsgd(cfg, problem, shared, default_link)
-    graphed = graphed_replica = kernels = waits = None
+    graphed = graphed_replica = threaded = kernels = waits = None
     if device.type == "cuda":
         graphed = _per_step(_graphed(loop), steps, device)
-        graphed_replica = _hetsgd(
-            _config(jobs.data, model, batch, steps, shared.num_examples, graphs=True),
-            problem, shared, partial(hogbatch_link, merge="delta"))
+        graphs = _config(jobs.data, model, batch, steps, shared.num_examples, graphs=True)
+        graphed_replica = _hetsgd(graphs, problem, shared, partial(hogbatch_link, merge="delta"))
+        torch.set_num_threads(MERGE_THREADS)
+        try:
+            threaded = _hetsgd(graphs, problem, shared, partial(hogbatch_link, merge="delta"))
+        finally:
+            torch.set_num_threads(1)
         few = _config(jobs.data, model, batch, PROFILED_STEPS, shared.num_examples)
         with _profiler() as profiler:
             for i in range(PROFILED_STEPS):
@@ -233,9 +242,11 @@ def _measure(section: Section, jobs: Jobs, seconds: float, problem: Problem,
         f"{alone / plain:.2f}x", "—" if graphed is None else f"{replica / graphed:.2f}x",
         "—" if graphed is None or graphed_replica is None
         else f"{graphed_replica / graphed:.2f}x",
+        "—" if graphed is None or threaded is None else f"{threaded / graphed:.2f}x",
         "—" if kernels is None else f"{kernels[0]:.0f}, {kernels[1]:.0f}",
         "—" if waits is None else f"{waits[0]:.1f}, {waits[1]:.1f}"])
     section.data[f"{model}_batch{batch}_{precision}"] = {
         "steps": steps, "plain_s": plain, "graphed_s": graphed, "replica_s": replica,
-        "replica_graphed_s": graphed_replica, "alone_s": alone, "kernels_per_step": kernels,
+        "replica_graphed_s": graphed_replica,
+        f"replica_graphed_{MERGE_THREADS}_threads_s": threaded, "alone_s": alone, "kernels_per_step": kernels,
         "waits_per_step": waits}
