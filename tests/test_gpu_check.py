@@ -104,6 +104,7 @@ def _hetsgd_commands() -> list[list[str]]:
         for name, value in CHECK_VARIABLES.items():
             line = line.replace(f"${name}", value)
         words = shlex.split(line.split('"$BIN/hetsgd" ', 1)[1].split(">", 1)[0])
+        assert words[0] == "report" or "$" not in " ".join(words), words  # all set above
         commands.append(words)
     return commands
 
@@ -122,7 +123,9 @@ def test_every_run_the_gpu_check_starts_composes_and_its_baseline_is_the_gpu_alo
     selects the comparison's GPU-alone job."""
     commands = _hetsgd_commands()
     runs = [c[1:] for c in commands if c[0] == "run"]
-    assert len(runs) >= 5  # the comparison, the replay, Hogwild, graphs, local SGD
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    assert len(runs) == script.count('"$BIN/hetsgd" run') == 5  # comparison, replay, Hogwild,
+    # graphs, local SGD
     composed = 0
     for overrides in runs:
         for job in _jobs([o for o in overrides if o != "-m"]):

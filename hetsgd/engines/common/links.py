@@ -179,6 +179,7 @@ class Replica:
         self.master, self.signals, self.rank = state.master, state.signals, spec.rank
         self.merge = merge
         device = self.flat.params.device
+        # the master's one page lock in this process: this replica's, released by its finish
         self.unregister = [device_ops.register_host(shared, device)
                            for shared in (self.master.params, self.master.buffers)]
         self.start_params = torch.empty_like(self.flat.params)
@@ -202,7 +203,8 @@ class Replica:
 
     def after_step(self) -> float:
         """Land the last step's result and queue this one's; returns the seconds it took, not
-        counting the wait for the device (a step's time, as a synchronize was before)."""
+        counting the waits for the device (a step's time, as a synchronize was before): for the
+        master's copy in and, under ``overwrite``, for the step and its copy out."""
         self.loaded.wait()  # the master's copy in has finished: the last step's result may land
         start = time.perf_counter()
         self._land()
@@ -214,12 +216,16 @@ class Replica:
         self.host_buffers.copy_(self.flat.buffers, non_blocking=True)
         self.copied.record()
         self.in_flight = True
+        seconds = time.perf_counter() - start
         if self.merge == "overwrite":
-            self.publish()
+            self.copied.wait()
+            landing = time.perf_counter()
+            self._land()
+            seconds += time.perf_counter() - landing
         if self.signals.asked(self.rank):
-            self.publish()
+            seconds += self.publish()
             self.signals.answer(self.rank)
-        return time.perf_counter() - start
+        return seconds
 
     def _land(self) -> None:
         """Add (or copy) the result in flight into the master: lock-free, like every Hogwild
