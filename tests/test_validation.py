@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from hetsgd.outputs.summary import RunSummary
@@ -40,7 +41,7 @@ def test_simulated_hogbatch_keeps_the_real_runs_pace_and_shares(results_dir: Pat
     real, = (c.real for c in comparisons if c.metric == "host update share")
     assert 0.1 < real < 0.5, table(comparisons)  # the slowed host makes a minority of updates
     assert set(ratios) == {"examples/s", "host update share", "workers' CPU share",
-                           "time to loss 0.1"}
+                           "time to training loss 0.1"}
 
 
 def test_drift_is_the_largest_groups_mean_move_either_way() -> None:
@@ -119,3 +120,18 @@ def test_the_cpu_share_shows_how_many_runs_of_each_side_were_flagged(tmp_path: P
     lines = table([share]).splitlines()
     assert lines[2] == "| a | workers' CPU share | 0.725, 1/2 flagged | 0.85, 0/2 flagged | 1.32 |"
     assert "measure the contention, not the virtual clock" in lines[-1]
+
+
+def test_the_time_compared_is_when_the_training_loss_stays_below_the_target(
+        tmp_path: Path) -> None:
+    """The test loss of an overfitting net rises after its minimum: the clock is compared on the
+    training loss, held to the end (a loss that dipped below and came back is not credited)."""
+    pd.DataFrame({"time_s": [0.0, 1.0, 2.0, 3.0], "train_loss": [1.0, 0.05, 0.2, 0.04],
+                  "test_loss": [1.0, 0.05, 0.3, 0.5]}).to_csv(tmp_path / "convergence.csv",
+                                                              index=False)
+    run = RunSummary("completed", None, "hogbatch", "digits", "mlp", "emulated", 0,
+                     run_dir=str(tmp_path))
+    read = validation._time_to_training_loss(0.1)
+    assert read(run) == pytest.approx(2 + 0.1 / 0.16)  # 0.2 -> 0.04 crosses 0.1 at 2.625 s
+    assert validation._time_to_training_loss(0.01)(run) is None
+    assert read(RunSummary("completed", None, "hogbatch", "digits", "mlp", "emulated", 0)) is None
