@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -157,7 +157,7 @@ def _run(overrides: Sequence[str], run_dir: Path) -> RunSummary:
     summary = runner.run(to_run_config(cfg), run_dir, cfg)
     if summary.status != "completed":
         raise RuntimeError(f"{' '.join(overrides)}: {summary.status}: {summary.error}")
-    return summary
+    return replace(summary, run_dir=str(run_dir))  # as its summary.json names it
 
 
 def validate(cases: Sequence[Case], common: Sequence[str], seeds: Sequence[int],
