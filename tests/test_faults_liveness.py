@@ -189,6 +189,9 @@ def test_a_stopped_coordinator_says_so_and_its_workers_are_not_blamed(results_di
     proc = start(results_dir, *RUN, "budget.seconds=3", "workers.stall_s=2")
     workers(proc, count=2)
     await_snapshots(results_dir, count=2)  # at 0 s and 0.2 s of training
+    # halfway to the next snapshot: the coordinator waits for reports, where a stop is measured
+    # (a stop while it writes a snapshot is not: that tick's time off the CPU may be the disk's)
+    time.sleep(0.1)
     os.kill(proc.pid, signal.SIGSTOP)
     time.sleep(5)
     os.kill(proc.pid, signal.SIGCONT)

@@ -23,6 +23,8 @@ class Watch:
     snapshot) is not held against the workers: it could not look. A tick's wait longer than
     asked and than its CPU time is time the coordinator was not scheduled at all; it is kept
     for the summary, as a stopped or starved coordinator cannot end training on time either.
+    Only the wait is measured so: the rest of a tick writes snapshots and checkpoints, whose
+    time off the CPU may be the disk's, so a stop that lands there goes unreported.
     """
 
     def __init__(self, ranks: list[int], window_s: float, first_window_s: float) -> None:
