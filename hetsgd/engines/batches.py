@@ -83,10 +83,12 @@ class Batches:
         order = self.order(epoch)
         if size < self.min_rows <= len(order):  # merged with its neighbours
             start, size = min(start, len(order) - self.min_rows), self.min_rows
-        idx = (order if self.stream else self._on_device(order))[start:start + size]
-        x, y = self.x.rows(idx), self.y.index_select(0, idx)
         if self.stream:
-            x, y = device_ops.stage(x, self.device), device_ops.stage(y, self.device)
+            idx = order[start:start + size]
+            x, y = self.x.staged(idx, self.device), device_ops.gather(self.y, idx, self.device)
+        else:
+            idx = self._on_device(order)[start:start + size]
+            x, y = self.x.rows(idx), self.y.index_select(0, idx)
         if self.augment is not None:
             x = self.augment(x)
         return x, y

@@ -96,6 +96,16 @@ def stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
+def gather(source: torch.Tensor, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Rows ``idx`` of a host tensor, on ``device``. For a GPU they are gathered straight into
+    pinned memory and copied asynchronously: one host copy per batch, where gathering and then
+    :func:`stage` makes two. The pinned block comes from torch's caching host allocator, which
+    reuses it only once the copy that reads it is done."""
+    rows = torch.empty((len(idx), *source.shape[1:]), dtype=source.dtype,
+                       pin_memory=is_cuda(device))
+    return torch.index_select(source, 0, idx, out=rows).to(device, non_blocking=True)
+
+
 def free_bytes(device: torch.device) -> int:
     """Memory free on ``device`` now: the GPU's, or the host's available memory."""
     if is_cuda(device):

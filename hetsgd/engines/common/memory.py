@@ -15,6 +15,7 @@ import scipy.sparse as sp
 import torch
 
 from hetsgd.config import ModelConfig
+from hetsgd.engines import device_ops
 from hetsgd.model.flat import FlatModel
 from hetsgd.model.problem import Problem
 
@@ -90,6 +91,13 @@ class SharedRows:
 
         return SharedRows(move(self.dense), move(self.indptr), move(self.indices),
                           move(self.values), self.num_features)
+
+    def staged(self, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The rows ``idx`` of host features, on ``device`` (:meth:`rows`, then copied there):
+        dense rows are gathered straight into the copy's buffer, sparse ones staged whole."""
+        if self.dense is not None:
+            return device_ops.gather(self.dense, idx, device)
+        return device_ops.stage(self.rows(idx), device)
 
     def rows(self, idx: torch.Tensor) -> torch.Tensor:
         """The rows `idx` as a dense tensor or a sparse CSR tensor (sparse sets stay sparse)."""
