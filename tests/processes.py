@@ -68,8 +68,14 @@ def gone(pids: list[int], timeout_s: float) -> bool:
     """Whether every process of `pids` has ended (a zombie counts as ended) within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in pids):
+        if not any(_running(pid) for pid in pids):
             return True
         time.sleep(0.2)
     return False
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # also where it ends between a lookup and a read
+        return False

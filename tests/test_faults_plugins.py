@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import as_a_terminal_starts_it
 
 import hetsgd
 from hetsgd.api import RunResult
@@ -351,7 +352,7 @@ def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
         [sys.executable, "-m", "hetsgd", "run", "algo=custom", f"algo._target_={PACKAGE}.hung_rank",
          "devices=paper_biased_local", "model=mlp", "budget.seconds=1", "budget.epochs=null",
          "progress=false"], env={**os.environ, "EVIL_HUNG": str(hung)}, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_default_signals)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=as_a_terminal_starts_it)
     try:
         while not hung.exists() and proc.poll() is None:
             time.sleep(0.05)
@@ -376,7 +377,7 @@ def test_ctrl_c_ends_a_simulation_whose_link_hangs_keeping_its_snapshots(
         [sys.executable, "-m", "hetsgd", "run", "algo=custom",
          f"algo._target_={PACKAGE}.hangs_in_link", *SIMULATED],
         env={**os.environ, "EVIL_HUNG": str(hung)}, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, preexec_fn=_default_signals)
+        stderr=subprocess.PIPE, preexec_fn=as_a_terminal_starts_it)
     try:
         while not hung.exists() and proc.poll() is None:
             time.sleep(0.05)
@@ -394,11 +395,6 @@ def test_ctrl_c_ends_a_simulation_whose_link_hangs_keeping_its_snapshots(
                                capture_output=True, text=True, timeout=120)
     assert recovered.returncode == 0, recovered.stderr
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
-
-
-def _default_signals() -> None:
-    """Ctrl-C as a terminal's command gets it, even where the tests run under nohup."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class _SetsFirst:

@@ -251,12 +251,15 @@ def job_errors(results: Path) -> list[tuple[str, str | None]]:
 @pytest.mark.wall
 def test_a_stopped_forkserver_fails_one_job_and_the_next_starts_a_new_one(
         results_dir: Path) -> None:
-    proc = start(results_dir, "run", "-m", "seed=0,1,2", "budget.seconds=0.5",
+    """The stop lands after job 0, before job 1 has its workers or, on a slow poll, while
+    job 1 trains with the workers it already has: then job 2 is the one that finds the
+    forkserver stopped. Either way one job fails and the next runs on a new forkserver."""
+    proc = start(results_dir, "run", "-m", "seed=0,1,2,3", "budget.seconds=0.5",
                  *SHORT[1:], "workers.start_timeout_s=15")
     try:
         server = forkserver_of(proc)
         await_file("sweeps/*/0_seed=0/summary.json", results_dir, holding='"completed"')
-        server.suspend()  # SIGSTOP, between jobs 0 and 1
+        server.suspend()  # SIGSTOP, after job 0
         output, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
@@ -264,8 +267,12 @@ def test_a_stopped_forkserver_fails_one_job_and_the_next_starts_a_new_one(
     stalled = (f"the forkserver (pid {server.pid}) did not start the workers within 15 s "
                "(workers.start_timeout_s; stopped or stuck): killed, the next run starts a new "
                "one")
-    assert job_errors(results_dir) == [("completed", None), ("failed", stalled),
-                                       ("completed", None)], output[-3000:]
+    errors = job_errors(results_dir)
+    failures = [job for job, (status, _) in enumerate(errors) if status == "failed"]
+    assert failures in ([1], [2]), (errors, output[-3000:])
+    failed, = failures
+    assert errors == [("completed", None)] * failed + [("failed", stalled)] + [
+        ("completed", None)] * (3 - failed), output[-3000:]
     assert proc.returncode == 1
 
 

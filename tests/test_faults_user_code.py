@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import as_a_terminal_starts_it
 
 import hetsgd
 from hetsgd.config.problem import CustomModelConfig
@@ -209,7 +210,7 @@ def test_a_librarys_own_sigint_under_an_address_limit_is_out_of_memory(limit: st
     start its threads: that is no Ctrl-C of the user's. Without a limit, nor after loading, a
     SIGINT is never taken for one."""
     done = subprocess.run([sys.executable, "-c", _RAISES_SIGINT, limit], text=True,
-                          capture_output=True, timeout=60)
+                          capture_output=True, timeout=60, preexec_fn=as_a_terminal_starts_it)
     assert done.stdout.split() == [taken_for]
     assert done.stderr.rstrip().endswith("KeyboardInterrupt")
 

@@ -4,6 +4,7 @@ and how a worker process that sent no report ended, in words (:func:`ended`)."""
 from __future__ import annotations
 
 import signal
+import time
 
 import psutil
 
@@ -20,11 +21,12 @@ class Watch:
     A worker progresses when its counted updates or its heartbeat (``Signals.beats``) change;
     one that does neither for ``window_s`` seconds (``first_window_s`` before it first did) is
     hung. A tick that came late (the coordinator stopped, starved of CPU, or slow to write a
-    snapshot) is not held against the workers: it could not look. A tick's wait longer than
-    asked and than its CPU time is time the coordinator was not scheduled at all; it is kept
-    for the summary, as a stopped or starved coordinator cannot end training on time either.
-    Only the wait is measured so: the rest of a tick writes snapshots and checkpoints, whose
-    time off the CPU may be the disk's, so a stop that lands there goes unreported.
+    snapshot) is not held against the workers: it could not look. A tick longer than its wait
+    and its CPU time is time the coordinator was not scheduled at all; it is kept for the
+    summary, as a stopped or starved coordinator cannot end training on time either. A tick's
+    writes and calls out (:class:`Aside`: snapshots, checkpoints, the workers' publication,
+    the progress callback) are left out of that measure, as their time off the CPU may be the
+    disk's or another process's: a stop that lands there goes unreported.
     """
 
     def __init__(self, ranks: list[int], window_s: float, first_window_s: float) -> None:
@@ -39,8 +41,8 @@ class Watch:
         self.seen = {rank: (progress[rank], now) for rank in self.ranks}
         self.last = now
 
-    def waited(self, wall_s: float, cpu_s: float, elapsed: float) -> None:
-        """A tick's wait for reports took ``wall_s``, of which ``cpu_s`` on the CPU."""
+    def ticked(self, wall_s: float, cpu_s: float, elapsed: float) -> None:
+        """A tick, less its asides, took ``wall_s``, of which ``cpu_s`` on the CPU."""
         off = wall_s - cpu_s - TICK_S
         if off > STARVED_S:
             self.unscheduled_s += off
@@ -75,6 +77,21 @@ class Watch:
         if budget_s is not None and time_s > budget_s + STARVED_S:
             note += f"; the {budget_s:g} s budget overran by {time_s - budget_s:.1f} s"
         return [note]
+
+
+class Aside:
+    """The wall and CPU time of a tick's stretches that the watch leaves out: ``with aside:``
+    around each adds to both."""
+
+    def __init__(self) -> None:
+        self.wall_s = self.cpu_s = 0.0
+
+    def __enter__(self) -> None:
+        self._wall, self._cpu = time.perf_counter(), time.thread_time()
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall_s += time.perf_counter() - self._wall
+        self.cpu_s += time.thread_time() - self._cpu
 
 
 def cpu_s(pid: int) -> float:
