@@ -1,8 +1,8 @@
 """Streamed batches (data gathered on the host and copied to the worker's device each step) are
 the rows of the epoch's order, the same as batches indexed from data resident on the device:
 dense features, integer features (token ids) and sparse ones, with their labels beside them. On
-a GPU many streamed batches are queued before any is read, so a pinned block reused before its
-copy is done would show as wrong rows."""
+a GPU every streamed batch is queued behind a busy device before any is read, so a pinned
+block reused before its copy is done would show as wrong rows."""
 
 from __future__ import annotations
 
@@ -33,10 +33,13 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
     return (x.to_dense() if x.layout == torch.sparse_csr else x).cpu()
 
 
-def _read(batches: Batches) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every batch of two epochs, all requested before any is read."""
-    queued = [batches.get(epoch, start, BATCH) for epoch in range(2)
-              for start in range(0, ROWS, BATCH)]
+def _queue(batches: Batches) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every batch of two epochs, requested one after the other."""
+    return [batches.get(epoch, start, BATCH) for epoch in range(2)
+            for start in range(0, ROWS, BATCH)]
+
+
+def _read(queued: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, ...]]:
     return [(_dense(x), y.cpu()) for x, y in queued]
 
 
@@ -53,7 +56,7 @@ def test_streamed_batches_are_the_rows_of_the_order(kind: str) -> None:
                 for order in map(streamed.order, range(2)) for start in range(0, ROWS, BATCH)]
     assert not torch.equal(expected[0][0], table[:BATCH])  # shuffled: a wrong order would show
     for batches in (streamed, resident):
-        for (x, y), (want_x, want_y) in zip(_read(batches), expected, strict=True):
+        for (x, y), (want_x, want_y) in zip(_read(_queue(batches)), expected, strict=True):
             assert torch.equal(x, want_x.to(x.dtype)) and torch.equal(y, want_y)
 
 
@@ -63,5 +66,8 @@ def test_batches_streamed_to_a_gpu_are_the_ones_indexed_on_the_host(kind: str) -
     data = SharedData.from_arrays(_features(kind), np.arange(ROWS) % 3)
     on_gpu = Batches(data, torch.device("cuda:0"), shuffle=True, seed=1, on_device="never")
     on_host = Batches(data, CPU, shuffle=True, seed=1, on_device="never")
-    for (x, y), (want_x, want_y) in zip(_read(on_gpu), _read(on_host), strict=True):
+    torch.cuda._sleep(200_000_000)  # the device busy a while: every copy below waits its turn
+    queued = _queue(on_gpu)
+    assert all(x.is_cuda and y.is_cuda for x, y in queued)
+    for (x, y), (want_x, want_y) in zip(_read(queued), _read(_queue(on_host)), strict=True):
         assert torch.equal(x, want_x) and torch.equal(y, want_y)

@@ -13,9 +13,9 @@ not move (a replica's and its SGD's never do). The warm-up steps train, so the p
 buffers and momentum are put back after them. Capture runs only on a CUDA device; elsewhere
 (the CPU emulating an accelerator) and after a failed capture the worker steps eagerly, said in
 one line. The graphed step lands in :meth:`compute` (the real engines land at once; the
-virtual clock, which lands later, never graphs). The mean loss is not captured: as an eager
-step's, it is computed when read, from the logits the last replay left (a worker reads it before
-its next step).
+virtual clock, which lands later, never graphs). The fused step's mean loss is not captured:
+as its eager step's, it is computed when read, from the logits the last replay left (a worker
+reads it before its next step); the autograd step's is, as its backward needs it.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.common.links import UNANSWERED_STEPS
 from hetsgd.engines.common.memory import SharedData, SharedMaster
-from hetsgd.engines.common.watch import Aside, Watch, cpu_s, ended
+from hetsgd.engines.common.watch import Tick, Watch, cpu_s, ended
 from hetsgd.engines.processes import (
     LOST_TO_FORKSERVER,
     context,
@@ -243,7 +243,7 @@ class Coordinator(EngineBase):
         examples = self.state.counters.column("examples")
         every_s = self.cfg.checkpoint.every_s
         while not live.hung and len(live.finished) < len(live.procs):
-            wall, cpu, aside = time.perf_counter(), time.thread_time(), Aside()
+            tick = Tick()
             self._collect(live.procs, live.finished, timeout=TICK_S)
             now = time.perf_counter()
             # a stall after a worker's death is its consequence (a cursor lock it held)
@@ -258,10 +258,11 @@ class Coordinator(EngineBase):
             if live.stopped is None and signals.stop.is_set():
                 live.stopped = now
             if live.stopped is not None and now - live.stopped > self.exit_s:
+                live.watch.ticked(*tick.watched(), now - t0)
                 break  # those still training are ended by run()
             epoch = float(examples.sum()) / self.state.data.num_examples
             if live.snapshots.due(now - t0, epoch) and len(live.finished) < len(live.procs):
-                with aside:
+                with tick.aside:
                     if self.publishers:
                         live.hung.update(self._publish(
                             lambda: [r for r in self.publishers if r not in live.finished]))
@@ -269,12 +270,10 @@ class Coordinator(EngineBase):
             if every_s is not None and now - live.last_request >= every_s:
                 signals.request_checkpoint()
                 live.last_request = now
-            with aside:
+            with tick.aside:
                 self._write_checkpoints(t0, live.snapshots)
                 self._duties(now - t0)
-            end = time.perf_counter()
-            live.watch.ticked(end - wall - aside.wall_s,
-                              time.thread_time() - cpu - aside.cpu_s, end - t0)
+            live.watch.ticked(*tick.watched(), time.perf_counter() - t0 - tick.aside.wall_s)
 
     def _end_clock(self, live: _Pass, training: Training) -> None:
         """The training time and the last snapshot, where the clock had started."""

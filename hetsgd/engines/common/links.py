@@ -159,7 +159,10 @@ class Replica:
     The ``delta`` merge is pipelined: a step's change is queued to the host as the step ends and
     added into the master at the end of the *next* step, once that step's device work is queued
     (on a GPU it runs meanwhile). The replica adds the change still on its way to the master it
-    has just copied in, so no update is lost or counted twice, and each step lands exactly once.
+    has just copied in, so no parameter update is lost or counted twice, and each step lands
+    exactly once. Buffers are not added but overwritten, so they land one step late: a step
+    starts from the statistics the step before last left in the master (or a CPU worker's), so
+    the replica's running statistics advance in two chains, each through every other step.
     The one host wait of such a step is :attr:`loaded`: the master's copy into the replica has
     finished (and, before it on the device's queue, the previous step's copy out), so the master
     may change again. ``publish`` (a snapshot's request, a checkpoint, the end) lands the change

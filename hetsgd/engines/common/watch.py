@@ -24,7 +24,7 @@ class Watch:
     snapshot) is not held against the workers: it could not look. A tick longer than its wait
     and its CPU time is time the coordinator was not scheduled at all; it is kept for the
     summary, as a stopped or starved coordinator cannot end training on time either. A tick's
-    writes and calls out (:class:`Aside`: snapshots, checkpoints, the workers' publication,
+    writes and calls out (:class:`Tick`'s asides: snapshots, checkpoints, the workers' publication,
     the progress callback) are left out of that measure, as their time off the CPU may be the
     disk's or another process's: a stop that lands there goes unreported.
     """
@@ -42,7 +42,8 @@ class Watch:
         self.last = now
 
     def ticked(self, wall_s: float, cpu_s: float, elapsed: float) -> None:
-        """A tick, less its asides, took ``wall_s``, of which ``cpu_s`` on the CPU."""
+        """A tick, less its asides, took ``wall_s``, of which ``cpu_s`` on the CPU, until
+        ``elapsed`` seconds of training (its asides left out)."""
         off = wall_s - cpu_s - TICK_S
         if off > STARVED_S:
             self.unscheduled_s += off
@@ -79,9 +80,22 @@ class Watch:
         return [note]
 
 
-class Aside:
-    """The wall and CPU time of a tick's stretches that the watch leaves out: ``with aside:``
-    around each adds to both."""
+class Tick:
+    """One tick of the coordinator's, timed from its start as the watch measures it: wall and
+    CPU time less its asides (``with tick.aside:`` around each)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.thread_time()
+        self.aside = _Aside()
+
+    def watched(self) -> tuple[float, float]:
+        """(wall s, CPU s) since the tick began, less its asides."""
+        return (time.perf_counter() - self.wall - self.aside.wall_s,
+                time.thread_time() - self.cpu - self.aside.cpu_s)
+
+
+class _Aside:
+    """The wall and CPU time of the stretches it is entered around, added up."""
 
     def __init__(self) -> None:
         self.wall_s = self.cpu_s = 0.0
