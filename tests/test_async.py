@@ -81,6 +81,30 @@ def test_every_step_lands_once_and_a_cpu_update_between_steps_survives(merge: st
     torch.testing.assert_close(master, start + sum(steps, torch.zeros(3)) + cpu_update)
 
 
+class _Counted(torch.nn.Linear):
+    """A layer with running statistics: a buffer that each step advances from its last value."""
+
+    def __init__(self) -> None:
+        super().__init__(3, 1, bias=False)
+        self.register_buffer("steps", torch.zeros(2))
+
+
+@pytest.mark.parametrize("merge", ["delta", "overwrite"])
+def test_each_step_starts_from_the_last_steps_buffers(merge: str) -> None:
+    """Buffers are overwritten, not added: pipelined (delta), a step must start from those of
+    the step still in flight, not from the master's older ones, or the running statistics
+    would advance in two chains, each through every other step."""
+    state = _state_with_master(_Counted())
+    replica = Replica(ACCEL, _Counted(), state, merge)
+    for i in range(3):
+        replica.before_step()
+        torch.testing.assert_close(replica.flat.buffers, torch.full((2,), float(i)))
+        replica.flat.buffers.add_(1.0)
+        replica.after_step()
+    replica.finish()
+    torch.testing.assert_close(state.master.buffers, torch.full((2,), 3.0))
+
+
 @pytest.mark.parametrize("link", ["replica", "resident"])
 def test_an_accelerator_link_answers_a_publish_request_with_its_latest_step(link: str) -> None:
     """Before a snapshot the coordinator waits for every accelerator's answer: a link that never

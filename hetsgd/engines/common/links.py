@@ -160,9 +160,9 @@ class Replica:
     added into the master at the end of the *next* step, once that step's device work is queued
     (on a GPU it runs meanwhile). The replica adds the change still on its way to the master it
     has just copied in, so no parameter update is lost or counted twice, and each step lands
-    exactly once. Buffers are not added but overwritten, so they land one step late: a step
-    starts from the statistics the step before last left in the master (or a CPU worker's), so
-    the replica's running statistics advance in two chains, each through every other step.
+    exactly once. Buffers (running statistics) are not added but overwritten: while a step is
+    in flight the next one keeps the replica's own, which the master would get on landing, so
+    they advance in one chain through every step, as under ``overwrite``.
     The one host wait of such a step is :attr:`loaded`: the master's copy into the replica has
     finished (and, before it on the device's queue, the previous step's copy out), so the master
     may change again. ``publish`` (a snapshot's request, a checkpoint, the end) lands the change
@@ -196,9 +196,11 @@ class Replica:
 
     def before_step(self) -> float:
         start = time.perf_counter()
-        self.flat.load_(self.master.params, self.master.buffers)
-        if self.in_flight:  # delta: the change the master does not hold yet
+        if self.in_flight:  # delta: the master lacks the last step, whose buffers are ours
+            self.flat.params.copy_(self.master.params, non_blocking=True)
             self.flat.params.add_(self.change)
+        else:
+            self.flat.load_(self.master.params, self.master.buffers)
         self.loaded.record()
         if self.merge == "delta":
             self.start_params.copy_(self.flat.params)
