@@ -12,20 +12,27 @@
 #
 #   scripts/gpu_check.sh [DIR]        (default DIR: results/gpu_check/<time>)
 #
-# Steps run in that order, which is their priority: each step after the report is skipped, with
-# a line in DIR/steps.txt, when what is left of GPU_CHECK_TOTAL_S is less than it needs, so a
-# short check loses the full bench first, then local SGD, the graphed runs, Hogwild's scaling,
-# and the calibration and replay last.
+# On a lent machine whose command may run 600 s and return a few files from $OUT:
+#   GPU_CHECK_TOTAL_S=480 scripts/gpu_check.sh results/gpu_check/run
+#   tar -czf "$OUT/gpu_check.tgz" -C results/gpu_check run
+#
+# Steps run in that order, which is their priority: the first step after the report that does
+# not fit in what is left of GPU_CHECK_TOTAL_S is skipped, with every one after it, each with a
+# line in DIR/steps.txt, so a short check loses the full bench first, then local SGD, the graphed
+# runs, Hogwild's scaling, and the calibration and replay last. No step's limit runs past
+# GPU_CHECK_TOTAL_S by more than 30 s (a step is cut to what is left, and says so).
 #
 # Uses .venv/bin (as the Makefile does), or makes it: offline from WHEELHOUSE when that is set,
-# else with `make setup TORCH=torch` (PyPI's CUDA build). Where nvidia-smi lists no GPU, or the
-# venv's torch cannot use one, it says so in one line and exits 2 before doing anything else.
+# else with `make setup TORCH=torch` (PyPI's CUDA build). Where nvidia-smi lists no GPU, the
+# venv's torch cannot use one, or hetsgd finds none through NVML (it would run every step on the
+# emulated mix), it says so in one line and exits 2 before doing anything else.
 # Environment:
 #   WHEELHOUSE            a folder of wheels (.whl only) for an offline machine whose python3
 #                         already has a CUDA torch: a --system-site-packages venv takes what
 #                         python3 lacks from it (e.g. hydra-core, omegaconf<2.4, a built wheel of
-#                         antlr4-python3-runtime 4.9.3, pooch, platformdirs, pytest; setuptools>=77
-#                         for the editable install, <82 beside torch 2.11)
+#                         antlr4-python3-runtime 4.9.3, pooch, platformdirs, pytest, nvidia-ml-py:
+#                         hetsgd finds GPUs through NVML; setuptools>=77 for the editable install,
+#                         <82 beside torch 2.11)
 #   HETSGD_DATA           a data cache; its w8a is used when it has one
 #   HETSGD_W8A            else a local copy of w8a (default ../shared/data/w8a.xz, as the
 #                         reproduction scripts find it); without either, the comparison runs on
@@ -55,13 +62,17 @@ SECONDS=0
 # step NAME LIMIT_S COMMAND...: run COMMAND with a time limit, its output into DIR/NAME.log,
 # and one line into DIR/steps.txt.
 step() {
-  local name=$1 limit=$2 rc=0 started=$SECONDS note
+  local name=$1 limit=$2 rc=0 started=$SECONDS note cut=""
   shift 2
+  if ((limit > TOTAL_S - SECONDS + 30)); then
+    limit=$((TOTAL_S - SECONDS + 30))
+    cut=", cut to what is left"
+  fi
   echo "== $name (at most ${limit} s): $*"
   timeout --kill-after=15 "$limit" "$@" >"$DIR/$name.log" 2>&1 || rc=$?
   case $rc in
     0) note=ok ;;
-    124 | 137) note="FAILED: timed out after ${limit} s" ;;
+    124 | 137) note="FAILED: timed out after ${limit} s$cut" ;;
     *) note="FAILED: exit $rc" ;;
   esac
   [[ $rc == 0 ]] || FAILED+=("$name")
@@ -72,10 +83,17 @@ step() {
 
 note() { echo "$*" | tee -a "$DIR/steps.txt"; }
 
-# fits NAME NEED_S: whether NEED_S seconds are left of TOTAL_S; if not, NAME is noted skipped
+# fits NAME NEED_S: whether NEED_S seconds are left of TOTAL_S and no step before was skipped
+# (the steps' order is their priority); if not, NAME is noted skipped
+SKIPPING=
 fits() {
-  if ((TOTAL_S - SECONDS >= $2)); then return 0; fi
-  note "$1: skipped, $((TOTAL_S - SECONDS)) s left of ${TOTAL_S} s and it needs $2 s"
+  if [[ -z $SKIPPING ]] && ((TOTAL_S - SECONDS >= $2)); then return 0; fi
+  if [[ -n $SKIPPING ]]; then
+    note "$1: skipped, after $SKIPPING"
+  else
+    note "$1: skipped, $((TOTAL_S - SECONDS)) s left of ${TOTAL_S} s and it needs $2 s"
+    SKIPPING=$1
+  fi
   return 1
 }
 
@@ -111,6 +129,10 @@ fi
 PY=$BIN/python
 if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
   echo "gpu_check: a GPU is here but the .venv's torch cannot use it (a CPU build?): rm -rf .venv and rerun" >&2
+  exit 2
+fi
+if ! "$PY" -c "import sys; from hetsgd.machine import cuda_devices; sys.exit(not cuda_devices())" 2>/dev/null; then
+  echo "gpu_check: torch can use a GPU but hetsgd finds none through NVML (nvidia-ml-py missing from the .venv, or CUDA_VISIBLE_DEVICES naming a MIG device): every run would be emulated" >&2
   exit 2
 fi
 W8A_LINKED=  # set by w8a_cache.sh where it links a copy, removed at exit
@@ -177,7 +199,7 @@ else
 fi
 
 # -- calibration and replay with mlp_paper: sim/real per group ------------------------------------
-if fits calibrate $((90 + 60 + 30)); then
+if fits calibrate $((90 + 120 + 30)); then
   step calibrate 90 "$BIN/hetsgd" machine --calibrate --seconds 0.3 model=mlp_paper \
     "dataset=$DATASET" devices=auto "results_dir=$DIR"
   CALIBRATION=$(find "$DIR/calibration" -name '*.csv' 2>/dev/null | sort | tail -n 1 || true)
@@ -185,8 +207,9 @@ if fits calibrate $((90 + 60 + 30)); then
     # the same mix replayed on the virtual clock: its update shares and updates per virtual
     # second against the sweep's real hogbatch runs (summary.csv) say what it models; 0.1
     # virtual s (hundreds of GPU steps: a rate needs no more), as the virtual engine computes
-    # every simulated step for real (mlp cost 17 real s per virtual s on the H200's 16 cores)
-    step replay 60 "$BIN/hetsgd" run algo=hogbatch devices=auto \
+    # every simulated step for real (mlp cost 17 real s per virtual s on the H200's 16 cores;
+    # mlp_paper's steps are some 30x mlp's)
+    step replay 120 "$BIN/hetsgd" run algo=hogbatch devices=auto \
       devices.simulated=true "devices.calibration=$CALIBRATION" model=mlp_paper "dataset=$DATASET" budget.epochs=null \
       budget.seconds=0.1 progress=false "results_dir=$DIR/replay"
     cp "$CALIBRATION" "$DIR/calibration.csv"

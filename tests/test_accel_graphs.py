@@ -85,6 +85,25 @@ def test_a_failed_capture_puts_the_model_back_and_steps_eagerly_from_then_on(
         "this worker steps eagerly"]
 
 
+@pytest.mark.parametrize("layout", ["dense", "sparse"])
+def test_a_key_is_captured_at_its_second_step_in_a_row_never_for_an_epochs_tail(
+        monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """Tails of 3 between steps of 8 (an epoch's last chunk) step eagerly: no capture each
+    epoch for a size seen once at a time; sparse batches (their nonzero count varies) never
+    capture."""
+    monkeypatch.setattr(device_ops, "is_cuda", lambda device: True)
+    graphed = FlatModel(_net(CPU))
+    graphed_step = GraphedStep(build_step("autograd", graphed, OPTIM, "multiclass"), CPU)
+    tried: list[tuple[int, float]] = []
+    monkeypatch.setattr(graphed_step, "_capture", lambda key, *args: tried.append(key))
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 6).clamp(min=0), torch.randint(0, 3, (8,))
+    for size in (8, 3, 8, 8, 3, 8, 3, 3):
+        batch = x[:size] if layout == "dense" else x[:size].to_sparse_csr()
+        graphed_step.compute(batch, y[:size], 0.0, size)
+    assert tried == ([(8, 0.5), (3, 0.5)] if layout == "dense" else [])
+
+
 class _Stream:
     """A stream (or graph) that orders nothing: the CPU has run each operation when it
     returns."""
@@ -135,4 +154,5 @@ def test_a_graphed_step_trains_to_the_eager_parameters_on_a_gpu(step_choice: str
     torch.testing.assert_close(losses, _train(step, eager, CUDA))
     torch.testing.assert_close(graphed.params, eager.params)
     assert isinstance(graphed_step, GraphedStep) and graphed_step.eager_reason is None
-    assert len(graphed_step.graphs) == 3  # (8, 0.5), (5, 0.5), (8, 0.05): every step replayed
+    # (8, 0.5), (5, 0.5), (8, 0.05): each captured at its second step in a row, replayed after
+    assert len(graphed_step.graphs) == 3

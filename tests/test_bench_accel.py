@@ -36,7 +36,8 @@ def test_the_accel_section_on_cuda_counts_kernels_and_copies(tmp_path: Path) -> 
     numbers = section.data["mlp_batch64_fp32"]
     assert numbers["graphed_s"] > 0 and numbers["kernels_per_step"][1] > 0
     assert numbers["replica_graphed_s"] > 0 and numbers["replica_graphed_4_threads_s"] > 0
-    # the profile saw the timed steps alone: about one host wait each, not the setup's
-    assert numbers["waits_per_step"][0] < 1.5
+    # the profile saw the timed steps alone: about one host wait each (and one an epoch for its
+    # order, one a loss read), not the setup's
+    assert numbers["waits_per_step"][0] < 2.0
     assert set(section.data["copy_gb_per_s"]) == {"pageable", "pinned", "registered"}
     assert [row[2] for row in section.rows] == ["fp32", "tf32"]

@@ -138,3 +138,30 @@ def test_every_run_the_gpu_check_starts_composes_and_its_baseline_is_the_gpu_alo
     baseline = dict(s.split("=", 1) for s in report[report.index("--baseline") + 1].split())
     alone = run_config("+method=gpu", "model=mlp_paper", "dataset=w8a")
     assert baseline == {"algo": alone.algo.name, "devices": alone.devices.name}
+
+
+def test_optional_steps_are_skipped_in_priority_order_and_limits_cut_to_the_time_left(
+        tmp_path: Path) -> None:
+    """The check's own `fits` and `step`, on a made-up clock (bash's SECONDS): once a step does
+    not fit, every later one is skipped too, even one that would (the order is the priority);
+    a step's limit never runs more than 30 s past the check's total."""
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    functions = "\n".join(script[script.index(start):].split("\n}\n", 1)[0] + "\n}"
+                          for start in ("step() {", "fits() {"))
+    program = f"""
+DIR={tmp_path}; TOTAL_S=100; FAILED=(); SKIPPING=
+note() {{ echo "$*" >>"$DIR/steps.txt"; }}
+timeout() {{ echo "limit $2" >>"$DIR/limits.txt"; }}
+{functions}
+SECONDS=0
+step early 500 true
+SECONDS=40
+fits calibrate 180 && echo ran calibrate >>"$DIR/steps.txt"
+fits hogwild 10 && echo ran hogwild >>"$DIR/steps.txt"
+exit 0
+"""
+    subprocess.run(["bash", "-c", program], check=True, timeout=30)
+    steps = (tmp_path / "steps.txt").read_text()
+    assert "calibrate: skipped, 60 s left of 100 s and it needs 180 s" in steps
+    assert "hogwild: skipped, after calibrate" in steps and "ran" not in steps
+    assert (tmp_path / "limits.txt").read_text().split() == ["limit", "130"]

@@ -77,11 +77,12 @@ class Fence:
     every operation has finished when it returns, so there is nothing to record or wait for."""
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.event = torch.cuda.Event() if is_cuda(device) else None
 
     def record(self) -> None:
         if self.event is not None:
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(self.device))
 
     def wait(self) -> None:
         """Block the host until the work queued before :meth:`record` is done."""

@@ -7,15 +7,17 @@ parameters are bound through ``.data``), so the graph is captured by hand, as th
 describe: static input buffers, a few warm-up steps on a side stream, then the capture.
 
 One graph per (batch size, learning rate): the learning rate is baked into the captured kernels,
-and a schedule changes it only at its milestones. A graph replays the step's forward, backward
-and update into the same tensors every time, so the step's parameters and momentum must
-not move (a replica's and its SGD's never do). The warm-up steps train, so the parameters,
-buffers and momentum are put back after them. Capture runs only on a CUDA device; elsewhere
-(the CPU emulating an accelerator) and after a failed capture the worker steps eagerly, said in
-one line. The graphed step lands in :meth:`compute` (the real engines land at once; the
-virtual clock, which lands later, never graphs). The fused step's mean loss is not captured:
-as its eager step's, it is computed when read, from the logits the last replay left (a worker
-reads it before its next step); the autograd step's is, as its backward needs it.
+and a schedule changes it only at its milestones. A key is captured at its second step in a row,
+so an epoch's last, shorter chunk (of whatever size the other workers left) steps eagerly rather
+than costing a capture each epoch; so do sparse batches, whose nonzero count varies. A graph
+replays the step's forward, backward and update into the same tensors every time, so the step's
+parameters and momentum must not move (a replica's and its SGD's never do). The warm-up steps
+train, so the parameters, buffers and momentum are put back after them. Capture runs only on a
+CUDA device; elsewhere (the CPU emulating an accelerator) and after a failed capture the worker
+steps eagerly, said in one line. The graphed step lands in :meth:`compute` (the real engines
+land at once; the virtual clock, which lands later, never graphs). The fused step's mean loss is
+not captured: as its eager step's, it is computed when read, from the logits the last replay
+left (a worker reads it before its next step); the autograd step's is, as its backward needs it.
 """
 
 from __future__ import annotations
@@ -86,12 +88,14 @@ class GraphedStep(Step):
             log.warning("cuda graphs: only plain SGD's step is captured (optim=sgd); this worker "
                         "steps eagerly")
         self.full = False  # MAX_GRAPHS reached, and said
+        self.last_key: tuple[int, float] | None = None
 
     def compute(self, x: torch.Tensor, y: torch.Tensor, epoch: float, batch_size: int,
                 per_sample: bool = False) -> Pending:
         key = (len(x), self.optimizer.lr(epoch, batch_size))
+        repeated, self.last_key = key == self.last_key, key
         graph = self.graphs.get(key)
-        if graph is None and self._may_capture(key, per_sample):
+        if graph is None and repeated and self._may_capture(key, x, per_sample):
             graph = self._capture(key, x, y, partial(self._eager, epoch=epoch,
                                                      batch_size=batch_size))
         if graph is None:
@@ -110,8 +114,8 @@ class GraphedStep(Step):
         self.step.land(pending)
         return pending
 
-    def _may_capture(self, key: tuple[int, float], per_sample: bool) -> bool:
-        if self.eager_reason is not None or per_sample:
+    def _may_capture(self, key: tuple[int, float], x: torch.Tensor, per_sample: bool) -> bool:
+        if self.eager_reason is not None or per_sample or x.layout != torch.strided:
             return False
         if len(self.graphs) < MAX_GRAPHS:
             return True

@@ -53,20 +53,31 @@ def _config(data: tuple[str, ...], model: str, batch: int, steps: int, n: int,
         f"devices.cuda_graphs={str(graphs).lower()}"))
 
 
+@dataclass
+class _Timed:
+    """The accelerator worker's timed loop: seconds per step, over ``updates`` steps (an
+    epoch's last chunk may be shorter, so they may be more than asked)."""
+
+    step_s: float
+    updates: int
+
+
 def _hetsgd(cfg: RunConfig, problem: Problem, data: SharedData, link: LinkFactory,
-            around: AbstractContextManager = nullcontext()) -> float:
-    """Seconds per step of the accelerator worker's loop with ``link``, to its last merge,
-    after one step outside the timing (as the plain loop warms up; a graph is captured then).
+            around: AbstractContextManager = nullcontext()) -> _Timed:
+    """The accelerator worker's loop with ``link``, to its last merge, after two steps outside
+    the timing (as the plain loop warms up; a graph is captured at a batch size's second step).
     ``around`` (a profiler) sees the timed steps only."""
     worker = inprocess.worker(cfg, problem, data, link=link)
-    worker.step(0, 0, worker.spec.batch_size)
+    for _ in range(2):
+        worker.step(0, 0, worker.spec.batch_size)
     device_ops.synchronize(worker.device)
     with around:
         start = time.perf_counter()
         worker.run()
         device_ops.synchronize(worker.device)
         seconds = time.perf_counter() - start
-    return seconds / max(int(worker.state.counters.row(0)["updates"]), 1)
+    updates = max(int(worker.state.counters.row(0)["updates"]), 1)
+    return _Timed(seconds / updates, updates)
 
 
 @dataclass
@@ -214,16 +225,18 @@ def _measure(section: Section, jobs: Jobs, seconds: float, problem: Problem,
     cfg = _config(jobs.data, model, batch, steps, shared.num_examples)
     loop = _plain_loop(cfg, problem, shared, device, steps)
     plain = _per_step(loop.step, steps, device)
-    replica = _hetsgd(cfg, problem, shared, partial(hogbatch_link, merge="delta"))
-    alone = _hetsgd(cfg, problem, shared, default_link)
+    replica = _hetsgd(cfg, problem, shared, partial(hogbatch_link, merge="delta")).step_s
+    alone = _hetsgd(cfg, problem, shared, default_link).step_s
     graphed = graphed_replica = threaded = kernels = waits = None
     if device.type == "cuda":
         graphed = _per_step(_graphed(loop), steps, device)
         graphs = _config(jobs.data, model, batch, steps, shared.num_examples, graphs=True)
-        graphed_replica = _hetsgd(graphs, problem, shared, partial(hogbatch_link, merge="delta"))
+        graphed_replica = _hetsgd(graphs, problem, shared,
+                                  partial(hogbatch_link, merge="delta")).step_s
         torch.set_num_threads(MERGE_THREADS)
         try:
-            threaded = _hetsgd(graphs, problem, shared, partial(hogbatch_link, merge="delta"))
+            threaded = _hetsgd(graphs, problem, shared,
+                               partial(hogbatch_link, merge="delta")).step_s
         finally:
             torch.set_num_threads(1)
         few = _config(jobs.data, model, batch, PROFILED_STEPS, shared.num_examples)
@@ -233,8 +246,9 @@ def _measure(section: Section, jobs: Jobs, seconds: float, problem: Problem,
             device_ops.synchronize(device)
         theirs = _counts(profiler, PROFILED_STEPS)
         profiler = _profiler()
-        _hetsgd(few, problem, shared, partial(hogbatch_link, merge="delta"), around=profiler)
-        ours = _counts(profiler, PROFILED_STEPS)
+        profiled = _hetsgd(few, problem, shared, partial(hogbatch_link, merge="delta"),
+                           around=profiler)
+        ours = _counts(profiler, profiled.updates)
         kernels, waits = (ours[0], theirs[0]), (ours[1], theirs[1])
     section.rows.append([
         model, str(batch), precision, f"{plain * 1e3:.3f}",

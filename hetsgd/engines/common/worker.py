@@ -73,6 +73,8 @@ class Worker:
         self.spec, self.cfg, self.state = spec, cfg, state
         bind(state.log)  # the link's log() in this process
         self.device = torch.device(spec.device)
+        # cuda:1 and up: events, streams and graph captures otherwise land on cuda:0's queue
+        device_ops.select(self.device)
         module = problem.build_model(cfg.model, cfg.seed).to(self.device)
         self.module = module.train()
         self.link = (link_factory or default_link)(spec, module, state)
