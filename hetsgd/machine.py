@@ -13,6 +13,8 @@ the machine it runs on (every test pins its worker counts).
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import platform
 import re
@@ -174,10 +176,22 @@ def cuda_devices() -> list[dict[str, Any]]:
 
     if torch.version.cuda is None:
         return []
+    if pynvml is None:
+        _say_no_bindings()
     gpus = describe_gpus()
     order = visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"),
                                  [gpu["uuid"] for gpu in gpus])
     return [gpus[i] for i in order]
+
+
+@functools.cache
+def _say_no_bindings() -> None:
+    """Once a process: a CUDA build of torch without NVML's bindings would run every GPU mix as
+    the emulated one, a fallback the user must hear of (without a driver, NVML's own absence
+    is no news)."""
+    logging.getLogger("hetsgd").warning(
+        "this torch build has CUDA, but nvidia-ml-py (module pynvml) is not installed: hetsgd "
+        "finds GPUs through NVML and sees none here (pip install nvidia-ml-py)")
 
 
 CGROUP_ROOT = "/sys/fs/cgroup"

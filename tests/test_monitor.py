@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -143,6 +144,23 @@ def test_no_nvml_means_no_gpus(monkeypatch):
     assert not any(k.startswith("gpu") for r in mon.stop() for k in r)
     monkeypatch.setattr(machine, "pynvml", None)
     assert describe_gpus() == [] and cuda_devices() == []
+
+
+def test_a_cuda_torch_without_nvmls_bindings_says_it_sees_no_gpu_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Without nvidia-ml-py every GPU mix would run emulated: said once a process. A CPU build
+    of torch has no GPU to find, and says nothing."""
+    machine._say_no_bindings.cache_clear()
+    monkeypatch.setattr(machine, "pynvml", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with caplog.at_level(logging.WARNING, logger="hetsgd"):
+        assert cuda_devices() == []
+        assert not caplog.records
+        monkeypatch.setattr(torch.version, "cuda", "12.4")
+        assert cuda_devices() == [] and cuda_devices() == []
+    said, = (r.getMessage() for r in caplog.records)
+    assert "nvidia-ml-py (module pynvml) is not installed" in said
+    machine._say_no_bindings.cache_clear()
 
 
 # Two GPUs whose UUIDs share a prefix ("GPU-5f"), so that prefixes can be ambiguous.
