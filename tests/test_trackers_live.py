@@ -95,6 +95,9 @@ def test_tensorboard_holds_every_snapshot_once_live_and_final_together(
     assert [v for _, v in distance] == pytest.approx(conv["replica_distance"][logged].tolist())
 
 
+# under CI's parallel load MLflow once held a method point more than the run's snapshots had,
+# a cause not yet found (TensorBoard's twin above, fed the same points, never has): alone here
+@pytest.mark.serial
 def test_a_file_based_mlflow_store_holds_one_run_with_each_snapshot_once(
         plugins: Path) -> None:  # noqa: F811
     from mlflow import MlflowClient
