@@ -97,10 +97,11 @@ def test_a_ticks_asides_are_left_out_of_its_wall_and_cpu_time() -> None:
             pass
     assert tick.aside.wall_s >= 0.1
     assert tick.aside.cpu_s >= 0.05  # the busy stretch's CPU time, not the sleep's
-    wall_s, cpu_s = tick.watched()
+    wall_s, cpu_s, elapsed = tick.watched(wall)
     outer_wall, outer_cpu = time.perf_counter() - wall, time.thread_time() - cpu
     assert 0.0 <= wall_s <= outer_wall - tick.aside.wall_s + 1e-6
     assert 0.0 <= cpu_s <= outer_cpu - tick.aside.cpu_s + 1e-6
+    assert 0.0 <= elapsed <= outer_wall - tick.aside.wall_s + 1e-6
 
 
 def test_stall_s_must_be_positive_and_finite() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -150,7 +151,8 @@ def test_a_cuda_torch_without_nvmls_bindings_says_it_sees_no_gpu_once(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Without nvidia-ml-py every GPU mix would run emulated: said once a process. A CPU build
     of torch has no GPU to find, and says nothing."""
-    machine._say_no_bindings.cache_clear()
+    monkeypatch.setattr(machine, "_say_no_bindings",  # a fresh once, this test's own
+                        functools.cache(machine._say_no_bindings.__wrapped__))
     monkeypatch.setattr(machine, "pynvml", None)
     monkeypatch.setattr(torch.version, "cuda", None)
     with caplog.at_level(logging.WARNING, logger="hetsgd"):
@@ -160,7 +162,6 @@ def test_a_cuda_torch_without_nvmls_bindings_says_it_sees_no_gpu_once(
         assert cuda_devices() == [] and cuda_devices() == []
     said, = (r.getMessage() for r in caplog.records)
     assert "nvidia-ml-py (module pynvml) is not installed" in said
-    machine._say_no_bindings.cache_clear()
 
 
 # Two GPUs whose UUIDs share a prefix ("GPU-5f"), so that prefixes can be ambiguous.

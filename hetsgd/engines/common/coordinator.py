@@ -258,7 +258,7 @@ class Coordinator(EngineBase):
             if live.stopped is None and signals.stop.is_set():
                 live.stopped = now
             if live.stopped is not None and now - live.stopped > self.exit_s:
-                live.watch.ticked(*tick.watched(), now - t0)
+                live.watch.ticked(*tick.watched(t0))
                 break  # those still training are ended by run()
             epoch = float(examples.sum()) / self.state.data.num_examples
             if live.snapshots.due(now - t0, epoch) and len(live.finished) < len(live.procs):
@@ -273,7 +273,7 @@ class Coordinator(EngineBase):
             with tick.aside:
                 self._write_checkpoints(t0, live.snapshots)
                 self._duties(now - t0)
-            live.watch.ticked(*tick.watched(), time.perf_counter() - t0 - tick.aside.wall_s)
+            live.watch.ticked(*tick.watched(t0))
 
     def _end_clock(self, live: _Pass, training: Training) -> None:
         """The training time and the last snapshot, where the clock had started."""

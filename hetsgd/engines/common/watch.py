@@ -43,7 +43,7 @@ class Watch:
 
     def ticked(self, wall_s: float, cpu_s: float, elapsed: float) -> None:
         """A tick, less its asides, took ``wall_s``, of which ``cpu_s`` on the CPU, until
-        ``elapsed`` seconds of training (its asides left out)."""
+        ``elapsed`` seconds of training (:meth:`Tick.watched`)."""
         off = wall_s - cpu_s - TICK_S
         if off > STARVED_S:
             self.unscheduled_s += off
@@ -88,10 +88,12 @@ class Tick:
         self.wall, self.cpu = time.perf_counter(), time.thread_time()
         self.aside = _Aside()
 
-    def watched(self) -> tuple[float, float]:
-        """(wall s, CPU s) since the tick began, less its asides."""
-        return (time.perf_counter() - self.wall - self.aside.wall_s,
-                time.thread_time() - self.cpu - self.aside.cpu_s)
+    def watched(self, t0: float) -> tuple[float, float, float]:
+        """(wall s, CPU s) since the tick began, less its asides, and the training time (from
+        ``t0``, on :func:`time.perf_counter`) they reach, its asides left out too."""
+        now = time.perf_counter()
+        return (now - self.wall - self.aside.wall_s, time.thread_time() - self.cpu
+                - self.aside.cpu_s, now - t0 - self.aside.wall_s)
 
 
 class _Aside:
