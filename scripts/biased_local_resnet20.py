@@ -188,7 +188,7 @@ def spread(values: pd.Series, fmt: str) -> str:
 
 
 def speedup(base: pd.Series, times: pd.Series) -> str:
-    """The ratio of the mean times and its bootstrap interval (each side resampled on its own)."""
+    """The ratio of the mean times and its Student-t interval (each side sampled on its own)."""
     base, times = base.dropna().tolist(), times.dropna().tolist()
     if not base or not times:
         return "—"
@@ -226,7 +226,7 @@ def table(out: Path, accuracy: float | None = None) -> str:
                      PAPER.get(method, "not reported")])
     head = (f"common test accuracy {target:.2f} (t@acc, ep@acc: from when a run holds it to its "
             f"end), common budget {budget:g} epochs (test acc @ budget); times, epochs and "
-            "speedups: mean [95% bootstrap interval] n=k/m over the runs that held it, other "
+            "speedups: mean [95% Student-t interval] n=k/m over the runs that held it, other "
             "numbers mean ± std over the completed runs (seeds)")
     return head + "\n\n" + markdown_table(HEADERS, rows)
 

@@ -39,7 +39,7 @@ def method_runs(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
 
 
 def timed(row: pd.Series, col: str) -> str:
-    """A time as report.md shows it: mean [bootstrap interval] n=k/m of the timed runs."""
+    """A time as report.md shows it: mean [Student-t interval] n=k/m of the timed runs."""
     mean = row[f"{col}_mean"]
     if pd.isna(mean):
         return "—"
@@ -89,7 +89,7 @@ def main(out: Path) -> None:
     steps = runs.get("local_unbalanced", {}).get("local_sgd", {}).get("step_s", {})
     print(f"{report['dataset'].iloc[0]} · {model['name']} {model.get('hidden', '')} on "
           f"paper_biased_local (simulated), L_best = {report['l_best'].iloc[0]:.4g}; times and "
-          "speedups: mean [95% bootstrap interval] n=k/m over the seeds that have one, other "
+          "speedups: mean [95% Student-t interval] n=k/m over the seeds that have one, other "
           "numbers mean ± std over seeds; t@x: virtual seconds after which a run stays at "
           "normalized loss x or beyond; a step as profiled: "
           + ", ".join(f"{g} {t * 1e3:.3f} ms" for g, t in steps.items()))

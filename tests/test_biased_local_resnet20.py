@@ -5,6 +5,7 @@ helpers of ``scripts/biased_local_resnet20.py``. Nothing here trains."""
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from types import ModuleType
 
@@ -141,9 +142,12 @@ def test_the_table_times_an_accuracy_held_to_the_end_between_snapshots() -> None
     assert table.common_accuracy(pd.DataFrame({"curve": [curve, other]})) == pytest.approx(0.45)
 
 
-def test_the_tables_speedup_carries_its_bootstrap_interval() -> None:
+def test_the_tables_speedup_carries_its_interval() -> None:
     table = script()
-    # sync's mean 3 over 1: resampled sync means 2, 3 or 4 make the 95 % interval [2, 4]
-    assert table.speedup(pd.Series([4.0, 2.0]), pd.Series([1.0, 1.0])) == "3.00 [2.00, 4.00]"
+    # sync's mean 3 over 1: log-scale standard error sqrt(var(4, 2, 3) / (3 * 3²)) on Welch's
+    # 2 degrees of freedom, t = 4.3027...
+    half = 4.302652729911275 * math.sqrt(1 / 27)
+    assert table.speedup(pd.Series([4.0, 2.0, 3.0]), pd.Series([1.0, 1.0, 1.0])) == \
+        f"3.00 [{3 * math.exp(-half):.2f}, {3 * math.exp(half):.2f}]" == "3.00 [1.31, 6.87]"
     assert table.speedup(pd.Series([4.0]), pd.Series([2.0, np.nan])) == "2.00"  # one each
     assert table.speedup(pd.Series([np.nan]), pd.Series([1.0])) == "—"

@@ -20,24 +20,27 @@ def row(algo: str, *runs):
 
 
 def test_speedup_is_the_mean_of_per_seed_ratios_with_its_interval_and_n():
-    gpu = row("sync", run(0, 0.4), run(1, 0.2))
-    hogbatch = row("hogbatch", run(0, 0.1), run(1, 0.1))
-    # ratios 4 and 2: resampled means 2, 3 or 4, so the 95 % percentile interval is [2, 4]
-    assert paper_table.speedup(hogbatch, gpu, 0.1) == "3.0x [2.0, 4.0] n=2"
-    one = row("hogbatch", run(0, 0.1), run(1, None))  # seed 1 never got there
-    assert paper_table.speedup(one, gpu, 0.1) == "4.0x n=1/2"  # one ratio: no interval
+    gpu = row("sync", run(0, 0.4), run(1, 0.2), run(2, 0.3))
+    hogbatch = row("hogbatch", run(0, 0.1), run(1, 0.1), run(2, 0.1))
+    # ratios 4, 2 and 3: mean 3 ± t(2) * 1 / sqrt(3), t(2) = 4.3027...
+    half = 4.302652729911275 / math.sqrt(3)
+    assert paper_table.speedup(hogbatch, gpu, 0.1) == \
+        f"3.0x [{3 - half:.1f}, {3 + half:.1f}] n=3" == "3.0x [0.5, 5.5] n=3"
+    one = row("hogbatch", run(0, 0.1), run(1, None), run(2, None))  # two never got there
+    assert paper_table.speedup(one, gpu, 0.1) == "4.0x n=1/3"  # one ratio: no interval
 
 
 def test_times_show_the_interval_and_the_seeds_that_have_one():
-    assert mean_cell([0.2, 0.4, None], ".2f") == "0.30 [0.20, 0.40] n=2/3"
+    # mean 0.3 ± t(2) * 0.1 / sqrt(3), t(2) = 4.3027...
+    assert mean_cell([0.2, 0.4, 0.3, None], ".2f") == "0.30 [0.05, 0.55] n=3/4"
     assert mean_cell([0.25, 0.25], ".2f") == "0.25 [0.25, 0.25] n=2"
     assert mean_cell([None, math.nan], ".2f") == "—"
     assert mean_cell([2.0], ".1f", of=3, unit="x") == "2.0x n=1/3"  # one run: no interval
-    gpu = row("sync", run(0, 0.4), run(1, 0.2))
+    gpu = row("sync", run(0, 0.4), run(1, 0.2), run(2, 0.3))
     table = paper_table.convergence_table([gpu])
-    assert "bootstrap percentile interval" in table
+    assert "95% Student-t interval of the mean" in table
     # its time and its speedup over itself; the final loss stays mean ± std
-    assert "| 0.300 [0.200, 0.400] n=2 | 1.0x [1.0, 1.0] n=2 | 0.0500 ± 0.0000 |" in table
+    assert "| 0.300 [0.052, 0.548] n=3 | 1.0x [1.0, 1.0] n=3 | 0.0500 ± 0.0000 |" in table
 
 
 def test_a_gpu_alone_that_never_got_there_gives_a_lower_bound():

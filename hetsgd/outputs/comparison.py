@@ -278,7 +278,7 @@ def aggregate(comp: Comparison, metrics: pd.DataFrame | None = None) -> pd.DataF
     """One row per (algo, devices, variant): ``n`` completed runs, ``timed`` of them timed,
     ``runs`` in all, a status text, and ``<metric>_mean``, ``<metric>_std`` (NaN for one run)
     and ``<metric>_n`` (how many runs have the metric: fewer than ``n`` when some seeds never
-    reached a target); the times also ``<metric>_low`` / ``_high``, the bootstrap interval of
+    reached a target); the times also ``<metric>_low`` / ``_high``, the Student-t interval of
     the mean (:func:`~hetsgd.outputs.intervals.mean_interval`; NaN below two runs)."""
     metrics = run_metrics(comp) if metrics is None else metrics
     rows = []

@@ -4,7 +4,7 @@
 (written by ``scripts/reproduce_hogbatch_sim.sh``), prints markdown tables to stdout and writes
 them to FOLDER/paper_table.md. Per machine and method, mean ± std over seeds of the update
 shares, the simulated GPU's busy share (``utilization.gpu_util_mean``) and the CPU workers'
-(workers.csv busy / time); and, as report.md shows times (mean, bootstrap interval, n: see
+(workers.csv busy / time); and, as report.md shows times (mean, Student-t interval, n: see
 :mod:`hetsgd.outputs.intervals`), the virtual time after which each run stays at or below each
 of its absolute target losses (``time_to_loss``: sustained, on the test loss) and the speedup
 over the GPU alone (per seed, the GPU's time over the method's: every method of a seed starts
@@ -214,7 +214,7 @@ def convergence_table(rows: list[Row]) -> str:
                       PAPER[(row.machine, row.algo)].curve])
     curves = sorted({run.curve for row in rows for run in row.runs})
     loss = "/".join(map(loss_name, curves))
-    legend = (f"Times and speedups: mean [{CONFIDENCE:.0%} bootstrap {METHOD} interval of the "
+    legend = (f"Times and speedups: mean [{CONFIDENCE:.0%} {METHOD} interval of the "
               "mean] over the n seeds that have one (n=k/m: k of the row's m; n=1: no "
               "interval); other numbers: mean ± std over the seeds.")
     table = markdown_table(["machine", "method", *(f"t@{t:g} {loss} [virtual s]" for t in targets),

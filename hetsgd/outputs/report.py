@@ -4,7 +4,7 @@ The runs are grouped into comparisons (:mod:`hetsgd.outputs.comparison`: one dat
 clock each, never virtual and real time together), one section each. A row of a table is one
 algorithm on one device mix and one setting; its times to normalized loss 0.9 / 0.95 / 0.99
 (sustained, on the test loss where the runs evaluate one) are means over its timed runs with
-their bootstrap interval and ``n``, its other numbers mean ± standard deviation over its completed
+their Student-t interval and ``n``, its other numbers mean ± standard deviation over its completed
 runs (seeds), and its speedup is over the comparison's baseline (:mod:`hetsgd.outputs.speedup`).
 Runs that did not complete are counted in the status column and listed with their errors, not
 averaged; so are completed runs whose ``convergence.csv`` cannot be read (``unusable``), and run
@@ -164,9 +164,9 @@ def add_tuning(table: pd.DataFrame, trials: pd.DataFrame) -> list[str]:
 
 
 def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: str,
-                        tuned: Sequence[str] = ()) -> str:
-    """The comparison's section; ``tuned``: a tuned sweep's columns (:func:`add_tuning`), after
-    the setting."""
+                        ranked: str, tuned: Sequence[str] = ()) -> str:
+    """The comparison's section; ``ranked``: the line under its table (:func:`ranking`);
+    ``tuned``: a tuned sweep's columns (:func:`add_tuning`), after the setting."""
     with_variant = bool((table["variant"] != "").any())
     times = {col for col, _, _ in TIMES}
     # the workers' CPU share comes from runs that record their contention
@@ -198,11 +198,11 @@ def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: st
          f"which a run stays at or beyond normalized loss x to its end (raw snapshots, "
          f"interpolated between the two around the last crossing; about one snapshot spacing "
          f"of resolution); a run that reached x and left it is unstable and not credited. "
-         f"Times: mean [{CONFIDENCE:.0%} bootstrap {METHOD} interval of the mean] over the n "
+         f"Times: mean [{CONFIDENCE:.0%} {METHOD} interval of the mean] over the n "
          f"timed runs (seeds) that stayed there (n=1: no interval); other numbers: mean ± std "
          f"over the completed runs. Runs flagged as contended are not timed unless kept "
          f"(--keep-flagged).{common} {shown(baseline_text)}"),
-        markdown_table(headers, rows), shown(ranking(table))] if s)
+        markdown_table(headers, rows), shown(ranked)] if s)
 
 
 def _failed_markdown(index: pd.DataFrame, root: Path) -> str:
@@ -251,7 +251,7 @@ def build_report(index: pd.DataFrame, root: Path, baseline: str | None = None,
         table = aggregate(comp, metrics)
         text = add_speedup(comp, table, metrics, baseline)
         tuned = add_tuning(table, trials) if trials is not None else []
-        sections.append(comparison_markdown(comp, table, text, tuned))
+        sections.append(comparison_markdown(comp, table, text, ranking(table, metrics), tuned))
         sections.append(split_markdown(comp.runs, ROW_KEYS))
         if trials is not None:
             sections.append(search_cost(trials))

@@ -6,7 +6,7 @@ where every one of its timed runs reached 0.9 and stayed (a seed that collapsed,
 there, leaves the row without a speedup; its t@0.9 cell says how many did). A baseline run
 that never stayed at 0.9 counts with the time it ran, which its time to 0.9 exceeds: the
 speedup is then a lower bound (``≥``). Intervals: :mod:`hetsgd.outputs.intervals`. Where a
-row's and the baseline's t@0.9 intervals overlap, the row is "not distinguishable" from it.
+speedup's interval holds 1, the row is "not distinguishable" from the baseline.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pandas as pd
 
 from hetsgd.errors import UserError
 from hetsgd.outputs.comparison import ROW_KEYS, Comparison, plain, row_label
-from hetsgd.outputs.intervals import Interval, mean_interval, overlap, ratio_interval
+from hetsgd.outputs.intervals import Interval, excludes_one, ratio_interval
 from hetsgd.outputs.metrics import TARGETS
 
 TARGET = TARGETS[0]
@@ -67,15 +67,14 @@ def _timed_runs(metrics: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
     return mine
 
 
-def _verdict(row: list[float], base: list[float], bound: bool) -> str:
-    """Faster, slower or not distinguishable, by the t@0.9 intervals; a baseline bounded from
+def _verdict(speedup: Interval | None, bound: bool) -> str:
+    """Faster, slower or not distinguishable, by the speedup's interval; a baseline bounded from
     below can only show a row faster."""
-    ours, theirs = mean_interval(row), mean_interval(base)
-    if ours is None or theirs is None:
+    if speedup is None:
         return NO_INTERVAL
-    if overlap(ours, theirs):
+    if not excludes_one(speedup):
         return NOT_DISTINGUISHABLE
-    return "faster" if ours[1] < theirs[0] else ("slower" if not bound else NOT_DISTINGUISHABLE)
+    return "faster" if speedup[0] > 1 else ("slower" if not bound else NOT_DISTINGUISHABLE)
 
 
 def add_speedup(comp: Comparison, table: pd.DataFrame, metrics: pd.DataFrame,
@@ -102,11 +101,11 @@ def add_speedup(comp: Comparison, table: pd.DataFrame, metrics: pd.DataFrame,
         times = _timed_runs(metrics, row)[TIME]
         if i == base or times.empty or times.isna().any():
             continue
-        spread = ratio_interval(base_times, times.tolist()) or (math.nan, math.nan)
+        spread = ratio_interval(base_times, times.tolist())
         table.loc[i, ["speedup", "speedup_low", "speedup_high"]] = [
-            float(np.mean(base_times) / times.mean()), *spread]
+            float(np.mean(base_times) / times.mean()), *(spread or (math.nan, math.nan))]
         table.at[i, "speedup_bound"] = bound
-        table.at[i, "verdict"] = _verdict(times.tolist(), base_times, bound)
+        table.at[i, "verdict"] = _verdict(spread, bound)
     text = (f"Speedup = baseline t@{TARGET} / row t@{TARGET} (means over timed runs) "
             f"[interval], for rows all of whose timed runs stayed at {TARGET}; baseline: "
             f"{name} ({how}).")
@@ -117,19 +116,23 @@ def add_speedup(comp: Comparison, table: pd.DataFrame, metrics: pd.DataFrame,
     return text
 
 
-def ranking(table: pd.DataFrame) -> str:
+def ranking(table: pd.DataFrame, metrics: pd.DataFrame) -> str:
     """The row fastest to normalized loss 0.9 (lowest mean over its timed runs, all of which
-    got there), and the rows whose intervals overlap its own: not distinguishable from it."""
+    got there), and the rows whose ratio of mean times to it has an interval that holds 1: not
+    distinguishable from it."""
     whole = table[(table["timed"] > 0) & (table[f"{TIME}_n"] == table["timed"])]
     if whole.empty:
         return ""
     best = whole[f"{TIME}_mean"].idxmin()
-    ours: Interval | None = None if whole.at[best, "timed"] < 2 else (
-        whole.at[best, f"{TIME}_low"], whole.at[best, f"{TIME}_high"])
     text = f"Fastest to {TARGET}: {row_label(whole.loc[best])}"
-    if ours is None:
+    if whole.at[best, "timed"] < 2:
         return text + f" ({NO_INTERVAL}, so no row is ranked against it)."
-    alike = [row_label(row) for i, row in whole.iterrows() if i != best and row["timed"] > 1
-             and overlap(ours, (row[f"{TIME}_low"], row[f"{TIME}_high"]))]
-    return text + (f"; {NOT_DISTINGUISHABLE} from it (intervals overlap): {', '.join(alike)}."
-                   if alike else "; its interval overlaps no other row's.")
+    ours = _timed_runs(metrics, whole.loc[best])[TIME].tolist()
+    alike = []
+    for i, row in whole.iterrows():
+        spread = ratio_interval(_timed_runs(metrics, row)[TIME].tolist(), ours)
+        if i != best and spread is not None and not excludes_one(spread):
+            alike.append(row_label(row))
+    return text + (f"; {NOT_DISTINGUISHABLE} from it (the interval of the ratio of the mean "
+                   f"times holds 1): {', '.join(alike)}." if alike else
+                   "; every other row with an interval is told apart from it.")
