@@ -71,3 +71,24 @@ def test_where_both_reach_the_target_the_ratio_is_plain(tmp_path: Path) -> None:
     assert numbers["speedup_low"].isna().all()
     assert "lower bound" not in markdown
     assert "Fastest to 0.9: hogbatch · cpu+gpu (n=1: no interval, so no row is ranked" in markdown
+
+
+def test_a_row_slower_than_the_baseline_is_slower_unless_the_baseline_is_a_lower_bound(
+        tmp_path: Path) -> None:
+    # reaches 0.9 at 6.9 s: 0 until 6 s, 1.0 at 7 s; later than STUCK runs (5 s)
+    late = [2.0] * 7 + [0.1, 0.1]
+    for seed in (0, 1, 2):
+        write_run(tmp_path / "plain" / f"sync{seed}", algo="sync", devices="gpu", seed=seed,
+                  train_loss=FAST)
+        write_run(tmp_path / "bound" / f"sync{seed}", algo="sync", devices="gpu", seed=seed,
+                  train_loss=STUCK)
+        for folder in ("plain", "bound"):
+            write_run(tmp_path / folder / f"hogbatch{seed}", algo="hogbatch",
+                      devices="cpu+gpu", seed=seed, train_loss=late)
+    _, cells, _ = speedups(tmp_path / "plain")
+    assert cells["hogbatch"] == [f"{1.8 / 6.9:.2f} [{1.8 / 6.9:.2f}, {1.8 / 6.9:.2f}]", "slower"]
+    # the baseline never got there: its 5 s are a lower bound on its time, so a row that took
+    # longer may still be faster; the interval lies below 1, and the verdict cannot say slower
+    _, cells, _ = speedups(tmp_path / "bound")
+    assert cells["hogbatch"] == [f"≥ {5 / 6.9:.2f} [{5 / 6.9:.2f}, {5 / 6.9:.2f}]",
+                                 "not distinguishable"]

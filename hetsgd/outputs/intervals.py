@@ -1,10 +1,11 @@
 """Confidence intervals over seeds, and whether a ratio of two rows' means tells them apart.
 
 A comparison has 2-5 seeds a row. A bootstrap's percentile interval cannot reach past the seeds'
-own range, so with n seeds it misses the mean at least 2 * 2**-n of the time: at most 75 %
-coverage for three seeds, 50 % for two, whatever confidence it is asked for
-(``tests/test_intervals.py`` measures it). Intervals here are therefore Student's t, which is
-exact for normal seeds and widens as they get fewer:
+own range, so with n seeds it misses the mean at least 2 * 2**-n of the time (for seeds spread
+evenly about it): at most 75 % coverage for three seeds, 50 % for two, whatever confidence it is
+asked for. Intervals here are therefore Student's t, which is exact for normal seeds and widens
+as they get fewer (``tests/test_intervals.py`` checks that they hold the true value as often as
+they say):
 
 - the mean of a row's runs: mean ± t(n - 1) · s / sqrt(n);
 - the ratio of two rows' means (a speedup; the rows independent): on the log scale, where a
@@ -37,9 +38,15 @@ def _t_quantile(dof: float) -> float:
     return float(t.ppf((1 + CONFIDENCE) / 2, dof))
 
 
+def _usable(*samples: Sequence[float]) -> bool:
+    return all(len(sample) >= 2 and all(map(math.isfinite, sample)) for sample in samples)
+
+
 def mean_interval(values: Sequence[float]) -> Interval | None:
-    """Student's t interval of the mean of ``values``; None for fewer than two."""
-    if len(values) < 2:
+    """Student's t interval of the mean of ``values``, on the values' own scale (so a time's can
+    reach below 0 where its seeds disagree widely); None for fewer than two, or a value that is
+    not finite."""
+    if not _usable(values):
         return None
     mean = statistics.fmean(values)
     half = _t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
@@ -47,13 +54,16 @@ def mean_interval(values: Sequence[float]) -> Interval | None:
 
 
 def ratio_interval(numerator: Sequence[float], denominator: Sequence[float]) -> Interval | None:
-    """The interval of mean(numerator) / mean(denominator) (positive values, such as times),
-    each side sampled on its own; None unless both have two values or more."""
-    if len(numerator) < 2 or len(denominator) < 2:
+    """The interval of mean(numerator) / mean(denominator), each side sampled on its own; None
+    unless both sides have two values or more, all finite, and a mean above 0 (times do)."""
+    if not _usable(numerator, denominator):
         return None
-    parts = [statistics.variance(side) / (len(side) * statistics.fmean(side) ** 2)
-             for side in (numerator, denominator)]
-    ratio = statistics.fmean(numerator) / statistics.fmean(denominator)
+    means = [statistics.fmean(side) for side in (numerator, denominator)]
+    if min(means) <= 0:
+        return None
+    parts = [statistics.variance(side) / (len(side) * mean ** 2)
+             for side, mean in zip((numerator, denominator), means, strict=True)]
+    ratio = means[0] / means[1]
     spread = sum(parts)
     if spread == 0:
         return ratio, ratio

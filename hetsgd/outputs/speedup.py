@@ -129,9 +129,9 @@ def ranking(table: pd.DataFrame, metrics: pd.DataFrame) -> str:
         return text + f" ({NO_INTERVAL}, so no row is ranked against it)."
     ours = _timed_runs(metrics, whole.loc[best])[TIME].tolist()
     alike = []
-    for i, row in whole.iterrows():
+    for _, row in whole.drop(index=best).iterrows():
         spread = ratio_interval(_timed_runs(metrics, row)[TIME].tolist(), ours)
-        if i != best and spread is not None and not excludes_one(spread):
+        if spread is not None and not excludes_one(spread):
             alike.append(row_label(row))
     return text + (f"; {NOT_DISTINGUISHABLE} from it (the interval of the ratio of the mean "
                    f"times holds 1): {', '.join(alike)}." if alike else
