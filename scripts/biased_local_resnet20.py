@@ -35,7 +35,7 @@ from hetsgd.data.registry import get_source
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.engines.virtual.profiles import DeviceProfile, RooflineProfile
 from hetsgd.model.problem import Problem
-from hetsgd.outputs import intervals
+from hetsgd.outputs import cells, intervals
 from hetsgd.outputs.metrics import sustained
 from hetsgd.outputs.report import markdown_table
 from hetsgd.workers import expand
@@ -194,7 +194,7 @@ def speedup(base: pd.Series, times: pd.Series) -> str:
         return "—"
     spread = intervals.ratio_interval(base, times)
     ratio = f"{np.mean(base) / np.mean(times):.2f}"
-    return f"{ratio} {intervals.bracket(*spread, '.2f')}" if spread else ratio
+    return f"{ratio} {cells.bracket(*spread, '.2f')}" if spread else ratio
 
 
 def table(out: Path, accuracy: float | None = None) -> str:
@@ -218,8 +218,8 @@ def table(out: Path, accuracy: float | None = None) -> str:
         tau = " ".join(f"{g}:{t}" for g, t in local["tau"].items()) if local else "—"
         reached = group["t"].notna().sum()
         rows.append([method, f"{reached}/{len(group)}", tau,
-                     intervals.mean_cell(group["t"].tolist(), ".1f"), speedup(sync["t"], group["t"]),
-                     intervals.mean_cell(group["ep"].tolist(), ".2f"),
+                     cells.mean_cell(group["t"].tolist(), ".1f"), speedup(sync["t"], group["t"]),
+                     cells.mean_cell(group["ep"].tolist(), ".2f"),
                      spread(group["acc"], ".3f"), spread(group["rate"], ".0f"),
                      f"{group['rate'].mean() / sync_rate:.2f}",
                      f"{group['rate'].mean() / sync_rate * sync_ep / group['ep'].mean():.2f}",

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from hetsgd.outputs import intervals
+from hetsgd.outputs import cells
 from hetsgd.outputs.report import markdown_table
 
 ORDER = ("sync", "fast_alone", "local_balanced", "local_unbalanced", "local_biased")
@@ -43,7 +43,7 @@ def timed(row: pd.Series, col: str) -> str:
     mean = row[f"{col}_mean"]
     if pd.isna(mean):
         return "—"
-    return intervals.cell(mean, (row[f"{col}_low"], row[f"{col}_high"]), int(row[f"{col}_n"]),
+    return cells.cell(mean, (row[f"{col}_low"], row[f"{col}_high"]), int(row[f"{col}_n"]),
                           ".3f", int(row["timed"]))
 
 
@@ -51,7 +51,7 @@ def speedup(row: pd.Series) -> str:
     """The speedup over sync as report.md has it: ``≥`` a lower bound, its interval."""
     if pd.isna(row["speedup"]):
         return "—"
-    spread = intervals.bracket(row["speedup_low"], row["speedup_high"], ".2f")
+    spread = cells.bracket(row["speedup_low"], row["speedup_high"], ".2f")
     return " ".join(part for part in ("≥" * bool(row["speedup_bound"]), f"{row['speedup']:.2f}",
                                       spread) if part)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from hetsgd.outputs import paper_table
-from hetsgd.outputs.intervals import mean_cell
+from hetsgd.outputs.cells import mean_cell
 
 
 def run(seed: int, reached: float | None, snapshots: int = 50, time_s: float = 0.5):

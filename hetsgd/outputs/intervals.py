@@ -76,28 +76,3 @@ def ratio_interval(numerator: Sequence[float], denominator: Sequence[float]) -> 
 def excludes_one(interval: Interval) -> bool:
     """Whether a ratio's interval leaves out 1: the two rows it compares are told apart."""
     return interval[0] > 1 or interval[1] < 1
-
-
-def bracket(low: float, high: float, fmt: str) -> str:
-    """``[low, high]``; empty where the interval is unknown (NaN)."""
-    return f"[{low:{fmt}}, {high:{fmt}}]" if math.isfinite(low) and math.isfinite(high) else ""
-
-
-def cell(mean: float, interval: Interval | None, n: int, fmt: str, of: int | None = None,
-         unit: str = "") -> str:
-    """A time or a speedup as every table shows one: ``mean [low, high] n=k``, ``n=k/m`` where
-    only k of m runs count; no interval where there is none (one run) or it is unknown."""
-    spread = "" if interval is None else bracket(*interval, fmt)
-    counted = f"n={n}" + (f"/{of}" if of is not None and n < of else "")
-    return " ".join(part for part in (f"{mean:{fmt}}{unit}", spread, counted) if part)
-
-
-def mean_cell(values: Sequence[float | None], fmt: str, of: int | None = None,
-              unit: str = "") -> str:
-    """:func:`cell` of the values that exist (None or NaN: a run without one), ``n=k/m`` with m
-    ``of`` runs (all the values by default); a dash where none exists."""
-    present = [v for v in values if v is not None and math.isfinite(v)]
-    if not present:
-        return "—"
-    return cell(statistics.fmean(present), mean_interval(present), len(present), fmt,
-                len(values) if of is None else of, unit)

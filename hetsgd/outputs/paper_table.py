@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetsgd.errors import UserError
+from hetsgd.outputs.cells import mean_cell
 from hetsgd.outputs.index import find_runs, load_csv, read_summary
-from hetsgd.outputs.intervals import CONFIDENCE, METHOD, mean_cell
+from hetsgd.outputs.intervals import CONFIDENCE, METHOD
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from hetsgd.errors import UserError
+from hetsgd.outputs.cells import bracket, cell
 from hetsgd.outputs.comparison import (
     METRICS,
     ROW_KEYS,
@@ -38,7 +39,7 @@ from hetsgd.outputs.comparison import (
 )
 from hetsgd.outputs.comparison import plain as _plain
 from hetsgd.outputs.index import index_runs
-from hetsgd.outputs.intervals import CONFIDENCE, METHOD, bracket, cell
+from hetsgd.outputs.intervals import CONFIDENCE, METHOD
 from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.outputs.safe_text import shown
