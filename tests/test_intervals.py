@@ -63,6 +63,11 @@ def test_known_cases_by_hand() -> None:
     assert intervals.mean_interval([1.0, math.nan]) is None
     assert intervals.ratio_interval([1.0, 2.0], [0.0, 0.0]) is None
     assert intervals.ratio_interval([1.0, math.inf], [1.0, 2.0]) is None
+    assert intervals.geometric_interval([2.0, 0.0]) is None
+    # paired ratios 2 and 8: log2 1 and 3, mean 2 ± t(1) * sqrt(2) / sqrt(2), on the log scale
+    half = 12.706204736174707 * math.log(2)
+    assert intervals.geometric_interval([2.0, 8.0]) == pytest.approx(
+        (4 * math.exp(-half), 4 * math.exp(half)))
     assert intervals.ratio_interval([1.0, 2.0], [1.0]) is None
     assert intervals.excludes_one((1.01, 2.0)) and intervals.excludes_one((0.5, 0.99))
     assert not intervals.excludes_one((0.9, 1.1)) and not intervals.excludes_one((1.0, 1.2))

@@ -19,15 +19,16 @@ def row(algo: str, *runs):
     return paper_table.Row("paper_hogbatch_v100", algo, list(runs))
 
 
-def test_speedup_is_the_mean_of_per_seed_ratios_with_its_interval_and_n():
-    gpu = row("sync", run(0, 0.4), run(1, 0.2), run(2, 0.3))
+def test_speedup_is_the_geometric_mean_of_per_seed_ratios_with_its_interval_and_n():
+    gpu = row("sync", run(0, 0.8), run(1, 0.2), run(2, 0.4))
     hogbatch = row("hogbatch", run(0, 0.1), run(1, 0.1), run(2, 0.1))
-    # ratios 4, 2 and 3: mean 3 ± t(2) * 1 / sqrt(3), t(2) = 4.3027...
-    half = 4.302652729911275 / math.sqrt(3)
+    # ratios 8, 2 and 4: log2 of them 3, 1 and 2, mean 2 ± t(2) * 1 / sqrt(3), t(2) = 4.3027...;
+    # geometric mean 4 (the arithmetic one, 4.7, would be pulled up by the largest seed)
+    half = 4.302652729911275 / math.sqrt(3) * math.log(2)
     assert paper_table.speedup(hogbatch, gpu, 0.1) == \
-        f"3.0x [{3 - half:.1f}, {3 + half:.1f}] n=3" == "3.0x [0.5, 5.5] n=3"
+        f"4.0x [{4 * math.exp(-half):.1f}, {4 * math.exp(half):.1f}] n=3" == "4.0x [0.7, 22.4] n=3"
     one = row("hogbatch", run(0, 0.1), run(1, None), run(2, None))  # two never got there
-    assert paper_table.speedup(one, gpu, 0.1) == "4.0x n=1/3"  # one ratio: no interval
+    assert paper_table.speedup(one, gpu, 0.1) == "8.0x n=1/3"  # one ratio: no interval
 
 
 def test_times_show_the_interval_and_the_seeds_that_have_one():

@@ -11,7 +11,9 @@ they say):
 - the ratio of two rows' means (a speedup; the rows independent): on the log scale, where a
   ratio is a difference, with the delta method's standard error sqrt(s_a²/(n_a·a²) +
   s_b²/(n_b·b²)) and Welch-Satterthwaite's degrees of freedom, then exponentiated, so it is
-  never below zero.
+  never below zero;
+- paired ratios (a seed's speedup over the same seed's baseline): the mean's interval of their
+  logarithms, exponentiated: an interval of their geometric mean.
 
 Two rows are told apart where the interval of their ratio leaves out 1 (:func:`excludes_one`).
 With one run there is no interval: None, never a made-up one. Seeds that agree exactly (a
@@ -51,6 +53,16 @@ def mean_interval(values: Sequence[float]) -> Interval | None:
     mean = statistics.fmean(values)
     half = _t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean - half, mean + half
+
+
+def geometric_interval(ratios: Sequence[float]) -> Interval | None:
+    """Student's t interval of the geometric mean of paired ratios (each seed's speedup, both
+    sides run from the same seed): the mean's interval on the log scale, exponentiated, so
+    never below zero; None as :func:`mean_interval` does, or for a ratio of 0 or below."""
+    if not _usable(ratios) or min(ratios) <= 0:
+        return None
+    low, high = mean_interval([math.log(ratio) for ratio in ratios])  # type: ignore[misc]
+    return math.exp(low), math.exp(high)
 
 
 def ratio_interval(numerator: Sequence[float], denominator: Sequence[float]) -> Interval | None:

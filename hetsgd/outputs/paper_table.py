@@ -8,9 +8,10 @@ shares, the simulated GPU's busy share (``utilization.gpu_util_mean``) and the C
 :mod:`hetsgd.outputs.intervals`), the virtual time after which each run stays at or below each
 of its absolute target losses (``time_to_loss``: sustained, on the test loss) and the speedup
 over the GPU alone (per seed, the GPU's time over the method's: every method of a seed starts
-from the same model). A seed that reached a target and left it (``unstable_losses``) has no time to it,
-is not credited in a speedup, and is named in the notes. The paper's numbers are those of
-``docs/papers.md`` (read off its figures, w8a); "not reported" where it gives none.
+from the same model; their geometric mean and its interval). A seed that reached a target and
+left it (``unstable_losses``) has no time to it, is not credited in a speedup, and is named in
+the notes. The paper's numbers are those of ``docs/papers.md`` (read off its figures, w8a);
+"not reported" where it gives none.
 ``--shares-only``: the first table alone, for runs too short for their losses to mean anything.
 """
 
@@ -25,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.cells import mean_cell
+from hetsgd.outputs.cells import cell, mean_cell
 from hetsgd.outputs.index import find_runs, load_csv, read_summary
-from hetsgd.outputs.intervals import CONFIDENCE, METHOD
+from hetsgd.outputs.intervals import CONFIDENCE, METHOD, geometric_interval
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
 
@@ -168,7 +169,7 @@ def _ratio(value: float) -> str:
 
 def speedup(row: Row, gpu: Row | None, target: float) -> str:
     """Per seed, the GPU alone's time to ``target`` over the row's (a seed that did not stay at
-    ``target`` is not credited); their mean, interval and n (``mean_cell``). Where the GPU
+    ``target`` is not credited); their geometric mean, its interval and n. Where the GPU
     alone never stayed there, its run's length over the row's time is a lower bound, and the
     cell shows the smallest bound or ratio as '≥'."""
     if gpu is None:
@@ -184,7 +185,10 @@ def speedup(row: Row, gpu: Row | None, target: float) -> str:
         elif not math.isnan(theirs):
             exact.append(theirs / mine)
     if not bounds:
-        return mean_cell(exact, ".1f", len(row.runs), "x")
+        if not exact:
+            return "—"
+        middle = math.exp(statistics.fmean(math.log(ratio) for ratio in exact))
+        return cell(middle, geometric_interval(exact), len(exact), ".1f", len(row.runs), "x")
     known = len(bounds) + len(exact)
     return f"≥ {_ratio(min(bounds + exact))} n={known}" + (
         f"/{len(row.runs)}" if known < len(row.runs) else "")
@@ -215,9 +219,10 @@ def convergence_table(rows: list[Row]) -> str:
                       PAPER[(row.machine, row.algo)].curve])
     curves = sorted({run.curve for row in rows for run in row.runs})
     loss = "/".join(map(loss_name, curves))
-    legend = (f"Times and speedups: mean [{CONFIDENCE:.0%} {METHOD} interval of the "
-              "mean] over the n seeds that have one (n=k/m: k of the row's m; n=1: no "
-              "interval); other numbers: mean ± std over the seeds.")
+    legend = (f"Times: mean [{CONFIDENCE:.0%} {METHOD} interval of the mean]; speedups: "
+              "geometric mean of the seeds' ratios [the same interval, of their logarithms] "
+              "over the n seeds that have one (n=k/m: k of the row's m; n=1: no interval); "
+              "other numbers: mean ± std over the seeds.")
     table = markdown_table(["machine", "method", *(f"t@{t:g} {loss} [virtual s]" for t in targets),
                             *(f"speedup vs GPU @{t:g}" for t in targets), "final train loss",
                             "paper: normalized loss @ time"], lines)
