@@ -3,7 +3,6 @@ in place on whatever storage the model is bound to; the loop's shared scalars pi
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
@@ -165,6 +164,16 @@ def _through_a_pipe(value: object) -> object:
     return pickle.loads(ForkingPickler.dumps(value))
 
 
+class _FreeLock:
+    """A lock that is always free, and pickles."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1, /) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
 def test_the_stop_flag_and_the_cursor_stay_shared_when_pickled() -> None:
     flag = SharedFlag()
     copy = _through_a_pipe(flag)
@@ -172,7 +181,7 @@ def test_the_stop_flag_and_the_cursor_stay_shared_when_pickled() -> None:
     flag.set()
     assert copy.is_set()  # a numpy array pickled by value would still read False
     # a multiprocessing lock pickles only while spawning: stand in for it here
-    cursor = EpochCursor(num_examples=10, epochs=1.0, lock=contextlib.nullcontext())
+    cursor = EpochCursor(num_examples=10, epochs=1.0, lock=_FreeLock())
     other = _through_a_pipe(cursor)
     assert cursor.claim(4) == (0, 0, 4)
     assert other.claim(4) == (0, 4, 4)  # it continues where the original left off

@@ -4,6 +4,7 @@ single-worker loop against a bare PyTorch loop."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 
 import numpy as np
 import pytest
@@ -83,6 +84,36 @@ def test_cursor_hands_out_each_epoch_exactly_once() -> None:
         claims.append(claim)
     assert claims == [(0, 0, 4), (0, 4, 4), (0, 8, 2), (1, 0, 4), (1, 4, 4), (1, 8, 2),
                       (2, 0, 4), (2, 4, 1)]
+
+
+def test_a_claim_beats_while_another_holds_the_lock_and_gives_up_when_training_ends() -> None:
+    # a worker stopped inside the lock must not make the others look hung: they beat
+    lock = threading.Lock()
+    cursor = EpochCursor(num_examples=10, epochs=1.0, lock=lock)
+    beat, ended, results = threading.Event(), threading.Event(), []
+
+    def waiting() -> bool:
+        beat.set()
+        return ended.is_set()
+
+    def claimant() -> threading.Thread:
+        thread = threading.Thread(target=lambda: results.append(cursor.claim_numbered(4, waiting)))
+        thread.start()
+        return thread
+
+    lock.acquire()  # another worker is inside
+    thread = claimant()
+    assert beat.wait(timeout=60)  # it says it is alive while it waits
+    lock.release()
+    thread.join(timeout=60)
+    assert results == [(0, 0, 4, 1)]
+    lock.acquire()  # one that never lets go: the claim gives up once training has ended
+    ended.set()
+    thread = claimant()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and results[-1] is None
+    lock.release()
+    assert cursor.claim_numbered(4, waiting) == (0, 4, 4, 2)  # nothing went to the one that gave up
 
 
 def test_sparse_rows_equal_dense_rows() -> None:

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from hetsgd.engines.common.numpy_views import SharedViews
+
+# How often a worker that waits for the lock says it is alive, and checks whether training ended.
+WAIT_S = 0.1
+
+
+class Lock(Protocol):
+    """A lock of the engine's context: a process's (``multiprocessing``) or a thread's."""
+
+    def acquire(self, blocking: bool = ..., timeout: float = ..., /) -> bool: ...
+
+    def release(self) -> None: ...
 
 
 class EpochCursor(SharedViews):
@@ -23,6 +35,10 @@ class EpochCursor(SharedViews):
     the lock, when its step has landed, and the claims since its own are the steps the other
     workers began meanwhile, its staleness as the shared-memory workers measure it
     (:meth:`~.worker.Worker.run`).
+
+    A worker that waits for the lock says so every :data:`WAIT_S` (it waits, it is not hung):
+    one stopped inside the lock holds up every other at its next claim, and the coordinator's
+    watch is to blame that one alone. The waiting ones give up when training ends.
     """
 
     VIEWS = {"_handed": "_state", "_claims": "_claimed"}
@@ -30,7 +46,7 @@ class EpochCursor(SharedViews):
     _claims: npt.NDArray[np.int64]  # of _claimed
 
     def __init__(self, num_examples: int, epochs: float | None,
-                 lock: AbstractContextManager[bool]) -> None:
+                 lock: Lock) -> None:
         self.num_examples = num_examples
         self.total = math.inf if epochs is None else round(epochs * num_examples)
         self._state = torch.zeros(1, dtype=torch.int64).share_memory_()  # examples handed out
@@ -57,9 +73,14 @@ class EpochCursor(SharedViews):
         numbered = self.claim_numbered(batch_size)
         return None if numbered is None else numbered[:3]
 
-    def claim_numbered(self, batch_size: int) -> tuple[int, int, int, int] | None:
-        """:meth:`claim`, and the claim's number (1 for the first: :attr:`claims` just after it)."""
-        with self._lock:
+    def claim_numbered(self, batch_size: int, waiting: Callable[[], bool] | None = None
+                       ) -> tuple[int, int, int, int] | None:
+        """:meth:`claim`, and the claim's number (1 for the first: :attr:`claims` just after it).
+        ``waiting`` is called every :data:`WAIT_S` while another worker holds the lock (a
+        heartbeat); where it returns True (training has ended) the claim gives up: None."""
+        if not self._acquire(waiting):
+            return None
+        try:
             handed = int(self._handed[0])
             if handed >= self.total:
                 return None
@@ -68,4 +89,14 @@ class EpochCursor(SharedViews):
             self._handed[0] = handed + size
             number = int(self._claims[0]) + 1
             self._claims[0] = number
+        finally:
+            self._lock.release()
         return epoch, start, size, number
+
+    def _acquire(self, waiting: Callable[[], bool] | None) -> bool:
+        if waiting is None:
+            return self._lock.acquire()
+        while not self._lock.acquire(True, WAIT_S):
+            if waiting():
+                return False
+        return True

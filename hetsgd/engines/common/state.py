@@ -34,9 +34,9 @@ class Signals(SharedViews):
     checkpoints, without the coordinator waiting: each worker answers at its next consistent point
     by sending its part (:mod:`hetsgd.engines.checkpoint`). ``beats`` (one counter per worker)
     is a worker's heartbeat where it gets on without counting a step (setting up, an emulated
-    device's sleep, a rank's local steps and exchanges): with the updates it counts, the
-    coordinator tells a slow worker from a hung one. Workers read and write them through numpy
-    views (every step).
+    device's sleep, a wait for the cursor's lock, a rank's local steps and exchanges): with the
+    updates it counts, the coordinator tells a slow worker from a hung one. Workers read and
+    write them through numpy views (every step).
     """
 
     go: Event | threading.Event
@@ -88,9 +88,9 @@ class Signals(SharedViews):
         """Worker ``rank`` is alive and getting on (see ``beats``)."""
         self._beats[rank] += 1
 
-    def sleeping(self, rank: int) -> bool:
-        """The check of worker ``rank``'s emulated sleep, every slice: a heartbeat (asleep is not
-        hung), then whether training has ended."""
+    def waiting(self, rank: int) -> bool:
+        """The check of worker ``rank``'s wait, every slice of an emulated sleep or of a wait for
+        the cursor's lock: a heartbeat (waiting is not hung), then whether training has ended."""
         self.beat(rank)
         return self.stop.is_set()
 

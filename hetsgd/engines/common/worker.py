@@ -118,7 +118,7 @@ class Worker:
         state, emulate, rank = self.state, self.spec.emulate, self.spec.rank
         counters = CounterRow(state.counters.table[rank], self.spec.batch_size)
         stop, cursor = state.signals.stop, state.cursor
-        sleeping = partial(state.signals.sleeping, rank)  # an emulated sleep beats as it waits
+        waiting = partial(state.signals.waiting, rank)  # an emulated sleep or a claim beats
         checkpoints = state.signals if state.checkpointing and on_checkpoint else None
         last: Pending | None = None
         next_read = 0.0
@@ -126,7 +126,7 @@ class Worker:
         counters.start_cpu()
         while not stop.is_set():
             waited = time.perf_counter()
-            claim = cursor.claim_numbered(counters.batch_size)
+            claim = cursor.claim_numbered(counters.batch_size, waiting)
             started = time.perf_counter()
             if claim is None:
                 break
@@ -146,7 +146,7 @@ class Worker:
                 counters.count_cpu()
                 self.read_loss(last.loss, counters, epoch + start / self.batches.n)
                 next_read = finished + LOSS_READ_S
-            emulate(finished - started, sleeping)
+            emulate(finished - started, waiting)
             if checkpoints is not None and checkpoints.checkpoint_asked(rank):
                 assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
                 counters.add("comm_s", self.link.publish())  # the master holds every step

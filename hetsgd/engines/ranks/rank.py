@@ -123,7 +123,7 @@ class Rank:
 
     def sleeping(self) -> bool:
         """The check of this rank's emulated sleep: a heartbeat, then whether training ended."""
-        return self.state.signals.sleeping(self.spec.rank)
+        return self.state.signals.waiting(self.spec.rank)
 
     def exchange(self, first: torch.Tensor, second: torch.Tensor, weight: float,
                  loss: float | None) -> Verdict:
