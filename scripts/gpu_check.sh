@@ -68,6 +68,9 @@ step() {
     limit=$((TOTAL_S - SECONDS + 30))
     cut=", cut to what is left"
   fi
+  if ((limit < 1)); then  # timeout 0 means no limit, and a negative one is refused
+    limit=1
+  fi
   echo "== $name (at most ${limit} s): $*"
   timeout --kill-after=15 "$limit" "$@" >"$DIR/$name.log" 2>&1 || rc=$?
   case $rc in

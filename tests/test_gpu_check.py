@@ -142,20 +142,21 @@ def test_every_run_the_gpu_check_starts_composes_and_its_baseline_is_the_gpu_alo
 
 def test_optional_steps_are_skipped_in_priority_order_and_limits_cut_to_the_time_left(
         tmp_path: Path) -> None:
-    """The check's own `fits` and `step`, on a made-up clock (bash's SECONDS): once a step does
+    """The check's own `fits` and `step`, on a made-up clock (in place of bash's SECONDS): once a step does
     not fit, every later one is skipped too, even one that would (the order is the priority);
     a step's limit never runs more than 30 s past the check's total."""
     script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    # bash's SECONDS ticks at wall-clock second boundaries: the clock here is a plain variable
     functions = "\n".join(script[script.index(start):].split("\n}\n", 1)[0] + "\n}"
-                          for start in ("step() {", "fits() {"))
+                          for start in ("step() {", "fits() {")).replace("SECONDS", "NOW")
     program = f"""
 DIR={tmp_path}; TOTAL_S=100; FAILED=(); SKIPPING=
 note() {{ echo "$*" >>"$DIR/steps.txt"; }}
 timeout() {{ echo "limit $2" >>"$DIR/limits.txt"; }}
 {functions}
-SECONDS=0
+NOW=0
 step early 500 true
-SECONDS=40
+NOW=40
 fits calibrate 180 && echo ran calibrate >>"$DIR/steps.txt"
 fits hogwild 10 && echo ran hogwild >>"$DIR/steps.txt"
 exit 0
@@ -163,5 +164,12 @@ exit 0
     subprocess.run(["bash", "-c", program], check=True, timeout=30)
     steps = (tmp_path / "steps.txt").read_text()
     assert "calibrate: skipped, 60 s left of 100 s and it needs 180 s" in steps
-    assert "hogwild: skipped, after calibrate" in steps and "ran" not in steps
+    assert "hogwild: skipped, after calibrate" in steps
+    assert not any(line.startswith("ran ") for line in steps.splitlines())
     assert (tmp_path / "limits.txt").read_text().split() == ["limit", "130"]
+    # past the total and its 30 s, a step still gets a limit (timeout 0 would mean none)
+    late = tmp_path / "late"
+    late.mkdir()
+    subprocess.run(["bash", "-c", program.replace(str(tmp_path), str(late))
+                    .replace("NOW=0\n", "NOW=200\n")], check=True, timeout=30)
+    assert (late / "limits.txt").read_text().split() == ["limit", "1"]

@@ -108,8 +108,10 @@ def test_a_claim_beats_while_another_holds_the_lock_and_gives_up_when_training_e
     thread.join(timeout=60)
     assert results == [(0, 0, 4, 1)]
     lock.acquire()  # one that never lets go: the claim gives up once training has ended
-    ended.set()
+    beat.clear()
     thread = claimant()
+    assert beat.wait(timeout=60) and thread.is_alive()  # still waiting, and saying so
+    ended.set()
     thread.join(timeout=60)
     assert not thread.is_alive() and results[-1] is None
     lock.release()

@@ -187,8 +187,8 @@ def speedup(row: Row, gpu: Row | None, target: float) -> str:
     if not bounds:
         if not exact:
             return "—"
-        middle = math.exp(statistics.fmean(math.log(ratio) for ratio in exact))
-        return cell(middle, geometric_interval(exact), len(exact), ".1f", len(row.runs), "x")
+        return cell(statistics.geometric_mean(exact), geometric_interval(exact), len(exact),
+                    ".1f", len(row.runs), "x")
     known = len(bounds) + len(exact)
     return f"≥ {_ratio(min(bounds + exact))} n={known}" + (
         f"/{len(row.runs)}" if known < len(row.runs) else "")
