@@ -83,13 +83,13 @@ def _reach_at(t: float) -> list[float]:
     return [2.0 - 1.9 * n for n in normalized]
 
 
-def _report_of(folder: Path, times: dict[str, tuple[float, ...]]) -> str:
-    """The report of runs on the mix ``gpu`` that reach normalized loss 0.9 at the given times,
-    one run a seed."""
+def _report_of(folder: Path, times: dict[str, tuple[float | None, ...]]) -> str:
+    """The report of runs on the mix ``gpu`` that reach normalized loss 0.9 at the given times
+    (None: never, the loss stays halfway), one run a seed."""
     for algo, seeds in times.items():
         for seed, t in enumerate(seeds):
             write_run(folder / f"{algo}{seed}", algo=algo, devices="gpu", seed=seed,
-                      train_loss=_reach_at(t))
+                      train_loss=[2.0, 1.0, 1.0, 1.0] if t is None else _reach_at(t))
     return write_report(folder)
 
 
@@ -116,6 +116,20 @@ def test_the_ranking_names_a_row_whose_ratio_to_the_fastest_holds_one(tmp_path: 
     markdown = _report_of(tmp_path, times)
     assert ("Fastest to 0.9: hogbatch · gpu; not distinguishable from it (the interval of the "
             "ratio of the mean times holds 1): hogwild · gpu.") in markdown
+    assert "Not ranked" not in markdown  # every row was
+
+
+def test_the_ranking_names_every_row_it_leaves_out_and_why(tmp_path: Path) -> None:
+    # sync's third seed never gets to 0.9, so its mean over the two that did would flatter it;
+    # hogwild ran one seed, so its ratio to the fastest has no interval
+    times = {"hogbatch": (1.2, 1.5, 1.8), "hogwild": (2.0,), "sync": (2.4, 3.0, None)}
+    markdown = _report_of(tmp_path, times)
+    assert ("Fastest to 0.9: hogbatch · gpu; every other row with an interval is told apart "
+            "from it. Not ranked: sync · gpu (1 of 3 timed runs never stayed at 0.9); "
+            "hogwild · gpu (n=1: no interval).") in markdown
+    markdown = _report_of(tmp_path / "none", {"hogbatch": (1.2, None), "sync": (None, 2.0)})
+    assert ("No row ranked: sync · gpu (1 of 2 timed runs never stayed at 0.9); hogbatch · gpu "
+            "(1 of 2 timed runs never stayed at 0.9).") in markdown
 
 
 def test_the_seed_mean_holds_a_seed_that_ended_at_its_last_value() -> None:
