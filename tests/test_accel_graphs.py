@@ -94,14 +94,18 @@ def test_a_key_is_captured_at_its_second_step_in_a_row_never_for_an_epochs_tail(
     monkeypatch.setattr(device_ops, "is_cuda", lambda device: True)
     graphed = FlatModel(_net(CPU))
     graphed_step = GraphedStep(build_step("autograd", graphed, OPTIM, "multiclass"), CPU)
-    tried: list[tuple[int, float]] = []
-    monkeypatch.setattr(graphed_step, "_capture", lambda key, *args: tried.append(key))
+    stepped: list[int] = []
+    tried: list[tuple[int, tuple[int, float]]] = []  # (step, key) of each capture
+    monkeypatch.setattr(graphed_step, "_capture",
+                        lambda key, *args: tried.append((len(stepped), key)))
     torch.manual_seed(1)
     x, y = torch.randn(8, 6).clamp(min=0), torch.randint(0, 3, (8,))
     for size in (8, 3, 8, 8, 3, 8, 3, 3):
         batch = x[:size] if layout == "dense" else x[:size].to_sparse_csr()
         graphed_step.compute(batch, y[:size], 0.0, size)
-    assert tried == ([(8, 0.5), (3, 0.5)] if layout == "dense" else [])
+        stepped.append(size)
+    # 8 and 3 are each seen a second time at steps 2 and 4, but not in a row until 3 and 7
+    assert tried == ([(3, (8, 0.5)), (7, (3, 0.5))] if layout == "dense" else [])
 
 
 class _Stream:

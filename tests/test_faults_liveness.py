@@ -84,24 +84,34 @@ def test_time_not_scheduled_is_reported_with_the_overrun() -> None:
     assert "the 4 s budget overran by 20.0 s" in warning
 
 
+def _busy(seconds: float) -> None:
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
 def test_a_ticks_asides_are_left_out_of_its_wall_and_cpu_time() -> None:
     """A tick's asides (a sleep: wall time only; a busy loop: CPU time too) add up, and what
-    the tick's watch measures is what is left when they are taken out."""
+    the tick's watch measures is what is left when they are taken out: bracketed by clocks
+    read just outside and just inside the tick, with the training time counted from ``t0``."""
     wall, cpu = time.perf_counter(), time.thread_time()
     tick = Tick()
+    inner_wall, inner_cpu = time.perf_counter(), time.thread_time()
+    _busy(0.05)  # watched work
     with tick.aside:
         time.sleep(0.05)
     with tick.aside:
-        busy_until = time.thread_time() + 0.05
-        while time.thread_time() < busy_until:
-            pass
+        _busy(0.05)
     assert tick.aside.wall_s >= 0.1
     assert tick.aside.cpu_s >= 0.05  # the busy stretch's CPU time, not the sleep's
-    wall_s, cpu_s, elapsed = tick.watched(wall)
+    last_wall, last_cpu = time.perf_counter(), time.thread_time()
+    t0 = wall - 1.0  # training began a second before the tick
+    wall_s, cpu_s, elapsed = tick.watched(t0)
     outer_wall, outer_cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    assert 0.0 <= wall_s <= outer_wall - tick.aside.wall_s + 1e-6
-    assert 0.0 <= cpu_s <= outer_cpu - tick.aside.cpu_s + 1e-6
-    assert 0.0 <= elapsed <= outer_wall - tick.aside.wall_s + 1e-6
+    inner = last_wall - inner_wall - tick.aside.wall_s
+    assert 0.05 <= inner <= wall_s <= outer_wall - tick.aside.wall_s
+    assert 0.05 <= last_cpu - inner_cpu - tick.aside.cpu_s <= cpu_s <= outer_cpu - tick.aside.cpu_s
+    assert 1.0 + inner <= elapsed <= 1.0 + outer_wall - tick.aside.wall_s
 
 
 def test_stall_s_must_be_positive_and_finite() -> None:
