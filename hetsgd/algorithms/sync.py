@@ -158,7 +158,7 @@ class SyncLoop(RankLoop):
         else:
             self.pending = self.step.on_no_examples(epoch + start / n, size)
         self.busy = rank.clock.now() - started
-        rank.spec.emulate(self.busy, rank.sleeping)
+        rank.spec.emulate(self.busy, rank.waiting)
         return True
 
     def aggregate(self) -> Verdict:

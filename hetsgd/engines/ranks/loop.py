@@ -155,7 +155,7 @@ class RankLoop(ABC):
         value = rank.read_loss(mean) if read or rank.loss_due() else None
         busy = rank.clock.now() - started
         rank.ledger.step(size, busy)
-        rank.spec.emulate(busy, rank.sleeping)
+        rank.spec.emulate(busy, rank.waiting)
         if value is not None:
             self.loss = value
             rank.ledger.record_loss(value)

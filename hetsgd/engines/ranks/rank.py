@@ -121,8 +121,9 @@ class Rank:
         self.next_loss_read = self.clock.now() + LOSS_READ_S
         return value
 
-    def sleeping(self) -> bool:
-        """The check of this rank's emulated sleep: a heartbeat, then whether training ended."""
+    def waiting(self) -> bool:
+        """The check of this rank's every wait (an emulated sleep's): a heartbeat, then whether
+        training ended."""
         return self.state.signals.waiting(self.spec.rank)
 
     def exchange(self, first: torch.Tensor, second: torch.Tensor, weight: float,
