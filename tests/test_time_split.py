@@ -13,16 +13,18 @@ KEYS = ("algo", "devices", "variant")
 
 
 def _run(root: Path, name: str, seconds: tuple[float, float, float, float], status: str = "completed",
-         split: bool = True) -> dict:
+         split: bool = True, algo: str = "hogbatch", batches: tuple[int, int] = (256, 256)) -> dict:
+    """A run of one worker of 100 updates, its batch size ``batches`` first and last."""
     run_dir = root / name
     run_dir.mkdir()
     compute, copy, merge, wait = seconds
     row = {"worker": 0, "group": "accel", "device": "cpu", "label": "emulated", "threads": 1,
-           "updates": 100, "busy_s": compute, "wait_s": wait, "comm_s": copy + merge}
+           "first_batch": batches[0], "last_batch": batches[1], "updates": 100,
+           "busy_s": compute, "wait_s": wait, "comm_s": copy + merge}
     if split:
         row.update(compute_s=compute, copy_s=copy, merge_s=merge)
     pd.DataFrame([row]).to_csv(run_dir / "workers.csv", index=False)
-    return {"algo": "hogbatch", "devices": "emulated", "variant": "", "status": status,
+    return {"algo": algo, "devices": "emulated", "variant": "", "status": status,
             "run_dir": str(run_dir)}
 
 
@@ -38,8 +40,33 @@ def test_each_worker_s_split_is_averaged_over_the_completed_runs(tmp_path: Path)
     assert row["merge_ms"] == pytest.approx(1.0)
     assert row["copy_pct"] == pytest.approx(10.0)
     assert row["merge_pct"] == pytest.approx(10.0)  # (20 % + 0 %) / 2
+    assert (row["compute_low"], row["compute_high"], row["runs"], row["batch"]) == \
+        pytest.approx((6.0, 8.0, 2, 256))
     text = split_markdown(runs, KEYS)
-    assert "| hogbatch | emulated |  | 0 accel (emulated) | 7.000 (70%) | 1.000 (10%) |" in text
+    assert ("| hogbatch | emulated |  | 0 accel (emulated) | 7.000 (70%) | 1.000 (10%) | "
+            "1.000 (10%) | 1.000 (10%) | 6.000-8.000 |") in text
+    assert "different speeds" not in text  # 8 / 6 = 1.33x: steady
+
+
+def test_a_worker_whose_same_work_ran_at_different_speeds_is_named(tmp_path: Path) -> None:
+    runs = pd.DataFrame([
+        *(_run(tmp_path, f"hogwild{i}", (t, 0.0, 0.0, 0.0), algo="hogwild")
+          for i, t in enumerate((0.40, 0.41, 0.80))),
+        # the same spread where the batch size changed within a run, or between runs: its
+        # updates were different work
+        *(_run(tmp_path, f"adaptive{i}", (t, 0.0, 0.0, 0.0), algo="adaptive",
+               batches=(16, 16 * (i + 1))) for i, t in enumerate((0.4, 0.8))),
+        *(_run(tmp_path, f"sync{i}", (t, 0.0, 0.0, 0.0), algo="sync", batches=(b, b))
+          for i, (t, b) in enumerate(((0.4, 16), (0.8, 32)))),
+        _run(tmp_path, "local_sgd0", (0.4, 0.0, 0.0, 0.0), algo="local_sgd")])
+    text = split_markdown(runs, KEYS)
+    assert text.endswith(
+        "The same work ran at different speeds: at one batch size, an update took more than 1.5x "
+        "longer in one run than in another for hogwild · emulated worker 0 accel (emulated): "
+        "4.00-8.00 ms (2.0x). The machine's speed varied between these runs, so their times vary "
+        "for that as well as for their method.")
+    assert "| local_sgd | emulated |  | 0 accel (emulated) | 4.000 (100%) | 0.000 (0%) | " \
+           "0.000 (0%) | 0.000 (0%) | — |" in text  # one run: no range
 
 
 def test_runs_without_the_split_add_no_section(tmp_path: Path) -> None:

@@ -1,13 +1,25 @@
-"""Where each worker's time went: computing, copying the master in, merging back, waiting.
+"""Where each worker's time went: computing, copying the master in, merging back, waiting; and
+whether the same work took as long in every run.
 
 An accelerator's overhead (its replica's copies and merge, the host's waits) shows here without a
 profiler: one row per worker of each comparison row, from every completed run's ``workers.csv``
 (its ``compute_s``, ``copy_s``, ``merge_s`` and ``wait_s``), as milliseconds per update and as
 shares of the worker's time, averaged over the row's runs. Runs written before the split existed
 (no ``copy_s`` column) are left out of it.
+
+The range of a worker's compute time per update over its row's runs is the machine's own
+steadiness, measured where the work happens: seeds change the data's order and the initial
+model, not the work of an update at one batch size. Where it spreads beyond :data:`STEP_SPREAD`
+the report says so, since the row's times then vary for the machine's speed as well as for the
+method. On a quiet 2-core AMD EPYC VM (2026-12-06) one ``make run`` read 1.04x for the emulated
+accelerator alone, 1.37x for Hogbatch's CPU worker and 1.9x for Hogwild's two workers (4.1 ms an
+update in one seed, 7.0-7.8 in the other two), where the workers' CPU share stayed 0.88-0.89
+and no share, steal or pressure moved: the contention measures do not see this.
 """
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
@@ -15,11 +27,17 @@ from hetsgd.outputs.index import load_csv
 from hetsgd.outputs.safe_text import shown
 
 SPLIT = ("compute_s", "copy_s", "merge_s", "wait_s")
+#: A worker whose update, at one batch size, took more than this many times longer in one of its
+#: row's runs than in another is named under the table: the project's choice, above the 1.37x of
+#: a quiet run's steadiest CPU worker (module docstring), not calibrated across machines.
+STEP_SPREAD = 1.5
 
 
 def worker_split(runs: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
     """Per (``keys``..., worker): the mean over completed ``runs`` (rows of the index with those
-    keys) of each part's milliseconds per update and its share of the worker's time, in %."""
+    keys) of each part's milliseconds per update and its share of the worker's time, in %; the
+    lowest and highest compute ms per update over the runs (``compute_low``, ``compute_high``),
+    how many ``runs`` and the worker's ``batch`` where it was one size in every run (else NaN)."""
     rows = []
     for _, run in runs[runs["status"] == "completed"].iterrows():
         workers = load_csv(run["run_dir"], "workers")
@@ -30,7 +48,7 @@ def worker_split(runs: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
             updates = max(int(worker["updates"]), 1)
             row = {key: run[key] for key in keys}
             row.update(worker=int(worker["worker"]), group=str(worker["group"]),
-                       label=str(worker["label"]))
+                       label=str(worker["label"]), batch=_one_batch(worker))
             for part in SPLIT:
                 row[f"{part[:-2]}_ms"] = 1000 * float(worker[part]) / updates
                 row[f"{part[:-2]}_pct"] = 100 * float(worker[part]) / total if total else 0.0
@@ -38,23 +56,64 @@ def worker_split(runs: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame()
     frame = pd.DataFrame(rows)
-    by = [*keys, "worker", "group", "label"]
-    return frame.groupby(by, sort=False, dropna=False).mean().reset_index()
+    grouped = frame.groupby([*keys, "worker", "group", "label"], sort=False, dropna=False)
+    split = grouped[[c for c in frame.columns if c.endswith(("_ms", "_pct"))]].mean()
+    batches = grouped["batch"]
+    return split.assign(
+        compute_low=grouped["compute_ms"].min(), compute_high=grouped["compute_ms"].max(),
+        runs=grouped.size(),
+        batch=batches.first().where(batches.count().eq(grouped.size())
+                                    & batches.nunique().eq(1))).reset_index()
+
+
+def _one_batch(worker: pd.Series) -> float:
+    """The worker's batch size where it kept one through the run (NaN where it changed, or the
+    file does not say)."""
+    first, last = (pd.to_numeric(worker.get(end), errors="coerce")
+                   for end in ("first_batch", "last_batch"))
+    return float(first) if first == last and math.isfinite(first) else math.nan
+
+
+def unsteady(split: pd.DataFrame) -> pd.DataFrame:
+    """The workers of :func:`worker_split` that kept one batch size and whose compute ms per
+    update spread more than :data:`STEP_SPREAD` over their row's runs."""
+    if split.empty:
+        return split
+    return split[split["batch"].notna() & (split["compute_low"] > 0)
+                 & (split["compute_high"] > STEP_SPREAD * split["compute_low"])]
 
 
 def split_markdown(runs: pd.DataFrame, keys: tuple[str, ...]) -> str:
-    """The split as a markdown table ('' when no run has it): ms per update, and % in brackets."""
+    """The split as a markdown table ('' when no run has it): ms per update, % in brackets, the
+    compute ms's range over the runs; then the workers whose same work ran at different speeds."""
     frame = worker_split(runs, keys)
     if frame.empty:
         return ""
-    header = [*keys, "worker", *(f"{part[:-2]} ms (%)" for part in SPLIT)]
+    header = [*keys, "worker", *(f"{part[:-2]} ms (%)" for part in SPLIT),
+              "compute ms: runs' range"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, row in frame.iterrows():
         cells = [shown(str(row[key] or "")) for key in keys]
-        cells.append(shown(f"{row['worker']} {row['group']} ({row['label']})"))
+        cells.append(_worker(row))
         cells += [f"{row[f'{part[:-2]}_ms']:.3f} ({row[f'{part[:-2]}_pct']:.0f}%)"
                   for part in SPLIT]
+        cells.append(f"{row['compute_low']:.3f}-{row['compute_high']:.3f}" if row["runs"] > 1
+                     else "—")
         lines.append("| " + " | ".join(cells) + " |")
-    return ("Each worker's time per update: computing, copying the master in, merging its "
-            "result back, waiting for work (mean over the completed runs).\n\n"
-            + "\n".join(lines))
+    text = ("Each worker's time per update: computing, copying the master in, merging its "
+            "result back, waiting for work (mean over the completed runs), and the range of its "
+            "compute time per update over the runs.\n\n" + "\n".join(lines))
+    named = [f"{shown(' · '.join(str(row[key]) for key in keys if row[key]))} worker "
+             f"{_worker(row)}: {row['compute_low']:.2f}-{row['compute_high']:.2f} ms "
+             f"({row['compute_high'] / row['compute_low']:.1f}x)"
+             for _, row in unsteady(frame).iterrows()]
+    if named:
+        text += ("\n\nThe same work ran at different speeds: at one batch size, an update took "
+                 f"more than {STEP_SPREAD:g}x longer in one run than in another for "
+                 f"{'; '.join(named)}. The machine's speed varied between these runs, so their "
+                 "times vary for that as well as for their method.")
+    return text
+
+
+def _worker(row: pd.Series) -> str:
+    return shown(f"{row['worker']} {row['group']} ({row['label']})")
