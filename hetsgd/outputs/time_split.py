@@ -7,14 +7,18 @@ profiler: one row per worker of each comparison row, from every completed run's 
 shares of the worker's time, averaged over the row's runs. Runs written before the split existed
 (no ``copy_s`` column) are left out of it.
 
-The range of a worker's compute time per update over its row's runs is the machine's own
-steadiness, measured where the work happens: seeds change the data's order and the initial
-model, not the work of an update at one batch size. Where it spreads beyond :data:`STEP_SPREAD`
-the report says so, since the row's times then vary for the machine's speed as well as for the
-method. On a quiet 2-core AMD EPYC VM (2026-12-06) one ``make run`` read 1.04x for the emulated
-accelerator alone, 1.37x for Hogbatch's CPU worker and 1.9x for Hogwild's two workers (4.1 ms an
-update in one seed, 7.0-7.8 in the other two), where the workers' CPU share stayed 0.88-0.89
-and no share, steal or pressure moved: the contention measures do not see this.
+The range of a worker's compute time per update over its row's runs says how steadily the
+machine ran the same work, measured where the work happens: seeds change the data's order and
+the initial model, not the work of an update at one batch size. Where it spreads beyond
+:data:`STEP_SPREAD` the report says so, since the row's times then vary for something other
+than the method. On a quiet 2-core AMD EPYC VM (2026-12-06) one ``make run`` read 1.04x for the
+emulated accelerator alone, 1.37x for Hogbatch's CPU worker and 1.9x for Hogwild's two workers
+(4.1 ms an update in one seed, 7.0-7.8 in the other two), while their CPU share stayed
+0.885-0.889 and no other process's share, steal or pressure moved: the contention measures do
+not see this. Over six runs of ``make run`` there, Hogwild's update took 2.6-7.8 ms, both
+workers of a run alike and no seed always slow or fast. Why is not known: two workers writing
+one shared model move its cache lines between their cores, at a cost that depends on where the
+VM's cores sit, which can change between runs.
 """
 
 from __future__ import annotations
@@ -110,8 +114,9 @@ def split_markdown(runs: pd.DataFrame, keys: tuple[str, ...]) -> str:
     if named:
         text += ("\n\nThe same work ran at different speeds: at one batch size, an update took "
                  f"more than {STEP_SPREAD:g}x longer in one run than in another for "
-                 f"{'; '.join(named)}. The machine's speed varied between these runs, so their "
-                 "times vary for that as well as for their method.")
+                 f"{'; '.join(named)}. Something other than the method changed between these "
+                 "runs (how fast the cores ran or, for workers that write one shared model, how "
+                 "far apart they sat), so their times vary for it as well as for the method.")
     return text
 
 
