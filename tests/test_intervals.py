@@ -5,6 +5,7 @@ dropping it."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -124,9 +125,14 @@ def test_the_ranking_names_every_row_it_leaves_out_and_why(tmp_path: Path) -> No
     # hogwild ran one seed, so its ratio to the fastest has no interval
     times = {"hogbatch": (1.2, 1.5, 1.8), "hogwild": (2.0,), "sync": (2.4, 3.0, None)}
     markdown = _report_of(tmp_path, times)
-    assert ("Fastest to 0.9: hogbatch · gpu; every other row with an interval is told apart "
-            "from it. Not ranked: sync · gpu (1 of 3 timed runs never stayed at 0.9); "
-            "hogwild · gpu (n=1: no interval).") in markdown
+    assert ("Fastest to 0.9: hogbatch · gpu; no other row has an interval to compare with it. "
+            "Not ranked: sync · gpu (1 of 3 timed runs never stayed at 0.9); hogwild · gpu (n=1: "
+            "no interval).") in markdown
+    summary = tmp_path / "hogwild0" / "summary.json"  # flagged as contended: not timed
+    summary.write_text(json.dumps({**json.loads(summary.read_text()),
+                                   "contention": {"flagged": True}}))
+    assert "Not ranked: sync · gpu (1 of 3 timed runs never stayed at 0.9); hogwild · gpu (no " \
+           "timed run)." in write_report(tmp_path)
     markdown = _report_of(tmp_path / "none", {"hogbatch": (1.2, None), "sync": (None, 2.0)})
     assert ("No row ranked: sync · gpu (1 of 2 timed runs never stayed at 0.9); hogbatch · gpu "
             "(1 of 2 timed runs never stayed at 0.9).") in markdown

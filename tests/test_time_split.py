@@ -73,3 +73,43 @@ def test_a_worker_whose_same_work_ran_at_different_speeds_is_named(tmp_path: Pat
 def test_runs_without_the_split_add_no_section(tmp_path: Path) -> None:
     runs = pd.DataFrame([_run(tmp_path, "old", (1.0, 0.0, 0.0, 0.0), split=False)])
     assert split_markdown(runs, KEYS) == ""
+
+
+def test_what_a_run_folder_holds_is_data_a_bad_value_costs_its_own_worker_or_run(
+        tmp_path: Path) -> None:
+    runs = [_run(tmp_path, f"hogwild{i}", (t, 0.0, 0.0, 0.0), algo="hogwild")
+            for i, t in enumerate((0.40, 0.41))]
+    odd = _run(tmp_path, "hogwild_odd", (0.9, 0.0, 0.0, 0.0), algo="hogwild")
+    workers = pd.read_csv(Path(odd["run_dir"]) / "workers.csv")
+    bad = workers.assign(worker=1, first_batch="x", compute_s="fast", label="<b>x</b>")
+    pd.concat([workers.assign(first_batch="x"), bad]).to_csv(
+        Path(odd["run_dir"]) / "workers.csv", index=False)
+    unreadable = _run(tmp_path, "hogwild_text", (9.0, 0.0, 0.0, 0.0), algo="hogwild")
+    (Path(unreadable["run_dir"]) / "workers.csv").write_text("worker,group\nzero,accel\n")
+    split = worker_split(pd.DataFrame([*runs, odd, unreadable]), KEYS).set_index("worker")
+    # worker 1 had text for a number: left out; the unreadable file: its run left out; worker 0
+    # of the odd run counts, but with a batch size that is not a number it is not judged
+    assert list(split.index) == ["0"] and split.at["0", "runs"] == 3
+    assert split.at["0", "compute_high"] == pytest.approx(9.0) and pd.isna(split.at["0", "batch"])
+    assert "different speeds" not in split_markdown(pd.DataFrame([*runs, odd, unreadable]), KEYS)
+
+
+def test_a_worker_whose_batch_size_left_and_came_back_is_not_judged(tmp_path: Path) -> None:
+    runs = [_run(tmp_path, f"adaptive{i}", (t, 0.0, 0.0, 0.0), algo="adaptive", batches=(16, 16))
+            for i, t in enumerate((0.4, 0.8))]
+    pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "worker": [0, 0, 0],
+                  "batch_size": [16, 32, 16]}).to_csv(Path(runs[1]["run_dir"]) / "batches.csv",
+                                                      index=False)
+    assert "different speeds" not in split_markdown(pd.DataFrame(runs), KEYS)
+    (Path(runs[1]["run_dir"]) / "batches.csv").unlink()  # the same runs at one size: named
+    assert "adaptive · emulated worker 0 accel (emulated): 4.00-8.00 ms (2.0x)" in \
+        split_markdown(pd.DataFrame(runs), KEYS)
+
+
+@pytest.mark.parametrize(("seconds", "named"), [((0.40, 0.58), False), ((0.40, 0.62), True),
+                                                ((0.0, 0.62), False)])
+def test_the_bound_is_one_and_a_half_times_the_fastest_update(
+        tmp_path: Path, seconds: tuple[float, float], named: bool) -> None:
+    runs = [_run(tmp_path, f"hogwild{i}", (t, 0.0, 0.0, 0.0), algo="hogwild")
+            for i, t in enumerate(seconds)]  # 1.45x, 1.55x; an update of 0 ms says nothing
+    assert ("different speeds" in split_markdown(pd.DataFrame(runs), KEYS)) is named

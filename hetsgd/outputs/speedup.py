@@ -116,42 +116,49 @@ def add_speedup(comp: Comparison, table: pd.DataFrame, metrics: pd.DataFrame,
     return text
 
 
-def _unranked(table: pd.DataFrame) -> list[str]:
-    """The rows a ranking leaves out, each with why: no timed run, or a timed run that never
-    stayed at the target (its mean time would leave out its slowest seed)."""
-    reasons = []
-    for _, row in table.iterrows():
-        if row["timed"] == 0:
-            reasons.append(f"{row_label(row)} (no timed run)")
-        elif row[f"{TIME}_n"] < row["timed"]:
-            missed = int(row["timed"] - row[f"{TIME}_n"])
-            reasons.append(f"{row_label(row)} ({missed} of {int(row['timed'])} timed runs never "
-                           f"stayed at {TARGET})")
-    return reasons
+def _left_out(row: pd.Series) -> str | None:
+    """Why a row cannot be ranked on its own times (None where it can): no timed run, or a
+    timed run that never stayed at the target (its mean would leave out its slowest seed)."""
+    if row["timed"] == 0:
+        return "no timed run"
+    missed = int(row["timed"] - row[f"{TIME}_n"])
+    return f"{missed} of {int(row['timed'])} timed runs never stayed at {TARGET}" if missed \
+        else None
 
 
 def ranking(table: pd.DataFrame, metrics: pd.DataFrame) -> str:
     """The row fastest to normalized loss 0.9 (lowest mean over its timed runs, all of which
     got there), the rows whose ratio of mean times to it has an interval that holds 1 (not
     distinguishable from it), and every row left out of the ranking, with why."""
-    whole = table[(table["timed"] > 0) & (table[f"{TIME}_n"] == table["timed"])]
-    unranked = _unranked(table)
+    if table.empty:
+        return ""
+    why = pd.Series([_left_out(row) for _, row in table.iterrows()], index=table.index,
+                    dtype=object)
+    whole = table[why.isna()]
     if whole.empty:
-        return f"No row ranked: {'; '.join(unranked)}." if unranked else ""
+        return f"No row ranked: {_reasons(table, why)}."
     best = whole[f"{TIME}_mean"].idxmin()
     text = f"Fastest to {TARGET}: {row_label(whole.loc[best])}"
     if whole.at[best, "timed"] < 2:
         text += f" ({NO_INTERVAL}, so no row is ranked against it)."
     else:
         ours = _timed_runs(metrics, whole.loc[best])[TIME].tolist()
-        alike = []
-        for _, row in whole.drop(index=best).iterrows():
+        alike, apart = [], 0
+        for i, row in whole.drop(index=best).iterrows():
             spread = ratio_interval(_timed_runs(metrics, row)[TIME].tolist(), ours)
             if spread is None:
-                unranked.append(f"{row_label(row)} ({NO_INTERVAL})")
-            elif not excludes_one(spread):
+                why[i] = NO_INTERVAL if row["timed"] < 2 else "no interval"
+            elif excludes_one(spread):
+                apart += 1
+            else:
                 alike.append(row_label(row))
         text += (f"; {NOT_DISTINGUISHABLE} from it (the interval of the ratio of the mean "
                  f"times holds 1): {', '.join(alike)}." if alike else
-                 "; every other row with an interval is told apart from it.")
-    return text + (f" Not ranked: {'; '.join(unranked)}." if unranked else "")
+                 "; every other row with an interval is told apart from it." if apart else
+                 "; no other row has an interval to compare with it.")
+    return text + (f" Not ranked: {_reasons(table, why)}." if why.notna().any() else "")
+
+
+def _reasons(table: pd.DataFrame, why: pd.Series) -> str:
+    """``row (why); row (why)`` for the rows left out, in the table's order."""
+    return "; ".join(f"{row_label(table.loc[i])} ({reason})" for i, reason in why.dropna().items())

@@ -122,8 +122,8 @@ class Rank:
         return value
 
     def waiting(self) -> bool:
-        """The check of this rank's every wait (an emulated sleep's): a heartbeat, then whether
-        training ended."""
+        """The check of each slice of this rank's emulated sleep: a heartbeat, then whether
+        training ended (named for the :meth:`Signals.waiting` it calls)."""
         return self.state.signals.waiting(self.spec.rank)
 
     def exchange(self, first: torch.Tensor, second: torch.Tensor, weight: float,
