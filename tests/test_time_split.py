@@ -81,17 +81,35 @@ def test_what_a_run_folder_holds_is_data_a_bad_value_costs_its_own_worker_or_run
             for i, t in enumerate((0.40, 0.41))]
     odd = _run(tmp_path, "hogwild_odd", (0.9, 0.0, 0.0, 0.0), algo="hogwild")
     workers = pd.read_csv(Path(odd["run_dir"]) / "workers.csv")
-    bad = workers.assign(worker=1, first_batch="x", compute_s="fast", label="<b>x</b>")
+    bad = workers.assign(worker=1, compute_s="fast")
     pd.concat([workers.assign(first_batch="x"), bad]).to_csv(
         Path(odd["run_dir"]) / "workers.csv", index=False)
     unreadable = _run(tmp_path, "hogwild_text", (9.0, 0.0, 0.0, 0.0), algo="hogwild")
     (Path(unreadable["run_dir"]) / "workers.csv").write_text("worker,group\nzero,accel\n")
-    split = worker_split(pd.DataFrame([*runs, odd, unreadable]), KEYS).set_index("worker")
-    # worker 1 had text for a number: left out; the unreadable file: its run left out; worker 0
-    # of the odd run counts, but with a batch size that is not a number it is not judged
+    changes = _run(tmp_path, "hogwild_changes", (9.0, 0.0, 0.0, 0.0), algo="hogwild")
+    (Path(changes["run_dir"]) / "batches.csv").write_text("time_s,worker,batch_size\nx,y,z\n")
+    every = pd.DataFrame([*runs, odd, unreadable, changes])
+    split = worker_split(every, KEYS).set_index("worker")
+    # worker 1 had text for a number: left out; an unreadable workers.csv or batches.csv: its
+    # run left out; worker 0 of the odd run counts, but with a batch size that is not a number
+    # it is not judged
     assert list(split.index) == ["0"] and split.at["0", "runs"] == 3
     assert split.at["0", "compute_high"] == pytest.approx(9.0) and pd.isna(split.at["0", "batch"])
-    assert "different speeds" not in split_markdown(pd.DataFrame([*runs, odd, unreadable]), KEYS)
+    assert "different speeds" not in split_markdown(every, KEYS)
+
+
+def test_a_named_worker_reads_as_its_row_does_in_the_rest_of_the_report(tmp_path: Path) -> None:
+    runs = [_run(tmp_path, f"hogwild{i}", (t, 0.0, 0.0, 0.0), algo="hogwild")
+            for i, t in enumerate((0.4, 0.8))]
+    for run in runs:  # the accelerator's role on a CPU core: the mix is marked emulated
+        run.update(devices="auto", emulated=True)
+    runs.append(_run(tmp_path, "hogwild2", (0.4, 0.0, 0.0, 0.0), algo="hogwild"))
+    runs[-1].update(devices="auto", emulated=True)
+    workers = Path(runs[-1]["run_dir"]) / "workers.csv"  # a worker labelled with an escape
+    pd.read_csv(workers).assign(label="cpu\x1b[2J").to_csv(workers, index=False)
+    text = split_markdown(pd.DataFrame(runs), KEYS)
+    assert "hogwild · auto (emulated) worker 0 accel (emulated): 4.00-8.00 ms (2.0x)" in text
+    assert "0 accel (cpu\\x1b[2J)" in text and "\x1b" not in text  # escaped, in its own row
 
 
 def test_a_worker_whose_batch_size_left_and_came_back_is_not_judged(tmp_path: Path) -> None:
@@ -101,7 +119,10 @@ def test_a_worker_whose_batch_size_left_and_came_back_is_not_judged(tmp_path: Pa
                   "batch_size": [16, 32, 16]}).to_csv(Path(runs[1]["run_dir"]) / "batches.csv",
                                                       index=False)
     assert "different speeds" not in split_markdown(pd.DataFrame(runs), KEYS)
-    (Path(runs[1]["run_dir"]) / "batches.csv").unlink()  # the same runs at one size: named
+    # the same runs where only another worker changed its size: worker 0 kept one, and is named
+    pd.DataFrame({"time_s": [0.0, 0.0, 1.0], "worker": [0, 1, 1],
+                  "batch_size": [16, 64, 128]}).to_csv(Path(runs[1]["run_dir"]) / "batches.csv",
+                                                       index=False)
     assert "adaptive · emulated worker 0 accel (emulated): 4.00-8.00 ms (2.0x)" in \
         split_markdown(pd.DataFrame(runs), KEYS)
 

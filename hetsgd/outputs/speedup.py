@@ -147,7 +147,7 @@ def ranking(table: pd.DataFrame, metrics: pd.DataFrame) -> str:
         for i, row in whole.drop(index=best).iterrows():
             spread = ratio_interval(_timed_runs(metrics, row)[TIME].tolist(), ours)
             if spread is None:
-                why[i] = NO_INTERVAL if row["timed"] < 2 else "no interval"
+                why[i] = f"n={int(row['timed'])}: no interval"
             elif excludes_one(spread):
                 apart += 1
             else:

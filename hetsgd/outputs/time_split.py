@@ -13,7 +13,7 @@ the initial model, not the work of an update at one batch size. Where it spreads
 :data:`STEP_SPREAD` the report says so, since the row's times then vary for something other
 than the method. Over eight quiet runs of ``make run`` on a 2-core AMD EPYC VM (2026-12-06)
 the ranges read up to 1.16x for the emulated stand-in alone, 1.30x for Hogbatch's stand-in and
-1.49x for its CPU worker, and 1.23-2.81x for Hogwild's two workers: its update took 2.6-7.8 ms,
+1.49x for its CPU worker, and 1.23-2.81x for Hogwild's two CPU workers: its update took 2.6-7.8 ms,
 both workers of a run alike, no seed always slow or fast, while their CPU share stayed 0.86-0.90
 (in one run checked seed by seed, 4.1 ms an update in one seed and 7.0-7.8 in the others at a
 share of 0.885-0.889, with no other process's share, steal or pressure moving): the contention
@@ -39,7 +39,8 @@ from hetsgd.outputs.safe_text import shown
 SPLIT = ("compute_s", "copy_s", "merge_s", "wait_s")
 #: A worker whose update, at one batch size, took more than this many times longer in one of its
 #: row's runs than in another is named under the table: the project's choice, just above what the
-#: one-worker rows of eight quiet runs read (module docstring), not calibrated across machines.
+#: workers other than Hogwild's read over eight quiet runs (module docstring), not calibrated
+#: across machines.
 STEP_SPREAD = 1.5
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ def worker_split(runs: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
     split = grouped[[c for c in frame.columns if c.endswith(("_ms", "_pct"))]].mean()
     batches = grouped["batch"]
     return split.assign(
+        emulated=grouped["emulated"].any(), simulated=grouped["simulated"].any(),  # its label
         compute_low=grouped["compute_ms"].min(), compute_high=grouped["compute_ms"].max(),
         runs=grouped.size(),
         batch=batches.first().where(batches.count().eq(grouped.size())
@@ -67,15 +69,15 @@ def worker_split(runs: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
 
 
 def _run_rows(run: pd.Series, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """One run's workers as rows of the split: none where its workers.csv cannot be read or
-    predates the split."""
+    """One run's workers as rows of the split: none where its workers.csv or batches.csv cannot
+    be read, or its workers.csv predates the split."""
     try:
         workers = load_csv(run["run_dir"], "workers")
         changes = load_csv(run["run_dir"], "batches")
     except UserError as err:  # one unreadable file costs only its own run
         log.warning("left out of the time split: %s", err)
         return []
-    if workers is None or not set(SPLIT) <= set(workers.columns):
+    if workers is None or not {*SPLIT, "updates"} <= set(workers.columns):
         return []
     numbers = workers[[*SPLIT, "updates"]].apply(pd.to_numeric, errors="coerce")
     rows = []
@@ -86,7 +88,8 @@ def _run_rows(run: pd.Series, keys: tuple[str, ...]) -> list[dict[str, Any]]:
         total, updates = float(seconds.sum()), max(int(updates), 1)
         row = {key: run[key] for key in keys}
         row.update(worker=plain(worker["worker"]), group=str(worker["group"]),
-                   label=str(worker.get("label")), batch=_one_batch(worker, changes))
+                   label=plain(worker.get("label")), batch=_one_batch(worker, changes),
+                   emulated=bool(run.get("emulated")), simulated=bool(run.get("simulated")))
         for part in SPLIT:
             row[f"{part[:-2]}_ms"] = 1000 * float(seconds[part]) / updates
             row[f"{part[:-2]}_pct"] = 100 * float(seconds[part]) / total if total else 0.0
@@ -103,7 +106,7 @@ def _one_batch(worker: pd.Series, changes: pd.DataFrame | None) -> float:
     if not (first == last and math.isfinite(first)):
         return math.nan
     if changes is not None and (changes.loc[changes["worker"] == worker["worker"], "batch_size"]
-                                != first).any():
+                                .dropna() != first).any():
         return math.nan
     return float(first)
 
