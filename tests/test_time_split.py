@@ -64,8 +64,7 @@ def test_a_worker_whose_same_work_ran_at_different_speeds_is_named(tmp_path: Pat
         "The same work ran at different speeds: at one batch size, an update took more than 1.5x "
         "longer in one run than in another for hogwild · emulated worker 0 accel (emulated): "
         "4.00-8.00 ms (2.0x). Something other than the method changed between these runs (how "
-        "fast the cores ran or, for workers that write one shared model, how far apart they "
-        "sat), so their times vary for it as well as for the method.")
+        "fast the machine's cores ran), so their times vary for it as well as for the method.")
     assert "| local_sgd | emulated |  | 0 accel (emulated) | 4.000 (100%) | 0.000 (0%) | " \
            "0.000 (0%) | 0.000 (0%) | — |" in text  # one run: no range
 

@@ -13,13 +13,17 @@ the initial model, not the work of an update at one batch size. Where it spreads
 :data:`STEP_SPREAD` the report says so, since the row's times then vary for something other
 than the method. Over eight quiet runs of ``make run`` on a 2-core AMD EPYC VM (2026-12-06)
 the ranges read up to 1.16x for the emulated stand-in alone, 1.30x for Hogbatch's stand-in and
-1.49x for its CPU worker, and 1.23-2.81x for Hogwild's two CPU workers: its update took 2.6-7.8 ms,
-both workers of a run alike, no seed always slow or fast, while their CPU share stayed 0.86-0.90
-(in one run checked seed by seed, 4.1 ms an update in one seed and 7.0-7.8 in the others at a
-share of 0.885-0.889, with no other process's share, steal or pressure moving): the contention
-measures do not see this. Why is not known: two workers writing one shared model move its cache
-lines between their cores, at a cost that depends on where the VM's cores sit, which can change
-between runs.
+1.49x for its CPU worker, and 1.23-2.81x for Hogwild's two CPU workers: its update took
+2.6-7.8 ms, both workers of a run alike, no seed always slow or fast, while their CPU share
+stayed 0.86-0.90 (in one run checked seed by seed, 4.1 ms an update in one seed and 7.0-7.8 in
+the others at a share of 0.885-0.889, with no other process's share, steal or pressure moving):
+the contention measures do not see this. One Hogwild worker alone read 2.20-2.51 ms over six runs, two read
+2.43-7.08 ms, on the CPU 0.89-0.94 of that time: they computed slower, they did not wait. The
+VM's cores themselves change speed: a one-thread loop of 512-wide matmuls took 0.23 ms an
+iteration in 7 of 13 runs of 3 s alone and 0.33-0.47 ms in the others, and two at once on its
+two cores ran at about half speed (0.41-0.52 ms) in all 8 trials, both in 5 and one in 3. That
+is how a core reads whose hardware-thread sibling on the host is busy (the VM's other core, or
+another tenant's), which the guest, told one thread per core, cannot see.
 """
 
 from __future__ import annotations
@@ -147,8 +151,8 @@ def split_markdown(runs: pd.DataFrame, keys: tuple[str, ...]) -> str:
         text += ("\n\nThe same work ran at different speeds: at one batch size, an update took "
                  f"more than {STEP_SPREAD:g}x longer in one run than in another for "
                  f"{'; '.join(named)}. Something other than the method changed between these "
-                 "runs (how fast the cores ran or, for workers that write one shared model, how "
-                 "far apart they sat), so their times vary for it as well as for the method.")
+                 "runs (how fast the machine's cores ran), so their times vary for it as well as "
+                 "for the method.")
     return text
 
 
