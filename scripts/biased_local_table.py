@@ -44,7 +44,7 @@ def timed(row: pd.Series, col: str) -> str:
     if pd.isna(mean):
         return "—"
     return cells.cell(mean, (row[f"{col}_low"], row[f"{col}_high"]), int(row[f"{col}_n"]),
-                          ".3f", int(row["timed"]))
+                      ".3f", int(row["timed"]))
 
 
 def speedup(row: pd.Series) -> str:

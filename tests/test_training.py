@@ -97,25 +97,33 @@ def test_a_claim_beats_while_another_holds_the_lock_and_gives_up_when_training_e
         return ended.is_set()
 
     def claimant() -> threading.Thread:
-        thread = threading.Thread(target=lambda: results.append(cursor.claim_numbered(4, waiting)))
+        # a daemon: a broken claim that never returns fails this test, not the session's exit
+        thread = threading.Thread(target=lambda: results.append(cursor.claim_numbered(4, waiting)),
+                                  daemon=True)
         thread.start()
         return thread
 
     lock.acquire()  # another worker is inside
-    thread = claimant()
-    assert beat.wait(timeout=60)  # it says it is alive while it waits
-    lock.release()
-    thread.join(timeout=60)
-    assert results == [(0, 0, 4, 1)]
-    lock.acquire()  # one that never lets go: the claim gives up once training has ended
-    beat.clear()
-    thread = claimant()
-    assert beat.wait(timeout=60) and thread.is_alive()  # still waiting, and saying so
-    ended.set()
-    thread.join(timeout=60)
-    assert not thread.is_alive() and results[-1] is None
-    lock.release()
-    assert cursor.claim_numbered(4, waiting) == (0, 4, 4, 2)  # nothing went to the one that gave up
+    try:
+        thread = claimant()
+        assert beat.wait(timeout=60)  # it says it is alive while it waits
+        lock.release()
+        thread.join(timeout=60)
+        assert results == [(0, 0, 4, 1)]
+        lock.acquire()  # one that never lets go: the claim gives up once training has ended
+        beat.clear()
+        thread = claimant()
+        assert beat.wait(timeout=60) and thread.is_alive()  # still waiting, and saying so
+        ended.set()
+        thread.join(timeout=60)
+        assert not thread.is_alive() and results[-1] is None
+        lock.release()
+        # nothing went to the one that gave up
+        assert cursor.claim_numbered(4, waiting) == (0, 4, 4, 2)
+    finally:  # whatever failed: no claimant left waiting on a lock held for good
+        ended.set()
+        if lock.locked():
+            lock.release()
 
 
 def test_sparse_rows_equal_dense_rows() -> None:

@@ -29,6 +29,16 @@ def finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def finite_or_none(value: Any) -> float | None:
+    """``value`` as a float where it reads as a finite number (``"2"`` and numpy scalars too),
+    else None: for numbers read back from a run's files, which may hold anything."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 def positive(field_name: str, value: Any, allowed: str = "a positive number", *,
              nullable: bool = False) -> None:
     """A positive, finite number (or None where ``nullable``; "or null" is said for it)."""

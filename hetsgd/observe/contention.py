@@ -38,19 +38,11 @@ for the machine's. So each run records:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hetsgd.config.checks import finite_or_none
 from hetsgd.observe.host import HostLoad
-
-
-def _finite(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def got_share(got: float | None, waited: float | None) -> float | None:
@@ -71,7 +63,7 @@ def workers_share(workers: Sequence[Mapping[str, Any]]
         if worker.get("cpu_s") is None:
             continue
         group = str(worker.get("group"))
-        got, waited = _finite(worker.get("cpu_s")), _finite(worker.get("cpu_wait_s"))
+        got, waited = finite_or_none(worker.get("cpu_s")), finite_or_none(worker.get("cpu_wait_s"))
         known = sums.get(group, (0.0, 0.0))
         sums[group] = (None if known is None or got is None or waited is None
                        else (known[0] + got, known[1] + waited))

@@ -32,9 +32,9 @@ import logging
 import math
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from hetsgd.config.checks import finite_or_none
 from hetsgd.errors import UserError
 from hetsgd.outputs.comparison import plain, row_label
 from hetsgd.outputs.index import load_csv
@@ -74,29 +74,31 @@ def worker_split(runs: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
 
 def _run_rows(run: pd.Series, keys: tuple[str, ...]) -> list[dict[str, Any]]:
     """One run's workers as rows of the split: none where its workers.csv or batches.csv cannot
-    be read, or its workers.csv predates the split."""
+    be read, or its workers.csv predates the split; a worker whose numbers are not finite is
+    left out."""
     try:
         workers = load_csv(run["run_dir"], "workers")
+        if workers is None or not {*SPLIT, "updates"} <= set(workers.columns):
+            return []
         changes = load_csv(run["run_dir"], "batches")
     except UserError as err:  # one unreadable file costs only its own run
         log.warning("left out of the time split: %s", err)
         return []
-    if workers is None or not {*SPLIT, "updates"} <= set(workers.columns):
-        return []
-    numbers = workers[[*SPLIT, "updates"]].apply(pd.to_numeric, errors="coerce")
+    columns = (*SPLIT, "updates")
     rows = []
-    for i, worker in workers.iterrows():
-        seconds, updates = numbers.loc[i, list(SPLIT)], numbers.at[i, "updates"]
-        if not (np.isfinite(seconds).all() and math.isfinite(updates)):
+    for _, worker in workers.iterrows():
+        known = [n for n in (finite_or_none(worker[c]) for c in columns) if n is not None]
+        if len(known) < len(columns):
             continue
-        total, updates = float(seconds.sum()), max(int(updates), 1)
+        *seconds, count = known
+        total, updates = sum(seconds), max(int(count), 1)
         row = {key: run[key] for key in keys}
         row.update(worker=plain(worker["worker"]), group=str(worker["group"]),
                    label=plain(worker.get("label")), batch=_one_batch(worker, changes),
                    emulated=bool(run.get("emulated")), simulated=bool(run.get("simulated")))
-        for part in SPLIT:
-            row[f"{part[:-2]}_ms"] = 1000 * float(seconds[part]) / updates
-            row[f"{part[:-2]}_pct"] = 100 * float(seconds[part]) / total if total else 0.0
+        for part, value in zip(SPLIT, seconds, strict=True):
+            row[f"{part[:-2]}_ms"] = 1000 * value / updates
+            row[f"{part[:-2]}_pct"] = 100 * value / total if total else 0.0
         rows.append(row)
     return rows
 
@@ -105,14 +107,13 @@ def _one_batch(worker: pd.Series, changes: pd.DataFrame | None) -> float:
     """The worker's batch size where it kept one through the run: the same first and last, and
     no other in the run's batches.csv (an adaptive worker's sizes can leave and come back); NaN
     where it changed, or the files do not say."""
-    first, last = (pd.to_numeric(worker.get(end), errors="coerce")
-                   for end in ("first_batch", "last_batch"))
-    if not (first == last and math.isfinite(first)):
+    first, last = (finite_or_none(worker.get(end)) for end in ("first_batch", "last_batch"))
+    if first is None or first != last:
         return math.nan
     if changes is not None and (changes.loc[changes["worker"] == worker["worker"], "batch_size"]
                                 .dropna() != first).any():
         return math.nan
-    return float(first)
+    return first
 
 
 def unsteady(split: pd.DataFrame) -> pd.DataFrame:
