@@ -3,10 +3,18 @@ did not, and where its run cannot say when."""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_report import write_run
 
 from hetsgd.outputs import paper_table
 from hetsgd.outputs.cells import mean_cell
+from hetsgd.outputs.safe_text import shown
 
 
 def run(seed: int, reached: float | None, snapshots: int = 50, time_s: float = 0.5):
@@ -58,3 +66,60 @@ def test_a_run_without_snapshots_between_its_ends_has_no_time_to_a_loss_it_reach
     hogbatch = row("hogbatch", run(0, 0.01), run(1, 0.01))
     assert paper_table.speedup(hogbatch, gpu, 0.1) == "≥ 50x n=1/2"
     assert paper_table.mean_std([math.nan, 0.2], ".2f", 2) == "0.20 (1/2)"
+
+
+def _edit_summary(run_dir: Path, **changes: object) -> None:
+    file = run_dir / "summary.json"
+    summary = json.loads(file.read_text())
+    for key, value in changes.items():
+        if value is None:
+            summary.pop(key)
+        else:
+            summary[key] = value
+    file.write_text(json.dumps(summary))
+
+
+def test_a_folder_holding_other_runs_costs_each_its_own_line_never_the_tables(
+        tmp_path: Path) -> None:
+    machine = "paper_hogbatch_v100"
+    for seed in (0, 1):
+        write_run(tmp_path / f"sync_{seed}", algo="sync", devices=machine, seed=seed)
+    adaptive = write_run(tmp_path / "adaptive_0", algo="adaptive", devices=machine, seed=0)
+    # too short for the controller to close a window: it has no last share
+    _edit_summary(adaptive, adaptive={"target_share": 0.5, "bound": None,
+                                      "last_window_share": None})
+    other = write_run(tmp_path / "other", algo="sync", devices="auto_gpu", seed=0)
+    no_share = write_run(tmp_path / "no_share", algo="hogbatch", devices=machine, seed=0)
+    _edit_summary(no_share, update_share=None)
+    no_busy = write_run(tmp_path / "no_busy", algo="hogwild", devices=machine, seed=0)
+    workers = pd.read_csv(no_busy / "workers.csv").drop(columns="busy_s")
+    workers.to_csv(no_busy / "workers.csv", index=False)
+    odd = write_run(tmp_path / "odd", algo="hogbatch", devices=machine, seed=1)
+    _edit_summary(odd, adaptive=["\x1b]52;c;bad"], time_s=0)
+
+    text, skipped = paper_table.write_tables(tmp_path)
+
+    assert (tmp_path / "paper_table.md").read_text() == text
+    assert "| V100 (AWS p3.16xlarge) | GPU alone | 2 |" in text
+    assert "| V100 (AWS p3.16xlarge) | Adaptive | 1 |" in text
+    assert "Adaptive, V100 (AWS p3.16xlarge), seed 0: last window's GPU share none (no window " \
+           "closed) (target 0.5), bound: none" in text
+    assert sorted(skipped) == sorted([
+        f"{no_busy}: its workers.csv lacks busy_s",
+        f"{no_share}: its summary.json has no update_share",
+        f"{odd}: its time_s is not a positive number",
+        f"{other}: devices=auto_gpu algo=sync is not one of the reproduction's runs "
+        "(scripts/reproduce_hogbatch_sim.sh)"])
+    assert "Hogbatch" not in text.split("\n\n")[0]  # its two runs were left out, no empty row
+
+
+def test_a_folder_without_a_run_of_the_reproduction_is_a_one_line_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    other = write_run(tmp_path / "other\x1b[2J", algo="sync", devices="auto_gpu", seed=0)
+    monkeypatch.setattr(sys, "argv", ["paper_table", str(tmp_path)])
+    assert paper_table.main() == 1
+    err = capsys.readouterr().err
+    assert err == (f"paper_table: no completed run of the reproduction under {tmp_path}: 1 run(s) "
+                   f"left out, the first {shown(other)}: devices=auto_gpu algo=sync is not one of "
+                   "the reproduction's runs (scripts/reproduce_hogbatch_sim.sh)\n")
+    assert "\x1b" not in err

@@ -13,6 +13,9 @@ left it (``unstable_losses``) has no time to it, is not credited in a speedup, a
 the notes. The paper's numbers are those of ``docs/papers.md`` (read off its figures, w8a);
 "not reported" where it gives none.
 ``--shares-only``: the first table alone, for runs too short for their losses to mean anything.
+A run that did not complete, is not one of the reproduction's (another mix or method), or lacks
+a number the tables need is a line under them, and the exit status is 1; a folder without one of
+the reproduction's completed runs is a one-line error.
 """
 
 from __future__ import annotations
@@ -24,13 +27,18 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
+
+from hetsgd.config.checks import finite_or_none
 from hetsgd.errors import UserError
 from hetsgd.outputs.cells import cell, mean_cell
 from hetsgd.outputs.index import find_runs, load_csv, read_summary
 from hetsgd.outputs.intervals import CONFIDENCE, METHOD, geometric_interval
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
+from hetsgd.outputs.safe_text import shown
 
 MACHINES = {"paper_hogbatch_v100": "V100 (AWS p3.16xlarge)",
             "paper_hogbatch_k80": "K80 (UC Merced)"}
@@ -95,39 +103,78 @@ class Row:
         return {run.seed: run for run in self.runs}
 
 
-def read_run(run_dir: Path, summary: dict) -> Run:
+def _field(summary: dict[str, Any], *path: str) -> Any:
+    """The summary's value at ``path`` (keys, outermost first); a :class:`UserError` naming it
+    where the summary lacks it."""
+    value: Any = summary
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            raise UserError(f"its summary.json has no {'.'.join(path)}")
+        value = value[key]
+    return value
+
+
+def read_run(run_dir: Path, summary: dict[str, Any]) -> Run:
+    """One completed run's numbers. A run folder is data, and may hold anything: where it lacks
+    a number the tables need, a :class:`UserError` says which, and costs only this run."""
     workers = load_csv(run_dir, "workers")
     convergence = load_csv(run_dir, "convergence")
     if workers is None or convergence is None:  # a completed run writes both
-        raise UserError(f"{run_dir} lacks workers.csv or convergence.csv")
+        raise UserError("it lacks workers.csv or convergence.csv")
+    lacking = sorted({"busy_s", "last_batch"} - set(workers.columns))
+    if lacking:
+        raise UserError(f"its workers.csv lacks {', '.join(lacking)}")
+    time_s = finite_or_none(_field(summary, "time_s"))
+    if time_s is None or time_s <= 0:
+        raise UserError("its time_s is not a positive number")
+    targets = _field(summary, "target_losses")
+    losses = _field(summary, "target_losses", "losses")
+    if not isinstance(losses, list) or any(finite_or_none(t) is None for t in losses):
+        raise UserError("its target_losses.losses is not a list of numbers")
+    curve = targets.get("curve") or "train_loss"
+    if not isinstance(curve, str):
+        raise UserError("its target_losses.curve is not a column name")
+    adaptive = summary.get("adaptive")
+    if adaptive is not None and not isinstance(adaptive, dict):
+        raise UserError("its adaptive entry is not an object")
+    times = {target: _field(summary, "time_to_loss", loss_key(target)) for target in losses}
     cpu = workers[workers["group"] == "cpu"]
-    time_s = summary["time_s"]
-    last = workers.drop_duplicates("group").set_index("group")["last_batch"]
-    targets = summary["target_losses"]
-    times = {target: summary["time_to_loss"][loss_key(target)] for target in targets["losses"]}
+    busy = pd.to_numeric(cpu["busy_s"], errors="coerce") / time_s
+    last = workers.drop_duplicates("group").set_index("group")["last_batch"].map(finite_or_none)
     left = set(summary.get("unstable_losses") or [])
-    return Run(seed=summary["seed"], time_s=time_s,
-               cpu_share=summary["update_share"].get("cpu", 0.0),
-               gpu_util=summary["utilization"]["gpu_util_mean"],
-               cpu_busy=100 * float((cpu["busy_s"] / time_s).mean()) if len(cpu) else None,
-               final_loss=summary["final"]["train_loss"], times=times,
-               snapshots=len(convergence), adaptive=summary.get("adaptive"),
-               final_batches={group: int(size) for group, size in last.items()},
-               unstable=[t for t in times if loss_key(t) in left],
-               curve=targets.get("curve") or "train_loss")
+    return Run(seed=_field(summary, "seed"), time_s=time_s,
+               cpu_share=_field(summary, "update_share").get("cpu", 0.0),
+               gpu_util=(summary.get("utilization") or {}).get("gpu_util_mean"),
+               cpu_busy=100 * float(busy.mean()) if len(cpu) else None,
+               final_loss=_field(summary, "final", "train_loss"), times=times,
+               snapshots=len(convergence), adaptive=adaptive,
+               final_batches={str(group): int(size) for group, size in last.items()
+                              if size is not None},
+               unstable=[t for t in times if loss_key(t) in left], curve=curve)
 
 
 def read_rows(folder: Path) -> tuple[list[Row], list[str]]:
-    """The completed runs by (machine, method), in table order; and one line per other run."""
+    """The completed runs of the reproduction by (machine, method), in table order; and one line
+    per other run (not completed, not one of the reproduction's, or unreadable), escaped."""
     rows: dict[tuple[str, str], Row] = {}
     skipped = []
     for run_dir in find_runs(folder):
         summary = read_summary(run_dir)
+        key = (summary.get("devices"), summary.get("algo"))
         if summary.get("status") != "completed":
-            skipped.append(f"{run_dir}: {summary.get('status')}: {summary.get('error')}")
-            continue
-        key = (summary["devices"], summary["algo"])
-        rows.setdefault(key, Row(*key)).runs.append(read_run(run_dir, summary))
+            why = f"{summary.get('status')}: {summary.get('error')}"
+        elif key not in PAPER:
+            why = (f"devices={key[0]} algo={key[1]} is not one of the reproduction's runs "
+                   "(scripts/reproduce_hogbatch_sim.sh)")
+        else:
+            try:
+                run = read_run(run_dir, summary)
+            except UserError as err:
+                why = str(err)
+            else:
+                rows.setdefault(key, Row(*key)).runs.append(run)
+                continue
+        skipped.append(shown(f"{run_dir}: {why}"))
     for key, source in SAME_RUNS.items():
         if key not in rows and source in rows:
             rows[key] = Row(*key, runs=rows[source].runs, same_as=source[0])
@@ -233,10 +280,14 @@ def _losses(targets: Sequence[float]) -> str:
     return " and ".join(f"{t:.4g}" for t in targets)
 
 
-def _controller(adaptive: dict, final_batches: dict[str, int]) -> str:
-    return (f"last window's GPU share {adaptive['last_window_share']:.3f} (target "
-            f"{adaptive['target_share']}), bound: {adaptive['bound'] or 'none'}; batch sizes at "
-            "the end: " + ", ".join(f"{group} {size}" for group, size in final_batches.items()))
+def _controller(adaptive: dict[str, Any], final_batches: dict[str, int]) -> str:
+    """Where Adaptive's controller ended, as its summary entry says (escaped: it is read back); a
+    run too short to close a window has no last share."""
+    share = finite_or_none(adaptive.get("last_window_share"))
+    last = "none (no window closed)" if share is None else f"{share:.3f}"
+    return shown(f"last window's GPU share {last} (target {adaptive.get('target_share')}), "
+                 f"bound: {adaptive.get('bound') or 'none'}; batch sizes at the end: "
+                 + ", ".join(f"{group} {size}" for group, size in final_batches.items()))
 
 
 def notes(rows: list[Row]) -> list[str]:
@@ -269,10 +320,12 @@ def notes(rows: list[Row]) -> list[str]:
 
 def write_tables(folder: Path, shares_only: bool = False) -> tuple[str, list[str]]:
     """The tables of the runs under ``folder`` as markdown, also written to its paper_table.md,
-    and one line per run that did not complete. No completed run is a :class:`UserError`."""
+    and one line per run left out of them. No completed run of the reproduction is a
+    :class:`UserError`."""
     rows, skipped = read_rows(folder)
     if not rows:
-        raise UserError(f"no completed runs under {folder}")
+        left_out = f": {len(skipped)} run(s) left out, the first {skipped[0]}" if skipped else ""
+        raise UserError(f"no completed run of the reproduction under {shown(folder)}{left_out}")
     parts = [shares_table(rows)]
     if not shares_only:
         parts.append(convergence_table(rows))
