@@ -60,6 +60,10 @@ def test_known_cases_by_hand() -> None:
     assert intervals.ratio_interval([4.0, 6.0], [1.0, 3.0]) == pytest.approx(
         (2.5 * math.exp(-half), 2.5 * math.exp(half)))
     assert intervals.mean_interval([1.0]) is None  # one run: no interval, none made up
+    # seeds that disagree widely: 2.0 ± t(2) · 1.5 / sqrt(3) reaches below 0, where no time is
+    half = 4.302652729911275 * 1.5 / math.sqrt(3)
+    assert intervals.mean_interval([0.5, 2.0, 3.5]) == pytest.approx((2.0 - half, 2.0 + half))
+    assert intervals.mean_interval([0.5, 2.0, 3.5], at_least=0.0) == pytest.approx((0.0, 2.0 + half))
     # nothing to say of a value that is not finite, or of a ratio to a mean of 0
     assert intervals.mean_interval([1.0, math.nan]) is None
     assert intervals.ratio_interval([1.0, 2.0], [0.0, 0.0]) is None
@@ -108,6 +112,19 @@ def test_rows_are_told_apart_by_the_interval_of_their_speedup(tmp_path: Path) ->
             "from it.") in markdown
     # hogbatch is slower on average, yet not ranked below sync
     assert numbers.at["hogbatch", "speedup"] < 1.0
+
+
+def test_a_times_interval_stops_at_0_where_its_seeds_disagree_widely(tmp_path: Path) -> None:
+    # mean 3.0 ± t(2) · 1.9 / sqrt(3) = 3.0 ± 4.72: the linear interval reaches -1.72 s
+    markdown = _report_of(tmp_path, {"sync": (1.1, 3.0, 4.9), "hogwild": (2.5, 3.0, 3.5)})
+    numbers = pd.read_csv(tmp_path / "report.csv").set_index("algo")
+    half = 4.302652729911275 * 1.9 / math.sqrt(3)
+    assert numbers.at["sync", "time_to_0.9_mean"] == pytest.approx(3.0)
+    assert numbers.at["sync", "time_to_0.9_low"] == 0.0
+    assert numbers.at["sync", "time_to_0.9_high"] == pytest.approx(3.0 + half)
+    assert f"3.00 [0.00, {3.0 + half:.2f}] n=3" in markdown
+    assert numbers.at["hogwild", "time_to_0.9_low"] == pytest.approx(
+        3.0 - 4.302652729911275 * 0.5 / math.sqrt(3))  # above 0: not cut
 
 
 def test_the_ranking_names_a_row_whose_ratio_to_the_fastest_holds_one(tmp_path: Path) -> None:

@@ -279,7 +279,7 @@ def aggregate(comp: Comparison, metrics: pd.DataFrame | None = None) -> pd.DataF
     ``runs`` in all, a status text, and ``<metric>_mean``, ``<metric>_std`` (NaN for one run)
     and ``<metric>_n`` (how many runs have the metric: fewer than ``n`` when some seeds never
     reached a target); the times also ``<metric>_low`` / ``_high``, the Student-t interval of
-    the mean (:func:`~hetsgd.outputs.intervals.mean_interval`; NaN below two runs)."""
+    the mean, cut at 0 (:func:`~hetsgd.outputs.intervals.mean_interval`; NaN below two runs)."""
     metrics = run_metrics(comp) if metrics is None else metrics
     rows = []
     for keys, runs in metrics.groupby(list(ROW_KEYS), sort=False):
@@ -293,7 +293,8 @@ def aggregate(comp: Comparison, metrics: pd.DataFrame | None = None) -> pd.DataF
                         f"{col}_std": values.std() if len(values) > 1 else math.nan,
                         f"{col}_n": len(values)})
         for col, _, _ in TIMES:
-            low, high = mean_interval(runs[col].dropna().tolist()) or (math.nan, math.nan)
+            low, high = (mean_interval(runs[col].dropna().tolist(), at_least=0.0)
+                         or (math.nan, math.nan))
             row.update({f"{col}_low": low, f"{col}_high": high})
         rows.append(row)
     return row_order(pd.DataFrame(rows))

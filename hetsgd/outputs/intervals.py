@@ -7,7 +7,8 @@ asked for. Intervals here are therefore Student's t, which is exact for normal s
 as they get fewer (``tests/test_intervals.py`` checks that they hold the true value as often as
 they say):
 
-- the mean of a row's runs: mean ± t(n - 1) · s / sqrt(n);
+- the mean of a row's runs: mean ± t(n - 1) · s / sqrt(n), a time's cut at 0 (a time's mean
+  is not below it, so the cut never leaves the true mean out);
 - the ratio of two rows' means (a speedup; the rows independent): on the log scale, where a
   ratio is a difference, with the delta method's standard error sqrt(s_a²/(n_a·a²) +
   s_b²/(n_b·b²)) and Welch-Satterthwaite's degrees of freedom, then exponentiated, so it is
@@ -44,15 +45,16 @@ def _usable(*samples: Sequence[float]) -> bool:
     return all(len(sample) >= 2 and all(map(math.isfinite, sample)) for sample in samples)
 
 
-def mean_interval(values: Sequence[float]) -> Interval | None:
-    """Student's t interval of the mean of ``values``, on the values' own scale (so a time's can
-    reach below 0 where its seeds disagree widely); None for fewer than two, or a value that is
-    not finite."""
+def mean_interval(values: Sequence[float], at_least: float = -math.inf) -> Interval | None:
+    """Student's t interval of the mean of ``values``, on the values' own scale, cut at
+    ``at_least`` where the quantity cannot be smaller (a time: 0): its true mean is not, so the
+    cut leaves the coverage as it was, while the interval no longer shows a time below 0 where
+    the seeds disagree widely. None for fewer than two, or a value that is not finite."""
     if not _usable(values):
         return None
     mean = statistics.fmean(values)
     half = _t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean - half, mean + half
+    return max(mean - half, at_least), mean + half
 
 
 def geometric_interval(ratios: Sequence[float]) -> Interval | None:
