@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 import pandas as pd
 
 from hetsgd.config.checks import finite_or_none
-from hetsgd.errors import UserError
+from hetsgd.errors import UserError, run_script
 from hetsgd.outputs.cells import cell, mean_cell
 from hetsgd.outputs.index import find_runs, load_csv, read_summary
 from hetsgd.outputs.intervals import CONFIDENCE, METHOD, geometric_interval
@@ -341,14 +340,10 @@ def main() -> int:
     parser.add_argument("--shares-only", action="store_true",
                         help="only the update shares and utilizations")
     args = parser.parse_args()
-    try:
-        text, skipped = write_tables(args.folder, args.shares_only)
-    except UserError as exc:
-        print(f"paper_table: {exc}", file=sys.stderr)
-        return 1
+    text, skipped = write_tables(args.folder, args.shares_only)
     print(text)
     return 1 if skipped else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script("paper_table", main)
