@@ -5,6 +5,7 @@ stdout and one figure (docs/results/adaptive_threshold.md).
     python scripts/adaptive_threshold.py [OVERRIDES...]   # the experiment's jobs, replayed
     python scripts/adaptive_threshold.py --sweep SWEEP_DIR  # a finished sweep of the experiment:
         # hetsgd run -m +experiment=adaptive_threshold hydra.sweep.dir=SWEEP_DIR
+        # (a folder under it that is not a completed job is named on stderr: status 1)
 
 A replay runs each job of the experiment on the virtual engine with the roofline
 profiles of the job's own model (the paper's net) while a logistic regression does the math. A
@@ -20,14 +21,12 @@ half starts at the GPU's batch of 1024 and the hosts' of 1); whole-run values be
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from collections.abc import Iterator
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import yaml
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -35,13 +34,17 @@ from matplotlib.figure import Figure
 
 from hetsgd import algorithms
 from hetsgd.config import AdaptiveConfig, RunConfig, compose_run, to_run_config
+from hetsgd.config.checks import finite_or_none
 from hetsgd.config.compose import sweep_jobs
 from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.hooks import LinkHooks
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for
+from hetsgd.errors import UserError, run_script
 from hetsgd.outputs.figure_style import DPI, SIZE, save, styled
+from hetsgd.outputs.index import CONFIG, find_runs, load_csv, read_summary
 from hetsgd.outputs.report import markdown_table
+from hetsgd.outputs.safe_text import shown
 from hetsgd.runs.setup import load_run_data
 from hetsgd.workers import expand
 
@@ -113,25 +116,66 @@ def _budget(cfg: RunConfig) -> float:
     return cfg.budget.seconds
 
 
+#: The columns a finished job's numbers come from, by file.
+COLUMNS = {"convergence": ("time_s", "updates_accel", "updates_cpu"),
+           "utilization": ("time_s", "gpu0_util"), "workers": ("group", "last_batch")}
+
+
 def read_run(run_dir: Path) -> Point:
-    """A finished job's numbers from its run directory."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    cfg = to_run_config(compose_run(["progress=false", *_job_overrides(run_dir)]))
-    convergence = pd.read_csv(run_dir / "convergence.csv")
-    utilization = pd.read_csv(run_dir / "utilization.csv")
-    workers = pd.read_csv(run_dir / "workers.csv").drop_duplicates("group").set_index("group")
-    return Point(summary["devices"], summary["plan"]["min_accel_batch"], _budget(cfg),
+    """A finished job's numbers from its run directory. A run folder is data: one that is not a
+    completed Adaptive job on a paper machine, or lacks a number the table needs, is a
+    :class:`UserError` naming it and why."""
+    summary = read_summary(run_dir)
+    if summary.get("status") != "completed":
+        raise _refused(run_dir, f"{summary.get('status')}: {summary.get('error')}")
+    if summary.get("algo") != "adaptive" or summary.get("devices") not in MACHINES:
+        raise _refused(run_dir, f"algo={summary.get('algo')} devices={summary.get('devices')} "
+                                f"is not a job of {EXPERIMENT}")
+    plan = summary.get("plan")
+    threshold = plan.get("min_accel_batch") if isinstance(plan, dict) else None
+    if not isinstance(threshold, int):
+        raise _refused(run_dir, "its summary.json has no plan.min_accel_batch")
+    budget = _config_budget(run_dir)
+    if budget is None:
+        raise _refused(run_dir, "its config.yaml has no positive budget.seconds")
+    frames = {}
+    for name, columns in COLUMNS.items():
+        frame = load_csv(run_dir, name)
+        lacking = list(columns) if frame is None else [c for c in columns if c not in frame]
+        if lacking:
+            raise _refused(run_dir, f"its {name}.csv lacks {', '.join(lacking)}")
+        frames[name] = frame
+    convergence, utilization = frames["convergence"], frames["utilization"]
+    last = dict(zip(frames["workers"]["group"], frames["workers"]["last_batch"]))
+    accel, cpu = (finite_or_none(last.get(group)) for group in ("accel", "cpu"))
+    if accel is None or cpu is None:
+        raise _refused(run_dir, "its workers.csv has no last batch of the accel or the cpu group")
+    return Point(summary["devices"], threshold, budget,
                  list(zip(convergence["time_s"], convergence["updates_accel"], convergence["updates_cpu"])),
-                 list(zip(utilization["time_s"], utilization["gpu0_util"])),
-                 (int(workers.loc["accel", "last_batch"]), int(workers.loc["cpu", "last_batch"])))
+                 list(zip(utilization["time_s"], utilization["gpu0_util"])), (int(accel), int(cpu)))
 
 
-def _job_overrides(run_dir: Path) -> list[str]:
-    return yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+def _refused(run_dir: Path, why: str) -> UserError:
+    return UserError(shown(f"{run_dir}: {why}"))
 
 
-def finished_runs(sweep: Path) -> Iterator[Path]:
-    yield from sorted(p.parent for p in sweep.rglob("summary.json"))
+def _config_budget(run_dir: Path) -> float | None:
+    """The run's budget in virtual seconds, as its config.yaml (data, never composed) says."""
+    try:
+        config = yaml.safe_load((run_dir / CONFIG).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    budget = config.get("budget") if isinstance(config, dict) else None
+    seconds = finite_or_none(budget.get("seconds")) if isinstance(budget, dict) else None
+    return seconds if seconds is not None and seconds > 0 else None
+
+
+def finished_runs(sweep: Path) -> list[Path]:
+    """The run folders under ``sweep``; a :class:`UserError` where there is none."""
+    found = find_runs(sweep)
+    if not found:
+        raise UserError(f"no run folder under {shown(sweep)}")
+    return found
 
 
 def table(points: list[Point]) -> str:
@@ -188,16 +232,27 @@ def figure(points: list[Point], out_dir: Path, note: str) -> list[Path]:
     return save(fig, out_dir, "adaptive_threshold", ["png"])
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", type=Path, help="a finished sweep's folder (else: a replay)")
     parser.add_argument("--figures", type=Path, default=Path("docs/figures"))
     parser.add_argument("overrides", nargs="*", help="a replay's overrides of every job")
     args = parser.parse_args()
+    left_out = []
     if args.sweep is None:
         points = [replay([*job, *args.overrides]) for job in jobs()]
     else:
-        points = [read_run(run) for run in finished_runs(args.sweep)]
+        points = []
+        for run in finished_runs(args.sweep):
+            try:
+                points.append(read_run(run))
+            except UserError as err:  # one run that cannot be read costs only its own point
+                left_out.append(str(err))
+        if not points:
+            raise UserError(f"no completed job of {EXPERIMENT} under {shown(args.sweep)}: "
+                            f"{len(left_out)} run(s), the first {left_out[0]}")
+    for line in left_out:
+        print(f"adaptive_threshold: left out {line}", file=sys.stderr)
     points.sort(key=lambda p: (list(MACHINES).index(p.machine), p.threshold or 0))
     print(table(points))
     budget = points[0].budget_s
@@ -205,7 +260,8 @@ def main() -> None:
             + ("" if args.sweep else " (schedule replay)"))
     for path in figure(points, args.figures, note):
         print(f"figure: {path}")
+    return 1 if left_out else 0
 
 
 if __name__ == "__main__":
-    main()
+    run_script("adaptive_threshold", main)

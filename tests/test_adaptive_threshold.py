@@ -8,6 +8,9 @@ under any load."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,10 +19,13 @@ import pandas as pd
 import pytest
 from conftest import compose_config
 from hydra import compose
+from test_report import write_run
 from test_sweeps import hydra_conf  # noqa: F401  (a fixture)
 
 from hetsgd.config import AdaptiveConfig, to_run_config
 from hetsgd.config.compose import sweep_jobs
+from hetsgd.errors import UserError
+from hetsgd.outputs.safe_text import shown
 from hetsgd.runs import runner
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "adaptive_threshold.py"
@@ -112,3 +118,50 @@ def test_the_schedule_replay_gives_a_full_runs_update_counts(tmp_path: Path,
     replayed = script.replay(job)
     assert len(pd.read_csv(tmp_path / "run" / "batches.csv")) > 49  # the controller resized
     assert replayed.updates == list(zip(full["time_s"], full["updates_accel"], full["updates_cpu"]))
+
+
+def test_a_finished_jobs_numbers_are_read_and_any_other_folder_is_refused_by_name(
+        tmp_path: Path, script: ModuleType) -> None:
+    job = write_run(tmp_path / "job", algo="adaptive", devices=MACHINES[1], seed=0)
+    refusals = []
+    for fix in ("plan", "budget", "gpu0_util"):
+        with pytest.raises(UserError) as refused:
+            script.read_run(job)
+        refusals.append(str(refused.value))
+        if fix == "plan":
+            summary = json.loads((job / "summary.json").read_text())
+            (job / "summary.json").write_text(json.dumps({**summary,
+                                                          "plan": {"min_accel_batch": 256}}))
+        elif fix == "budget":
+            (job / "config.yaml").write_text("budget: {seconds: 4.0, epochs: null}\n")
+        else:
+            utilization = pd.read_csv(job / "utilization.csv").assign(gpu0_util=50.0)
+            utilization.to_csv(job / "utilization.csv", index=False)
+    assert refusals == [f"{job}: its summary.json has no plan.min_accel_batch",
+                        f"{job}: its config.yaml has no positive budget.seconds",
+                        f"{job}: its utilization.csv lacks gpu0_util"]
+    point = script.read_run(job)
+    convergence = pd.read_csv(job / "convergence.csv")
+    assert (point.machine, point.threshold, point.budget_s, point.final_batches) == (
+        MACHINES[1], 256, 4.0, (256, 16))
+    assert point.updates == list(zip(convergence["time_s"], convergence["updates_accel"],
+                                     convergence["updates_cpu"]))
+    assert point.busy() == 50.0
+
+    other = write_run(tmp_path / "other\x1b[2J", algo="sync", devices="auto_gpu", seed=0)
+    with pytest.raises(UserError, match="is not a job of"):
+        script.read_run(other)
+    ran = subprocess.run([sys.executable, str(SCRIPT), "--sweep", str(tmp_path),
+                          "--figures", str(tmp_path / "figures")],
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 1  # the table of the one job, and the folder left out
+    assert "| K80 | 256 |" in ran.stdout
+    assert ran.stderr == (f"adaptive_threshold: left out {shown(other)}: algo=sync "
+                          f"devices=auto_gpu is not a job of {EXPERIMENT}\n")
+    shutil.rmtree(job)
+    ran = subprocess.run([sys.executable, str(SCRIPT), "--sweep", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert (ran.returncode, ran.stdout) == (1, "")
+    assert ran.stderr.startswith(f"adaptive_threshold: no completed job of {EXPERIMENT} under "
+                                 f"{tmp_path}: 1 run(s), the first {shown(other)}: ")
+    assert ran.stderr.count("\n") == 1 and "\x1b" not in ran.stderr
