@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -42,7 +41,7 @@ from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.errors import UserError, run_script
 from hetsgd.outputs.figure_style import DPI, SIZE, save, styled
-from hetsgd.outputs.index import CONFIG, find_runs, load_csv, read_summary
+from hetsgd.outputs.index import config_number, find_runs, load_csv, read_summary
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
 from hetsgd.runs.setup import load_run_data
@@ -135,8 +134,8 @@ def read_run(run_dir: Path) -> Point:
     threshold = plan.get("min_accel_batch") if isinstance(plan, dict) else None
     if not isinstance(threshold, int):
         raise _refused(run_dir, "its summary.json has no plan.min_accel_batch")
-    budget = _config_budget(run_dir)
-    if budget is None:
+    budget = config_number(run_dir, "budget", "seconds")
+    if budget is None or budget <= 0:
         raise _refused(run_dir, "its config.yaml has no positive budget.seconds")
     frames = {}
     for name, columns in COLUMNS.items():
@@ -157,17 +156,6 @@ def read_run(run_dir: Path) -> Point:
 
 def _refused(run_dir: Path, why: str) -> UserError:
     return UserError(shown(f"{run_dir}: {why}"))
-
-
-def _config_budget(run_dir: Path) -> float | None:
-    """The run's budget in virtual seconds, as its config.yaml (data, never composed) says."""
-    try:
-        config = yaml.safe_load((run_dir / CONFIG).read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
-    budget = config.get("budget") if isinstance(config, dict) else None
-    seconds = finite_or_none(budget.get("seconds")) if isinstance(budget, dict) else None
-    return seconds if seconds is not None and seconds > 0 else None
 
 
 def finished_runs(sweep: Path) -> list[Path]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import struct
 import subprocess
@@ -26,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from hetsgd.config import RunConfig, compose_run, to_run_config
 from hetsgd.data.images import DEBIAN_FASHION_DIR, read_idx
@@ -34,10 +32,13 @@ from hetsgd.data.prepare import split_rows
 from hetsgd.data.registry import get_source
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.engines.virtual.profiles import DeviceProfile, RooflineProfile
+from hetsgd.errors import UserError, run_script
 from hetsgd.model.problem import Problem
 from hetsgd.outputs import cells, intervals
+from hetsgd.outputs.index import config_number, find_runs, load_csv, read_overrides, read_summary
 from hetsgd.outputs.metrics import sustained
 from hetsgd.outputs.report import markdown_table
+from hetsgd.outputs.safe_text import shown
 from hetsgd.workers import expand
 
 ORDER = ("sync", "fast_alone", "local_balanced", "local_unbalanced", "local_biased")
@@ -143,18 +144,28 @@ def run(overrides: list[str], test_size: int) -> Path:
 
 
 def runs(out: Path) -> pd.DataFrame:
-    """One row per completed run under ``out``: method, seed, its convergence curve and summary."""
+    """One row per completed run of the experiment under ``out``: method, seed, its convergence
+    curve, summary and epoch budget. Run folders are data: a folder of another experiment is
+    passed over; a completed run of this one that lacks what the table needs, or no such run at
+    all, is a :class:`UserError` naming it."""
     rows = []
-    for summary in sorted(out.glob("sweeps/*/*/summary.json")):
-        if json.loads(summary.read_text())["status"] != "completed":
+    for run_dir in find_runs(out):
+        swept = dict(o.lstrip("+").split("=", 1) for o in read_overrides(run_dir) if "=" in o)
+        summary = read_summary(run_dir)
+        if swept.get("method") not in ORDER or summary.get("status") != "completed":
             continue
-        overrides = yaml.safe_load((summary.parent / ".hydra/overrides.yaml").read_text())
-        swept = dict(o.lstrip("+").split("=", 1) for o in overrides)
-        config = yaml.safe_load((summary.parent / "config.yaml").read_text())
-        rows.append({"method": swept["method"], "seed": int(swept["seed"]),
-                     "summary": json.loads(summary.read_text()),
-                     "curve": pd.read_csv(summary.parent / "convergence.csv"),
-                     "budget": config["budget"]["epochs"]})
+        curve, budget = load_csv(run_dir, "convergence"), config_number(run_dir, "budget", "epochs")
+        lacking = [what for what, missing in (
+            ("a seed override", not str(swept.get("seed", "")).isdigit()),
+            ("convergence.csv's test_acc", curve is None or "test_acc" not in curve),
+            ("config.yaml's budget.epochs", budget is None)) if missing]
+        if lacking:
+            raise UserError(shown(f"{run_dir} lacks {', '.join(lacking)}"))
+        rows.append({"method": swept["method"], "seed": int(swept["seed"]), "summary": summary,
+                     "curve": curve, "budget": budget})
+    if not any(row["method"] == "sync" for row in rows):
+        raise UserError(f"no completed sync run of +experiment=biased_local_resnet20 under "
+                        f"{shown(out)}: the table's speedups are over it")
     return pd.DataFrame(rows)
 
 
@@ -231,7 +242,7 @@ def table(out: Path, accuracy: float | None = None) -> str:
     return head + "\n\n" + markdown_table(HEADERS, rows)
 
 
-if __name__ == "__main__":
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_cmd = sub.add_parser("run", help="both sweeps, the report, then the table")
@@ -249,3 +260,7 @@ if __name__ == "__main__":
         folder = run(args.overrides, args.test_size) if args.command == "run" else args.folder
         print(steps() + "\n\n" + table(folder, getattr(args, "accuracy", None)))
         print(f"\nreport: {folder}/report.md")
+
+
+if __name__ == "__main__":
+    run_script("biased_local_resnet20", main)

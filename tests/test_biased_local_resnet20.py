@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose
+from test_report import write_overrides, write_run
 from test_sweeps import hydra_conf  # noqa: F401  (a fixture)
 from torch import nn
 
@@ -21,6 +22,7 @@ from hetsgd.config import RunConfig, to_run_config
 from hetsgd.config.compose import sweep_jobs
 from hetsgd.data.images import read_idx
 from hetsgd.engines.virtual.model_cost import ModelCost
+from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "biased_local_resnet20.py"
@@ -151,3 +153,27 @@ def test_the_tables_speedup_carries_its_interval() -> None:
         f"3.00 [{3 * math.exp(-half):.2f}, {3 * math.exp(half):.2f}]" == "3.00 [1.31, 6.87]"
     assert table.speedup(pd.Series([4.0]), pd.Series([2.0, np.nan])) == "2.00"  # one each
     assert table.speedup(pd.Series([np.nan]), pd.Series([1.0])) == "—"
+
+
+def test_the_table_reads_the_experiments_runs_and_names_what_it_cannot_read(
+        tmp_path: Path) -> None:
+    table = script()
+    other = write_run(tmp_path / "sweeps" / "a" / "0_other", algo="sync", devices="gpu", seed=0)
+    write_overrides(other, ["+method=gpu", "seed=0"])
+    with pytest.raises(UserError, match="^no completed sync run of "
+                                        "\\+experiment=biased_local_resnet20 under "):
+        table.table(tmp_path)
+    for job, method in enumerate(("sync", "local_biased")):
+        run_dir = write_run(tmp_path / "sweeps" / "b" / f"{job}_{method}", algo="sync",
+                            devices="paper_biased_local", seed=0, speed=1 + job)
+        write_overrides(run_dir, [f"+method={method}", "seed=0"])
+        (run_dir / "config.yaml").write_text("budget: {epochs: 3.0, seconds: null}\n")
+    written = table.table(tmp_path)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in written.splitlines()
+            if line.startswith("| ") and " | 1/1 | " in line}
+    assert set(rows) == {"sync", "local_biased"}  # the other experiment's run passed over
+    assert "common budget 3 epochs" in written
+    (run_dir / "config.yaml").unlink()
+    with pytest.raises(UserError) as refused:
+        table.table(tmp_path)
+    assert str(refused.value) == f"{run_dir} lacks config.yaml's budget.epochs"

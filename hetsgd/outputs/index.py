@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from hetsgd.config.checks import finite_or_none
 from hetsgd.config.group_names import by_group_name, group_name
 from hetsgd.errors import UserError
 from hetsgd.liveness import is_alive, this_process
@@ -113,15 +114,29 @@ def find_sweeps(path: Path) -> list[Path]:
     return sorted((file.parent for file in _directory(path).rglob(MULTIRUN)), key=_natural)
 
 
-def _identity_from_config(run_dir: Path) -> dict[str, Any]:
-    """algo, dataset, model, devices and seed from the run's ``config.yaml`` (``{}`` if none),
-    so that a run that left no summary is still listed under its name."""
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` as data (never composed, nothing in it called): ``{}`` where it
+    is missing, unreadable or not a mapping."""
     try:
         config = yaml.safe_load((Path(run_dir) / CONFIG).read_text())
     except (OSError, ValueError, yaml.YAMLError):
         return {}
-    if not isinstance(config, dict):
-        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def config_number(run_dir: Path, *keys: str) -> float | None:
+    """The finite number at ``keys`` (outermost first) in the run's ``config.yaml``, such as
+    ``budget.epochs``; None where there is none."""
+    value: Any = read_config(run_dir)
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return finite_or_none(value)
+
+
+def _identity_from_config(run_dir: Path) -> dict[str, Any]:
+    """algo, dataset, model, devices and seed from the run's ``config.yaml`` (``{}`` if none),
+    so that a run that left no summary is still listed under its name."""
+    config = read_config(run_dir)
     identity: dict[str, Any] = {}
     for key in ("algo", "dataset", "model", "devices"):
         value = config.get(key)
