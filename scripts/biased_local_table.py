@@ -5,17 +5,18 @@ report FOLDER`` has written its report.csv)."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
+from hetsgd.errors import UserError, one_line, run_script
 from hetsgd.outputs import cells
+from hetsgd.outputs.index import find_runs, read_config, read_overrides, read_summary
 from hetsgd.outputs.report import markdown_table
+from hetsgd.outputs.safe_text import shown
 
 ORDER = ("sync", "fast_alone", "local_balanced", "local_unbalanced", "local_biased")
 PAPER = {  # Lim et al., abstract and TL;DR: docs/papers.md
@@ -28,14 +29,23 @@ HEADERS = ("method", "runs", "tau", "t@0.9 [virtual s]", "t@0.95 [virtual s]",
 
 
 def method_runs(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """One run's summary per method (its tau, step times and mix), and the runs' model."""
+    """One completed run's summary per method of the reproduction under ``out`` (its tau, step
+    times and mix), and the runs' model as their config.yaml says (read as data)."""
     runs, model = {}, {}
-    for summary in out.glob("sweeps/*/*/summary.json"):
-        overrides = yaml.safe_load((summary.parent / ".hydra/overrides.yaml").read_text())
-        method = next(o.split("=", 1)[1] for o in overrides if o.startswith("+method="))
-        runs[method] = json.loads(summary.read_text())
-        model = yaml.safe_load((summary.parent / "config.yaml").read_text())["model"]
+    for run_dir in find_runs(out):
+        swept = dict(o.lstrip("+").split("=", 1) for o in read_overrides(run_dir) if "=" in o)
+        summary = read_summary(run_dir)
+        if swept.get("method") in ORDER and summary.get("status") == "completed":
+            runs[swept["method"]] = summary
+            config_model = read_config(run_dir).get("model")
+            model = config_model if isinstance(config_model, dict) else model
     return runs, model
+
+
+def method_of(variant: object) -> str | None:
+    """The reproduction's method a report row's variant names (``+method=local_biased``)."""
+    found = re.search(r"\+method=(\S+)", str(variant))
+    return found.group(1) if found and found.group(1) in ORDER else None
 
 
 def timed(row: pd.Series, col: str) -> str:
@@ -79,15 +89,26 @@ def table_row(row: pd.Series, run: dict[str, Any]) -> list[str]:
             PAPER.get(row["method"], "not reported")]
 
 
-def main(out: Path) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="a reproduction's folder, after hetsgd report")
+    out = parser.parse_args().folder
     runs, model = method_runs(out)
-    report = pd.read_csv(out / "report.csv")
-    report["method"] = report["variant"].map(lambda v: re.search(r"\+method=(\S+)", v).group(1))
+    try:
+        report = pd.read_csv(out / "report.csv")
+    except (OSError, ValueError) as err:
+        raise UserError(shown(f"cannot read {out / 'report.csv'} (`hetsgd report {out}` writes "
+                              f"it): {one_line(err)}")) from err
+    report["method"] = report.get("variant", pd.Series(dtype=object)).map(method_of)
+    report = report[report["method"].isin(list(runs))]
+    if report.empty:
+        raise UserError(f"no completed run of scripts/reproduce_biased_local_sim.sh under "
+                        f"{shown(out)}: none has +method= one of {', '.join(ORDER)}")
     report = report.sort_values("method", key=lambda m: m.map(ORDER.index))
     rows = [table_row(row, runs[row["method"]]) for _, row in report.iterrows()]
     # tau auto records the profiles' step times (a fixed tau records none)
     steps = runs.get("local_unbalanced", {}).get("local_sgd", {}).get("step_s", {})
-    print(f"{report['dataset'].iloc[0]} · {model['name']} {model.get('hidden', '')} on "
+    print(f"{report['dataset'].iloc[0]} · {model.get('name')} {model.get('hidden', '')} on "
           f"paper_biased_local (simulated), L_best = {report['l_best'].iloc[0]:.4g}; times and "
           "speedups: mean [95% Student-t interval] n=k/m over the seeds that have one, other "
           "numbers mean ± std over seeds; t@x: virtual seconds after which a run stays at "
@@ -97,4 +118,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    run_script("biased_local_table", main)
