@@ -8,9 +8,9 @@ growth of the process's PSS (psutil) is compared with the shared copy's size."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,8 @@ import pandas as pd
 import psutil
 
 from hetsgd.config import compose_run, to_run_config
+from hetsgd.errors import UserError, run_script
+from hetsgd.outputs.safe_text import shown
 from hetsgd.runs.setup import RunData, load_run_data
 
 MIB = 2**20
@@ -39,7 +41,15 @@ def _load(path: Path) -> RunData:
     return load_run_data(cfg, progress=False)
 
 
-def main(path: Path) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m scripts.table_memory",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("table", type=Path, help="a .parquet or .csv table (made if missing)")
+    path = parser.parse_args().table
+    if path.suffix not in (".parquet", ".csv"):
+        raise UserError(f"{shown(path)} is neither .parquet nor .csv")
+    if not path.parent.is_dir():
+        raise UserError(f"{shown(path.parent)} is not a directory")
     if not path.exists():
         _table(path, 600_000)
     tiny = path.with_name("tiny" + path.suffix)
@@ -57,4 +67,4 @@ def main(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    run_script("table_memory", main)
