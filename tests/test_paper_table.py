@@ -96,6 +96,9 @@ def test_a_folder_holding_other_runs_costs_each_its_own_line_never_the_tables(
     workers.to_csv(no_busy / "workers.csv", index=False)
     odd = write_run(tmp_path / "odd", algo="hogbatch", devices=machine, seed=1)
     _edit_summary(odd, adaptive=["\x1b]52;c;bad"], time_s=0)
+    text_targets = write_run(tmp_path / "text_targets", algo="hogbatch", devices=machine, seed=2)
+    _edit_summary(text_targets, target_losses={"losses": ["0.1"], "reference": "by hand"},
+                  unstable_losses={"0.1": True})
 
     text, skipped = paper_table.write_tables(tmp_path)
 
@@ -108,6 +111,7 @@ def test_a_folder_holding_other_runs_costs_each_its_own_line_never_the_tables(
         f"{no_busy}: its workers.csv lacks busy_s",
         f"{no_share}: its summary.json has no update_share",
         f"{odd}: its time_s is not a positive number",
+        f"{text_targets}: its target_losses.losses is not a list of numbers",
         f"{other}: devices=auto_gpu algo=sync is not one of the reproduction's runs "
         "(scripts/reproduce_hogbatch_sim.sh)"])
     assert "Hogbatch" not in text.split("\n\n")[0]  # its two runs were left out, no empty row

@@ -128,21 +128,25 @@ def read_run(run_dir: Path, summary: dict[str, Any]) -> Run:
         raise UserError("its time_s is not a positive number")
     targets = _field(summary, "target_losses")
     losses = _field(summary, "target_losses", "losses")
-    if not isinstance(losses, list) or any(finite_or_none(t) is None for t in losses):
+    if not isinstance(losses, list) or not all(isinstance(t, (int, float)) and math.isfinite(t)
+                                               for t in losses):
         raise UserError("its target_losses.losses is not a list of numbers")
     curve = targets.get("curve") or "train_loss"
     if not isinstance(curve, str):
         raise UserError("its target_losses.curve is not a column name")
-    adaptive = summary.get("adaptive")
+    adaptive, shares = summary.get("adaptive"), _field(summary, "update_share")
     if adaptive is not None and not isinstance(adaptive, dict):
         raise UserError("its adaptive entry is not an object")
+    if not isinstance(shares, dict):
+        raise UserError("its update_share is not an object")
     times = {target: _field(summary, "time_to_loss", loss_key(target)) for target in losses}
     cpu = workers[workers["group"] == "cpu"]
     busy = pd.to_numeric(cpu["busy_s"], errors="coerce") / time_s
     last = workers.drop_duplicates("group").set_index("group")["last_batch"].map(finite_or_none)
-    left = set(summary.get("unstable_losses") or [])
+    unstable = summary.get("unstable_losses")
+    left = set(map(str, unstable)) if isinstance(unstable, list) else set()
     return Run(seed=_field(summary, "seed"), time_s=time_s,
-               cpu_share=_field(summary, "update_share").get("cpu", 0.0),
+               cpu_share=shares.get("cpu", 0.0),
                gpu_util=(summary.get("utilization") or {}).get("gpu_util_mean"),
                cpu_busy=100 * float(busy.mean()) if len(cpu) else None,
                final_loss=_field(summary, "final", "train_loss"), times=times,
