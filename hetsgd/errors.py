@@ -5,9 +5,6 @@
 """
 
 import errno
-import sys
-from collections.abc import Callable
-from typing import NoReturn
 
 
 class UserError(Exception):
@@ -16,18 +13,6 @@ class UserError(Exception):
 
 class Diverged(Exception):
     """The training loss became NaN or infinite."""
-
-
-def run_script(prog: str, main: Callable[[], int | None]) -> NoReturn:
-    """Exit with ``main()``'s status, as the CLI's commands do for a script or ``python -m``
-    module: a :class:`UserError` (a folder the script cannot read) ends it with one line on
-    stderr, ``prog: message``, and status 1."""
-    try:
-        status = main()
-    except UserError as err:
-        print(f"{prog}: {one_line(err)}", file=sys.stderr)
-        sys.exit(1)
-    sys.exit(status or 0)
 
 
 def one_line(message: object) -> str:

@@ -21,12 +21,14 @@ half starts at the GPU's batch of 1024 and the hosts' of 1); whole-run values be
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -39,11 +41,12 @@ from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.hooks import LinkHooks
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for
-from hetsgd.errors import UserError, run_script
+from hetsgd.errors import UserError
 from hetsgd.outputs.figure_style import DPI, SIZE, save, styled
 from hetsgd.outputs.index import config_number, find_runs, load_csv, read_summary
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.terminal import run_script
 from hetsgd.runs.setup import load_run_data
 from hetsgd.workers import expand
 
@@ -70,14 +73,19 @@ class Point:
 
     def cpu_share(self, start: float = 0.0) -> float:
         """CPU updates over all updates between the first snapshot at or after ``start`` and the
-        last within the budget (the run's end for ``start`` 0)."""
+        last within the budget (the run's end for ``start`` 0); NaN where fewer than two
+        snapshots, or no update, fall there."""
         inside = [u for u in self.updates if start <= u[0] <= self.budget_s] if start else self.updates
+        if len(inside) < 2:
+            return math.nan
         (_, g0, c0), (_, g1, c1) = inside[0], inside[-1]
-        return (c1 - c0) / (c1 - c0 + g1 - g0)
+        updates = c1 - c0 + g1 - g0
+        return (c1 - c0) / updates if updates else math.nan
 
     def busy(self, start: float = 0.0) -> float:
-        return statistics.fmean(b for t, b in self.gpu_busy
-                                if start < t <= (self.budget_s if start else np.inf))
+        """The GPU's mean busy percent over the samples after ``start``; NaN where none is."""
+        samples = [b for t, b in self.gpu_busy if start < t <= (self.budget_s if start else np.inf)]
+        return statistics.fmean(samples) if samples else math.nan
 
 
 def jobs() -> list[list[str]]:
@@ -143,9 +151,11 @@ def read_run(run_dir: Path) -> Point:
         lacking = list(columns) if frame is None else [c for c in columns if c not in frame]
         if lacking:
             raise _refused(run_dir, f"its {name}.csv lacks {', '.join(lacking)}")
-        frames[name] = frame
+        numbers = [c for c in columns if c != "group"]  # what a folder wrote there may be text
+        frames[name] = frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") for c in numbers})
     convergence, utilization = frames["convergence"], frames["utilization"]
-    last = dict(zip(frames["workers"]["group"], frames["workers"]["last_batch"]))
+    first = frames["workers"].drop_duplicates("group")  # each group's first worker, as replay()
+    last = dict(zip(first["group"], first["last_batch"]))
     accel, cpu = (finite_or_none(last.get(group)) for group in ("accel", "cpu"))
     if accel is None or cpu is None:
         raise _refused(run_dir, "its workers.csv has no last batch of the accel or the cpu group")
@@ -158,7 +168,7 @@ def _refused(run_dir: Path, why: str) -> UserError:
     return UserError(shown(f"{run_dir}: {why}"))
 
 
-def finished_runs(sweep: Path) -> list[Path]:
+def run_folders(sweep: Path) -> list[Path]:
     """The run folders under ``sweep``; a :class:`UserError` where there is none."""
     found = find_runs(sweep)
     if not found:
@@ -231,7 +241,7 @@ def main() -> int:
         points = [replay([*job, *args.overrides]) for job in jobs()]
     else:
         points = []
-        for run in finished_runs(args.sweep):
+        for run in run_folders(args.sweep):
             try:
                 points.append(read_run(run))
             except UserError as err:  # one run that cannot be read costs only its own point
@@ -240,7 +250,7 @@ def main() -> int:
             raise UserError(f"no completed job of {EXPERIMENT} under {shown(args.sweep)}: "
                             f"{len(left_out)} run(s), the first {left_out[0]}")
     for line in left_out:
-        print(f"adaptive_threshold: left out {line}", file=sys.stderr)
+        print(f"adaptive_threshold: left out {shown(line)}", file=sys.stderr)
     points.sort(key=lambda p: (list(MACHINES).index(p.machine), p.threshold or 0))
     print(table(points))
     budget = points[0].budget_s

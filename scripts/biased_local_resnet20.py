@@ -27,18 +27,20 @@ import numpy as np
 import pandas as pd
 
 from hetsgd.config import RunConfig, compose_run, to_run_config
+from hetsgd.config.checks import finite_or_none
 from hetsgd.data.images import DEBIAN_FASHION_DIR, read_idx
 from hetsgd.data.prepare import split_rows
 from hetsgd.data.registry import get_source
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.engines.virtual.profiles import DeviceProfile, RooflineProfile
-from hetsgd.errors import UserError, run_script
+from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 from hetsgd.outputs import cells, intervals
 from hetsgd.outputs.index import config_number, find_runs, load_csv, read_overrides, read_summary
 from hetsgd.outputs.metrics import sustained
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.terminal import run_script
 from hetsgd.workers import expand
 
 ORDER = ("sync", "fast_alone", "local_balanced", "local_unbalanced", "local_biased")
@@ -145,9 +147,9 @@ def run(overrides: list[str], test_size: int) -> Path:
 
 def runs(out: Path) -> pd.DataFrame:
     """One row per completed run of the experiment under ``out``: method, seed, its convergence
-    curve, summary and epoch budget. Run folders are data: a folder of another experiment is
-    passed over; a completed run of this one that lacks what the table needs, or no such run at
-    all, is a :class:`UserError` naming it."""
+    curve, summary and epoch budget. Run folders are data: a readable folder of another
+    experiment is passed over; a completed run of this one that lacks what the table needs, an
+    unreadable overrides file, or no sync run at all is a :class:`UserError` naming it."""
     rows = []
     for run_dir in find_runs(out):
         swept = dict(o.lstrip("+").split("=", 1) for o in read_overrides(run_dir) if "=" in o)
@@ -156,8 +158,9 @@ def runs(out: Path) -> pd.DataFrame:
             continue
         curve, budget = load_csv(run_dir, "convergence"), config_number(run_dir, "budget", "epochs")
         lacking = [what for what, missing in (
-            ("a seed override", not str(swept.get("seed", "")).isdigit()),
-            ("convergence.csv's test_acc", curve is None or "test_acc" not in curve),
+            ("a seed override", not str(swept.get("seed", "")).isdecimal()),
+            ("convergence.csv's test_acc in numbers", curve is None or "test_acc" not in curve
+             or not pd.api.types.is_numeric_dtype(curve["test_acc"])),
             ("config.yaml's budget.epochs", budget is None)) if missing]
         if lacking:
             raise UserError(shown(f"{run_dir} lacks {', '.join(lacking)}"))
@@ -219,7 +222,7 @@ def table(out: Path, accuracy: float | None = None) -> str:
     frame["t"] = [held(c, target, "time_s") * 1e3 for c in frame["curve"]]
     frame["ep"] = [held(c, target, "epoch") for c in frame["curve"]]
     frame["acc"] = [at_epoch(c, budget) for c in frame["curve"]]
-    frame["rate"] = [s["examples_per_s"] for s in frame["summary"]]
+    frame["rate"] = [finite_or_none(s.get("examples_per_s")) for s in frame["summary"]]
     sync = frame[frame["method"] == "sync"]
     sync_ep, sync_rate = sync["ep"].mean(), sync["rate"].mean()
     rows = []
@@ -258,7 +261,7 @@ def main() -> None:
         print(steps())
     else:
         folder = run(args.overrides, args.test_size) if args.command == "run" else args.folder
-        print(steps() + "\n\n" + table(folder, getattr(args, "accuracy", None)))
+        print(steps() + "\n\n" + shown(table(folder, getattr(args, "accuracy", None)), lines=True))
         print(f"\nreport: {folder}/report.md")
 
 

@@ -12,11 +12,13 @@ from typing import Any
 
 import pandas as pd
 
-from hetsgd.errors import UserError, one_line, run_script
+from hetsgd.config.checks import finite_or_none
+from hetsgd.errors import UserError, one_line
 from hetsgd.outputs import cells
 from hetsgd.outputs.index import find_runs, read_config, read_overrides, read_summary
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.terminal import run_script
 
 ORDER = ("sync", "fast_alone", "local_balanced", "local_unbalanced", "local_biased")
 PAPER = {  # Lim et al., abstract and TL;DR: docs/papers.md
@@ -74,12 +76,23 @@ def cell(row: pd.Series, col: str, fmt: str) -> str:
     return f"{mean:{fmt}}" + ("" if pd.isna(std) else f" ± {std:{fmt}}") + count
 
 
+def _map(value: object) -> dict[str, Any]:
+    """``value`` where it is a JSON object, else ``{}``: a summary read back may hold anything."""
+    return value if isinstance(value, dict) else {}
+
+
+def host_threads(run: dict[str, Any]) -> float:
+    """The threads of the run's host groups (count x threads), 0 where its mix does not say."""
+    groups = [_map(group) for group in _map(run.get("mix")).values()]
+    return sum((finite_or_none(g.get("count")) or 0) * (finite_or_none(g.get("threads")) or 0)
+               for g in groups if g.get("role") == "host")
+
+
 def table_row(row: pd.Series, run: dict[str, Any]) -> list[str]:
-    local = run.get("local_sgd")
-    tau = " ".join(f"{g}:{t}" for g, t in local["tau"].items()) if local else "—"
+    taus = _map(_map(run.get("local_sgd")).get("tau"))
+    tau = " ".join(f"{g}:{t}" for g, t in taus.items()) or "—"
     # workers' CPU [cores] is the host workers' busy share: of the host threads the run had
-    threads = sum(g["count"] * g["threads"] for g in run.get("mix", {}).values()
-                  if g["role"] == "host")
+    threads = host_threads(run)
     sockets = row["workers_cpu_cores_mean"] / threads * 100 if threads else float("nan")
     return [row["method"], f"{row['n']}/{row['runs']}", tau,
             timed(row, "time_to_0.9"), timed(row, "time_to_0.95"), speedup(row),
@@ -89,32 +102,54 @@ def table_row(row: pd.Series, run: dict[str, Any]) -> list[str]:
             PAPER.get(row["method"], "not reported")]
 
 
+#: The report.csv columns the table reads (``hetsgd report`` writes them all).
+REPORT_COLUMNS = (
+    "variant", "dataset", "l_best", "n", "runs", "timed", "workers_cpu_cores_mean", "speedup",
+    "speedup_low", "speedup_high", "speedup_bound",
+    *(f"time_to_{x}_{part}" for x in (0.9, 0.95) for part in ("mean", "low", "high", "n")),
+    *(f"{metric}_{part}" for metric in ("train_loss", "test_loss", "test_acc", "share_accel",
+                                        "gpu_util") for part in ("mean", "std", "n")))
+
+
+def read_report(out: Path) -> pd.DataFrame:
+    """The rows of ``out``'s report.csv for the reproduction's methods, in the paper's order; a
+    :class:`UserError` where it cannot be read, lacks a column the table reads, or has no such
+    row."""
+    file = out / "report.csv"
+    try:
+        report = pd.read_csv(file)
+    except (OSError, ValueError) as err:
+        raise UserError(shown(f"cannot read {file} (`hetsgd report {out}` writes it): "
+                              f"{one_line(err)}")) from err
+    lacking = [column for column in REPORT_COLUMNS if column not in report]
+    if lacking:
+        raise UserError(shown(f"{file} lacks {', '.join(lacking)}: write it again with "
+                              f"`hetsgd report {out}`"))
+    report["method"] = report["variant"].map(method_of)
+    report = report[report["method"].notna()]
+    if report.empty:
+        raise UserError(f"no run of scripts/reproduce_biased_local_sim.sh in {shown(file)}: no "
+                        f"row has +method= one of {', '.join(ORDER)}")
+    return report.sort_values("method", key=lambda m: m.map(ORDER.index))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="a reproduction's folder, after hetsgd report")
     out = parser.parse_args().folder
     runs, model = method_runs(out)
-    try:
-        report = pd.read_csv(out / "report.csv")
-    except (OSError, ValueError) as err:
-        raise UserError(shown(f"cannot read {out / 'report.csv'} (`hetsgd report {out}` writes "
-                              f"it): {one_line(err)}")) from err
-    report["method"] = report.get("variant", pd.Series(dtype=object)).map(method_of)
-    report = report[report["method"].isin(list(runs))]
-    if report.empty:
-        raise UserError(f"no completed run of scripts/reproduce_biased_local_sim.sh under "
-                        f"{shown(out)}: none has +method= one of {', '.join(ORDER)}")
-    report = report.sort_values("method", key=lambda m: m.map(ORDER.index))
-    rows = [table_row(row, runs[row["method"]]) for _, row in report.iterrows()]
+    report = read_report(out)
+    rows = [table_row(row, runs.get(row["method"], {})) for _, row in report.iterrows()]
     # tau auto records the profiles' step times (a fixed tau records none)
-    steps = runs.get("local_unbalanced", {}).get("local_sgd", {}).get("step_s", {})
-    print(f"{report['dataset'].iloc[0]} · {model.get('name')} {model.get('hidden', '')} on "
-          f"paper_biased_local (simulated), L_best = {report['l_best'].iloc[0]:.4g}; times and "
-          "speedups: mean [95% Student-t interval] n=k/m over the seeds that have one, other "
-          "numbers mean ± std over seeds; t@x: virtual seconds after which a run stays at "
-          "normalized loss x or beyond; a step as profiled: "
-          + ", ".join(f"{g} {t * 1e3:.3f} ms" for g, t in steps.items()))
-    print(markdown_table(HEADERS, rows))
+    steps = _map(_map(runs.get("local_unbalanced", {}).get("local_sgd")).get("step_s"))
+    profiled = {group: finite_or_none(step) for group, step in steps.items()}
+    print(shown(f"{report['dataset'].iloc[0]} · {model.get('name')} {model.get('hidden', '')} on "
+                f"paper_biased_local (simulated), L_best = {report['l_best'].iloc[0]:.4g}; times "
+                "and speedups: mean [95% Student-t interval] n=k/m over the seeds that have one, "
+                "other numbers mean ± std over seeds; t@x: virtual seconds after which a run "
+                "stays at normalized loss x or beyond; a step as profiled: "
+                + ", ".join(f"{g} {t * 1e3:.3f} ms" for g, t in profiled.items() if t is not None)))
+    print(shown(markdown_table(HEADERS, rows), lines=True))
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ import pandas as pd
 import psutil
 
 from hetsgd.config import compose_run, to_run_config
-from hetsgd.errors import UserError, run_script
+from hetsgd.errors import UserError
 from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.terminal import run_script
 from hetsgd.runs.setup import RunData, load_run_data
 
 MIB = 2**20
+PROG = "python -m scripts.table_memory"
 
 
 def _table(path: Path, rows: int, columns: int = 20) -> None:
@@ -42,8 +44,7 @@ def _load(path: Path) -> RunData:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m scripts.table_memory",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("table", type=Path, help="a .parquet or .csv table (made if missing)")
     path = parser.parse_args().table
     if path.suffix not in (".parquet", ".csv"):
@@ -67,4 +68,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_script("table_memory", main)
+    run_script(PROG, main)

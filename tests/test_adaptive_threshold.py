@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,13 @@ def test_a_finished_jobs_numbers_are_read_and_any_other_folder_is_refused_by_nam
     assert point.updates == list(zip(convergence["time_s"], convergence["updates_accel"],
                                      convergence["updates_cpu"]))
     assert point.busy() == 50.0
+    workers = pd.read_csv(job / "workers.csv")  # a second host worker ended elsewhere: the
+    pd.concat([workers, workers.tail(1).assign(worker=2, last_batch=64)]).to_csv(  # first counts
+        job / "workers.csv", index=False)
+    assert script.read_run(job).final_batches == (256, 16)
+    # a window without two snapshots or a sample has no share and no busy time, not an error
+    empty = script.Point(MACHINES[0], 256, 1.0, [(0.0, 0, 0), (0.2, 5, 5)], [], (256, 1))
+    assert math.isnan(empty.cpu_share(0.5)) and math.isnan(empty.busy(0.5))
 
     other = write_run(tmp_path / "other\x1b[2J", algo="sync", devices="auto_gpu", seed=0)
     with pytest.raises(UserError, match="is not a job of"):

@@ -174,6 +174,11 @@ def test_the_table_reads_the_experiments_runs_and_names_what_it_cannot_read(
     assert set(rows) == {"sync", "local_biased"}  # the other experiment's run passed over
     assert "common budget 3 epochs" in written
     (run_dir / "config.yaml").unlink()
+    write_overrides(run_dir, ["+method=local_biased", "seed=²"])  # a digit int() refuses
+    curve = pd.read_csv(run_dir / "convergence.csv")
+    curve.assign(test_acc=curve["test_acc"].astype(str) + "%").to_csv(
+        run_dir / "convergence.csv", index=False)
     with pytest.raises(UserError) as refused:
         table.table(tmp_path)
-    assert str(refused.value) == f"{run_dir} lacks config.yaml's budget.epochs"
+    assert str(refused.value) == (f"{run_dir} lacks a seed override, convergence.csv's test_acc "
+                                  "in numbers, config.yaml's budget.epochs")

@@ -50,7 +50,7 @@ def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
     write_report(other)
     refused = _table(other)
     assert (refused.returncode, refused.stdout) == (1, "")
-    assert refused.stderr == (f"biased_local_table: no completed run of "
-                              f"scripts/reproduce_biased_local_sim.sh under {other}: none has "
-                              "+method= one of sync, fast_alone, local_balanced, "
+    assert refused.stderr == (f"biased_local_table: no run of "
+                              f"scripts/reproduce_biased_local_sim.sh in {other}/report.csv: no "
+                              "row has +method= one of sync, fast_alone, local_balanced, "
                               "local_unbalanced, local_biased\n")

@@ -28,6 +28,7 @@ from hetsgd.outputs.checkpoint import latest_checkpoint
 from hetsgd.outputs.index import OVERRIDES
 from hetsgd.outputs.run_directory import SUMMARY, RunDirectory
 from hetsgd.outputs.safe_text import redacted, shown
+from hetsgd.outputs.terminal import run_script
 from hetsgd.runs.setup import Handoff
 from hetsgd.workers import expand
 from tests.conftest import as_crashed, run_config
@@ -257,3 +258,19 @@ def test_a_trackers_password_is_written_and_printed_nowhere(tmp_path: Path) -> N
     for secret in ("s3cretPW", "t0kenVAL"):
         assert secret not in printed
         assert not [p for p in files if secret.encode() in p.read_bytes()]
+
+
+def test_a_scripts_error_is_one_line_escaped_and_without_secrets(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def refuses() -> int:
+        raise UserError("cannot read /runs/a\x1b[2J\nb from https://me:pw@host/db?token=abc")
+
+    with pytest.raises(SystemExit) as ended:
+        run_script("tool", refuses)
+    assert ended.value.code == 1
+    assert capsys.readouterr().err == \
+        "tool: cannot read /runs/a\\x1b[2J b from https://me:***@host/db?token=***\n"
+    for status, code in ((None, 0), (0, 0), (3, 3)):
+        with pytest.raises(SystemExit) as ended:
+            run_script("tool", lambda status=status: status)
+        assert ended.value.code == code

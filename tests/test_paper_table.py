@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from test_comparable_rows import edit_summary
 from test_report import write_run
 
 from hetsgd.outputs import paper_table
@@ -43,11 +44,13 @@ def test_times_show_the_interval_and_the_seeds_that_have_one():
     # mean 0.3 ± t(2) * 0.1 / sqrt(3), t(2) = 4.3027...
     assert mean_cell([0.2, 0.4, 0.3, None], ".2f") == "0.30 [0.05, 0.55] n=3/4"
     assert mean_cell([0.25, 0.25], ".2f") == "0.25 [0.25, 0.25] n=2"
+    # 2.0 ± t(2) · 1.5 / sqrt(3) = 2.0 ± 3.73 reaches below 0, where no time is: cut there
+    assert mean_cell([0.5, 2.0, 3.5], ".2f") == "2.00 [0.00, 5.73] n=3"
     assert mean_cell([None, math.nan], ".2f") == "—"
     assert mean_cell([2.0], ".1f", of=3, unit="x") == "2.0x n=1/3"  # one run: no interval
     gpu = row("sync", run(0, 0.4), run(1, 0.2), run(2, 0.3))
     table = paper_table.convergence_table([gpu])
-    assert "95% Student-t interval of the mean" in table
+    assert "95% Student-t interval of the mean, cut at 0" in table
     # its time and its speedup over itself; the final loss stays mean ± std
     assert "| 0.300 [0.052, 0.548] n=3 | 1.0x [1.0, 1.0] n=3 | 0.0500 ± 0.0000 |" in table
 
@@ -68,61 +71,74 @@ def test_a_run_without_snapshots_between_its_ends_has_no_time_to_a_loss_it_reach
     assert paper_table.mean_std([math.nan, 0.2], ".2f", 2) == "0.20 (1/2)"
 
 
-def _edit_summary(run_dir: Path, **changes: object) -> None:
-    file = run_dir / "summary.json"
-    summary = json.loads(file.read_text())
-    for key, value in changes.items():
-        if value is None:
-            summary.pop(key)
-        else:
-            summary[key] = value
-    file.write_text(json.dumps(summary))
-
-
 def test_a_folder_holding_other_runs_costs_each_its_own_line_never_the_tables(
         tmp_path: Path) -> None:
     machine = "paper_hogbatch_v100"
+
+    def one(name: str, algo: str, number: int, **fields: object) -> Path:
+        """A run of ``algo`` with seed ``number``, its summary's ``fields`` set as given."""
+        return edit_summary(write_run(tmp_path / name, algo=algo, devices=machine, seed=number),
+                            **fields)
+
     for seed in (0, 1):
-        write_run(tmp_path / f"sync_{seed}", algo="sync", devices=machine, seed=seed)
-    adaptive = write_run(tmp_path / "adaptive_0", algo="adaptive", devices=machine, seed=0)
+        one(f"sync_{seed}", "sync", seed)
     # too short for the controller to close a window: it has no last share
-    _edit_summary(adaptive, adaptive={"target_share": 0.5, "bound": None,
-                                      "last_window_share": None})
-    other = write_run(tmp_path / "other", algo="sync", devices="auto_gpu", seed=0)
-    no_share = write_run(tmp_path / "no_share", algo="hogbatch", devices=machine, seed=0)
-    _edit_summary(no_share, update_share=None)
-    no_busy = write_run(tmp_path / "no_busy", algo="hogwild", devices=machine, seed=0)
-    workers = pd.read_csv(no_busy / "workers.csv").drop(columns="busy_s")
-    workers.to_csv(no_busy / "workers.csv", index=False)
-    odd = write_run(tmp_path / "odd", algo="hogbatch", devices=machine, seed=1)
-    _edit_summary(odd, adaptive=["\x1b]52;c;bad"], time_s=0)
-    text_targets = write_run(tmp_path / "text_targets", algo="hogbatch", devices=machine, seed=2)
-    _edit_summary(text_targets, target_losses={"losses": ["0.1"], "reference": "by hand"},
-                  unstable_losses={"0.1": True})
+    one("adaptive_0", "adaptive", 0,
+        adaptive={"target_share": 0.5, "bound": None, "last_window_share": None})
+    one("hogwild_2", "hogwild", 2, unstable_losses={"0.1": True})  # not a list: none unstable
+    other = write_run(tmp_path / "other\x1b[2J", algo="sync", devices="auto_gpu", seed=0)
+    refused = {  # each with one defect
+        one("null_share", "hogbatch", 0, update_share=None): "its update_share is not an object",
+        one("no_time", "hogbatch", 1, time_s=0): "its time_s is not a positive number",
+        one("listed", "hogbatch", 2, adaptive=["\x1b]52;c;bad"]):
+            "its adaptive entry is not an object",
+        one("text_targets", "hogbatch", 3, target_losses={"losses": ["0.1"], "reference": "x"}):
+            "its target_losses.losses is not a list of numbers",
+        one("odd_curve", "hogbatch", 4, target_losses={"losses": [1.0], "reference": "x",
+                                                       "curve": "\x1b[2J"}):
+            "its target_losses.curve is not one of train_loss, test_loss",
+        one("no_seed", "hogbatch", 5, seed=None): "its seed is not a number",
+    }
+    negative = one("negative", "hogwild", 1)
+    summary = json.loads((negative / "summary.json").read_text())
+    edit_summary(negative, time_to_loss=dict.fromkeys(summary["time_to_loss"], -1.0))
+    refused[negative] = "its time_to_loss holds a time that is not a number of seconds"
+    no_final = one("no_final", "hogwild", 3)
+    edit_summary(no_final, final=None)
+    refused[no_final] = "its summary.json has no final.train_loss"
+    no_busy = one("no_busy", "hogwild", 0)
+    pd.read_csv(no_busy / "workers.csv").drop(columns="busy_s").to_csv(
+        no_busy / "workers.csv", index=False)
+    refused[no_busy] = "its workers.csv lacks busy_s"
 
     text, skipped = paper_table.write_tables(tmp_path)
 
     assert (tmp_path / "paper_table.md").read_text() == text
     assert "| V100 (AWS p3.16xlarge) | GPU alone | 2 |" in text
+    assert "| V100 (AWS p3.16xlarge) | CPU Hogwild | 1 |" in text
     assert "| V100 (AWS p3.16xlarge) | Adaptive | 1 |" in text
     assert "Adaptive, V100 (AWS p3.16xlarge), seed 0: last window's GPU share none (no window " \
            "closed) (target 0.5), bound: none" in text
-    assert sorted(skipped) == sorted([
-        f"{no_busy}: its workers.csv lacks busy_s",
-        f"{no_share}: its summary.json has no update_share",
-        f"{odd}: its time_s is not a positive number",
-        f"{text_targets}: its target_losses.losses is not a list of numbers",
-        f"{other}: devices=auto_gpu algo=sync is not one of the reproduction's runs "
-        "(scripts/reproduce_hogbatch_sim.sh)"])
-    assert "Hogbatch" not in text.split("\n\n")[0]  # its two runs were left out, no empty row
+    assert sorted(skipped) == sorted(
+        [f"{run_dir}: {why}" for run_dir, why in refused.items()]
+        + [f"{shown(other)}: devices=auto_gpu algo=sync is not one of the reproduction's runs "
+           "(scripts/reproduce_hogbatch_sim.sh)"])
+    assert "Hogbatch" not in text.split("\n\n")[0]  # all its runs were left out: no empty row
+    assert "\x1b" not in text
 
 
-def test_a_folder_without_a_run_of_the_reproduction_is_a_one_line_error(tmp_path: Path) -> None:
+def test_the_command_prints_the_tables_of_what_it_read_and_fails_where_it_read_nothing(
+        tmp_path: Path) -> None:
     other = write_run(tmp_path / "other\x1b[2J", algo="sync", devices="auto_gpu", seed=0)
-    ran = subprocess.run([sys.executable, "-m", "hetsgd.outputs.paper_table", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-m", "hetsgd.outputs.paper_table", str(tmp_path)]
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert (ran.returncode, ran.stdout) == (1, "")
     assert ran.stderr == (
         f"paper_table: no completed run of the reproduction under {tmp_path}: 1 run(s) left "
         f"out, the first {shown(other)}: devices=auto_gpu algo=sync is not one of the "
         "reproduction's runs (scripts/reproduce_hogbatch_sim.sh)\n")
+    write_run(tmp_path / "sync", algo="sync", devices="paper_hogbatch_v100", seed=0)
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 1 and ran.stderr == ""  # the tables, and the run left out
+    assert "| V100 (AWS p3.16xlarge) | GPU alone | 1 |" in ran.stdout
+    assert f"- {shown(other)}: devices=auto_gpu algo=sync is not one of" in ran.stdout

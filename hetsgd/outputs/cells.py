@@ -31,7 +31,7 @@ def mean_cell(values: Sequence[float | None], fmt: str, of: int | None = None,
               unit: str = "") -> str:
     """:func:`cell` of the values that exist (None or NaN: a run without one), ``n=k/m`` with m
     ``of`` runs (all the values by default); a dash where none exists. The values are times or
-    ratios, never below 0, and so is their interval."""
+    epochs, never below 0, and so is their interval."""
     present = [v for v in values if v is not None and math.isfinite(v)]
     if not present:
         return "—"

@@ -31,13 +31,14 @@ from typing import Any
 import pandas as pd
 
 from hetsgd.config.checks import finite_or_none
-from hetsgd.errors import UserError, run_script
+from hetsgd.errors import UserError
 from hetsgd.outputs.cells import cell, mean_cell
 from hetsgd.outputs.index import find_runs, load_csv, read_summary
 from hetsgd.outputs.intervals import CONFIDENCE, METHOD, geometric_interval
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.terminal import run_script
 
 MACHINES = {"paper_hogbatch_v100": "V100 (AWS p3.16xlarge)",
             "paper_hogbatch_k80": "K80 (UC Merced)"}
@@ -47,6 +48,7 @@ SAME_RUNS = {("paper_hogbatch_k80", "hogwild"): ("paper_hogbatch_v100", "hogwild
 METHODS = {"hogwild": "CPU Hogwild", "sync": "GPU alone", "hogbatch": "Hogbatch (CPU+GPU)",
            "adaptive": "Adaptive"}
 NOT_REPORTED = "not reported"
+CURVES = ("train_loss", "test_loss")  # the losses a run is timed on
 
 
 @dataclass(frozen=True)
@@ -79,10 +81,10 @@ class Run:
 
     seed: int
     time_s: float
-    cpu_share: float
+    cpu_share: float | None
     gpu_util: float | None  # percent
     cpu_busy: float | None  # percent, mean over the CPU group's workers
-    final_loss: float
+    final_loss: float | None
     times: dict[float, float | None]  # target loss -> virtual seconds, None: not reached
     snapshots: int  # evaluated snapshots, the first and the last included
     adaptive: dict | None  # summary.json's entry, for an Adaptive run
@@ -123,6 +125,9 @@ def read_run(run_dir: Path, summary: dict[str, Any]) -> Run:
     lacking = sorted({"busy_s", "last_batch"} - set(workers.columns))
     if lacking:
         raise UserError(f"its workers.csv lacks {', '.join(lacking)}")
+    seed = _field(summary, "seed")
+    if not isinstance(seed, int):  # a seed pairs the GPU's run with the method's
+        raise UserError("its seed is not a number")
     time_s = finite_or_none(_field(summary, "time_s"))
     if time_s is None or time_s <= 0:
         raise UserError("its time_s is not a positive number")
@@ -132,20 +137,22 @@ def read_run(run_dir: Path, summary: dict[str, Any]) -> Run:
                                                for t in losses):
         raise UserError("its target_losses.losses is not a list of numbers")
     curve = targets.get("curve") or "train_loss"
-    if not isinstance(curve, str):
-        raise UserError("its target_losses.curve is not a column name")
+    if curve not in CURVES:
+        raise UserError(f"its target_losses.curve is not one of {', '.join(CURVES)}")
     adaptive, shares = summary.get("adaptive"), _field(summary, "update_share")
     if adaptive is not None and not isinstance(adaptive, dict):
         raise UserError("its adaptive entry is not an object")
     if not isinstance(shares, dict):
         raise UserError("its update_share is not an object")
     times = {target: _field(summary, "time_to_loss", loss_key(target)) for target in losses}
+    if any(t is not None and not (math.isfinite(t) and t >= 0) for t in times.values()):
+        raise UserError("its time_to_loss holds a time that is not a number of seconds")
     cpu = workers[workers["group"] == "cpu"]
     busy = pd.to_numeric(cpu["busy_s"], errors="coerce") / time_s
     last = workers.drop_duplicates("group").set_index("group")["last_batch"].map(finite_or_none)
     unstable = summary.get("unstable_losses")
     left = set(map(str, unstable)) if isinstance(unstable, list) else set()
-    return Run(seed=_field(summary, "seed"), time_s=time_s,
+    return Run(seed=seed, time_s=time_s,
                cpu_share=shares.get("cpu", 0.0),
                gpu_util=(summary.get("utilization") or {}).get("gpu_util_mean"),
                cpu_busy=100 * float(busy.mean()) if len(cpu) else None,
@@ -208,8 +215,9 @@ def blind(run: Run) -> bool:
 
 
 def time_to(run: Run, target: float) -> float | None:
-    """The virtual time to ``target``: None if never reached, NaN if reached at an unknown time."""
-    reached = run.times[target]
+    """The virtual time to ``target``: None if never reached, NaN if reached at an unknown time
+    or not timed to it (another seed's relative target)."""
+    reached = run.times.get(target, math.nan)
     return math.nan if reached is not None and blind(run) else reached
 
 
@@ -227,12 +235,12 @@ def speedup(row: Row, gpu: Row | None, target: float) -> str:
     exact, bounds = [], []
     for seed, run in row.by_seed().items():
         mine, base = time_to(run, target), gpu.by_seed().get(seed)
-        if base is None or mine is None or not _present([mine]):
-            continue
+        if base is None or mine is None or not _present([mine]) or mine == 0:
+            continue  # at 0 s: a target at or above where the run began, no ratio
         theirs = time_to(base, target)
         if theirs is None:
             bounds.append(base.time_s / mine)
-        elif not math.isnan(theirs):
+        elif not math.isnan(theirs) and theirs > 0:
             exact.append(theirs / mine)
     if not bounds:
         if not exact:
@@ -269,7 +277,7 @@ def convergence_table(rows: list[Row]) -> str:
                       PAPER[(row.machine, row.algo)].curve])
     curves = sorted({run.curve for row in rows for run in row.runs})
     loss = "/".join(map(loss_name, curves))
-    legend = (f"Times: mean [{CONFIDENCE:.0%} {METHOD} interval of the mean]; speedups: "
+    legend = (f"Times: mean [{CONFIDENCE:.0%} {METHOD} interval of the mean, cut at 0]; speedups: "
               "geometric mean of the seeds' ratios [the same interval, of their logarithms] "
               "over the n seeds that have one (n=k/m: k of the row's m; n=1: no interval); "
               "other numbers: mean ± std over the seeds.")

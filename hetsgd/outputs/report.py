@@ -199,7 +199,7 @@ def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: st
          f"which a run stays at or beyond normalized loss x to its end (raw snapshots, "
          f"interpolated between the two around the last crossing; about one snapshot spacing "
          f"of resolution); a run that reached x and left it is unstable and not credited. "
-         f"Times: mean [{CONFIDENCE:.0%} {METHOD} interval of the mean] over the n "
+         f"Times: mean [{CONFIDENCE:.0%} {METHOD} interval of the mean, cut at 0] over the n "
          f"timed runs (seeds) that stayed there (n=1: no interval); other numbers: mean ± std "
          f"over the completed runs. Runs flagged as contended are not timed unless kept "
          f"(--keep-flagged).{common} {shown(baseline_text)}"),

@@ -3,13 +3,15 @@ string that came from data, a folder or an exception escaped (:mod:`.safe_text`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from hetsgd.errors import UserError
 from hetsgd.outputs.safe_text import redacted, shown
 
 # Markup off: what is printed holds paths, overrides and exception text, where `[/x]` is no tag.
@@ -26,6 +28,18 @@ def print_error(message: object) -> str:
     line = shown(redacted(one_line(message)))
     err.print(Text.assemble(("hetsgd: error:", "red"), " ", line), soft_wrap=True)
     return line
+
+
+def run_script(prog: str, main: Callable[[], int | None]) -> NoReturn:
+    """Exit with ``main()``'s status, as the CLI's commands end, for a script or ``python -m``
+    module: a :class:`~hetsgd.errors.UserError` (a folder it cannot read) is one line on stderr,
+    ``prog: message``, escaped and its secrets redacted, and status 1."""
+    try:
+        status = main()
+    except UserError as exc:
+        print(f"{prog}: {shown(redacted(one_line(exc)))}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(status or 0)
 
 
 def _timed(summary: Mapping[str, Any]) -> str:
