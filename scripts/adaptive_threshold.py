@@ -45,7 +45,7 @@ from hetsgd.errors import UserError
 from hetsgd.outputs.figure_style import DPI, SIZE, save, styled
 from hetsgd.outputs.index import config_number, find_runs, load_csv, read_summary
 from hetsgd.outputs.report import markdown_table
-from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.safe_text import redacted, shown
 from hetsgd.outputs.terminal import run_script
 from hetsgd.runs.setup import load_run_data
 from hetsgd.workers import expand
@@ -83,8 +83,10 @@ class Point:
         return (c1 - c0) / updates if updates else math.nan
 
     def busy(self, start: float = 0.0) -> float:
-        """The GPU's mean busy percent over the samples after ``start``; NaN where none is."""
-        samples = [b for t, b in self.gpu_busy if start < t <= (self.budget_s if start else np.inf)]
+        """The GPU's mean busy percent over the samples after ``start`` (NaN where none is; a
+        sample that is not a number is none)."""
+        samples = [b for t, b in self.gpu_busy
+                   if start < t <= (self.budget_s if start else np.inf) and math.isfinite(b)]
         return statistics.fmean(samples) if samples else math.nan
 
 
@@ -165,7 +167,7 @@ def read_run(run_dir: Path) -> Point:
 
 
 def _refused(run_dir: Path, why: str) -> UserError:
-    return UserError(shown(f"{run_dir}: {why}"))
+    return UserError(shown(redacted(f"{run_dir}: {why}")))
 
 
 def run_folders(sweep: Path) -> list[Path]:

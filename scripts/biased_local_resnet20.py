@@ -36,7 +36,14 @@ from hetsgd.engines.virtual.profiles import DeviceProfile, RooflineProfile
 from hetsgd.errors import UserError
 from hetsgd.model.problem import Problem
 from hetsgd.outputs import cells, intervals
-from hetsgd.outputs.index import config_number, find_runs, load_csv, read_overrides, read_summary
+from hetsgd.outputs.index import (
+    config_number,
+    find_runs,
+    json_object,
+    load_csv,
+    read_overrides,
+    read_summary,
+)
 from hetsgd.outputs.metrics import sustained
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
@@ -228,8 +235,8 @@ def table(out: Path, accuracy: float | None = None) -> str:
     rows = []
     for method in [m for m in ORDER if m in set(frame["method"])]:
         group = frame[frame["method"] == method]
-        local = group["summary"].iloc[0].get("local_sgd")
-        tau = " ".join(f"{g}:{t}" for g, t in local["tau"].items()) if local else "—"
+        taus = json_object(json_object(group["summary"].iloc[0].get("local_sgd")).get("tau"))
+        tau = " ".join(f"{g}:{t}" for g, t in taus.items()) or "—"
         reached = group["t"].notna().sum()
         rows.append([method, f"{reached}/{len(group)}", tau,
                      cells.mean_cell(group["t"].tolist(), ".1f"), speedup(sync["t"], group["t"]),

@@ -15,7 +15,7 @@ import pandas as pd
 from hetsgd.config.checks import finite_or_none
 from hetsgd.errors import UserError, one_line
 from hetsgd.outputs import cells
-from hetsgd.outputs.index import find_runs, read_config, read_overrides, read_summary
+from hetsgd.outputs.index import find_runs, json_object, read_config, read_overrides, read_summary
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
 from hetsgd.outputs.terminal import run_script
@@ -64,8 +64,8 @@ def speedup(row: pd.Series) -> str:
     if pd.isna(row["speedup"]):
         return "—"
     spread = cells.bracket(row["speedup_low"], row["speedup_high"], ".2f")
-    return " ".join(part for part in ("≥" * bool(row["speedup_bound"]), f"{row['speedup']:.2f}",
-                                      spread) if part)
+    bound = "≥" if row["speedup_bound"] == 1 else ""
+    return " ".join(part for part in (bound, f"{row['speedup']:.2f}", spread) if part)
 
 
 def cell(row: pd.Series, col: str, fmt: str) -> str:
@@ -76,20 +76,15 @@ def cell(row: pd.Series, col: str, fmt: str) -> str:
     return f"{mean:{fmt}}" + ("" if pd.isna(std) else f" ± {std:{fmt}}") + count
 
 
-def _map(value: object) -> dict[str, Any]:
-    """``value`` where it is a JSON object, else ``{}``: a summary read back may hold anything."""
-    return value if isinstance(value, dict) else {}
-
-
 def host_threads(run: dict[str, Any]) -> float:
     """The threads of the run's host groups (count x threads), 0 where its mix does not say."""
-    groups = [_map(group) for group in _map(run.get("mix")).values()]
+    groups = [json_object(group) for group in json_object(run.get("mix")).values()]
     return sum((finite_or_none(g.get("count")) or 0) * (finite_or_none(g.get("threads")) or 0)
                for g in groups if g.get("role") == "host")
 
 
 def table_row(row: pd.Series, run: dict[str, Any]) -> list[str]:
-    taus = _map(_map(run.get("local_sgd")).get("tau"))
+    taus = json_object(json_object(run.get("local_sgd")).get("tau"))
     tau = " ".join(f"{g}:{t}" for g, t in taus.items()) or "—"
     # workers' CPU [cores] is the host workers' busy share: of the host threads the run had
     threads = host_threads(run)
@@ -125,6 +120,12 @@ def read_report(out: Path) -> pd.DataFrame:
     if lacking:
         raise UserError(shown(f"{file} lacks {', '.join(lacking)}: write it again with "
                               f"`hetsgd report {out}`"))
+    numbers = [c for c in REPORT_COLUMNS if c not in ("variant", "dataset")]
+    report[numbers] = report[numbers].apply(pd.to_numeric, errors="coerce")
+    counts = [c for c in numbers if c in ("n", "runs", "timed") or c.endswith("_n")]
+    uncounted = [c for c in counts if report[c].isna().any()]
+    if uncounted:
+        raise UserError(shown(f"{file} has cells that are not counts in {', '.join(uncounted)}"))
     report["method"] = report["variant"].map(method_of)
     report = report[report["method"].notna()]
     if report.empty:
@@ -141,7 +142,7 @@ def main() -> None:
     report = read_report(out)
     rows = [table_row(row, runs.get(row["method"], {})) for _, row in report.iterrows()]
     # tau auto records the profiles' step times (a fixed tau records none)
-    steps = _map(_map(runs.get("local_unbalanced", {}).get("local_sgd")).get("step_s"))
+    steps = json_object(json_object(runs.get("local_unbalanced", {}).get("local_sgd")).get("step_s"))
     profiled = {group: finite_or_none(step) for group, step in steps.items()}
     print(shown(f"{report['dataset'].iloc[0]} · {model.get('name')} {model.get('hidden', '')} on "
                 f"paper_biased_local (simulated), L_best = {report['l_best'].iloc[0]:.4g}; times "

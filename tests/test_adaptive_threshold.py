@@ -136,7 +136,8 @@ def test_a_finished_jobs_numbers_are_read_and_any_other_folder_is_refused_by_nam
         elif fix == "budget":
             (job / "config.yaml").write_text("budget: {seconds: 4.0, epochs: null}\n")
         else:
-            utilization = pd.read_csv(job / "utilization.csv").assign(gpu0_util=50.0)
+            utilization = pd.read_csv(job / "utilization.csv").assign(gpu0_util="50.0")
+            utilization.loc[0, "gpu0_util"] = "n/a"  # text: not a sample
             utilization.to_csv(job / "utilization.csv", index=False)
     assert refusals == [f"{job}: its summary.json has no plan.min_accel_batch",
                         f"{job}: its config.yaml has no positive budget.seconds",

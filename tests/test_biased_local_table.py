@@ -4,12 +4,16 @@ on stderr and status 1."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
+import pytest
 from test_report import table_rows, write_overrides, write_run
 
+from hetsgd.errors import UserError
 from hetsgd.outputs.report import write_report
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "biased_local_table.py"
@@ -20,15 +24,21 @@ def _table(folder: Path) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300)
 
 
-def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
-        tmp_path: Path) -> None:
-    jobs = [("sync", "sync"), ("local_sgd", "local_biased"), ("sync", "gpu")]  # gpu: not its own
+def _reproduction(folder: Path) -> None:
+    """Two seeds of sync and of biased local SGD on the paper's mix, and two of another
+    experiment's method (``+method=gpu``) beside them."""
+    jobs = [("sync", "sync"), ("local_sgd", "local_biased"), ("sync", "gpu")]
     for job, (algo, method) in enumerate(jobs):
         for seed in (0, 1):
-            run_dir = write_run(tmp_path / "sweeps" / "s" / f"{job}{seed}_{method}", algo=algo,
+            run_dir = write_run(folder / "sweeps" / "s" / f"{job}{seed}_{method}", algo=algo,
                                 devices="paper_biased_local", seed=seed, speed=1 + job + seed / 5)
             write_overrides(run_dir, [f"+method={method}", f"seed={seed}"])
             (run_dir / "config.yaml").write_text("model: {name: mlp, hidden: [8]}\n")
+
+
+def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
+        tmp_path: Path) -> None:
+    _reproduction(tmp_path)
     missing = _table(tmp_path)
     assert (missing.returncode, missing.stdout) == (1, "")
     assert missing.stderr.startswith(f"biased_local_table: cannot read {tmp_path}/report.csv "
@@ -54,3 +64,33 @@ def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
                               f"scripts/reproduce_biased_local_sim.sh in {other}/report.csv: no "
                               "row has +method= one of sync, fast_alone, local_balanced, "
                               "local_unbalanced, local_biased\n")
+
+
+def test_a_report_or_summary_of_another_shape_is_refused_or_read_as_unknown(
+        tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("biased_local_table", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    _reproduction(tmp_path)
+    write_report(tmp_path)
+    report = pd.read_csv(tmp_path / "report.csv")
+    assert list(table.read_report(tmp_path)["method"]) == ["sync", "local_biased"]
+    report.drop(columns="l_best").to_csv(tmp_path / "report.csv", index=False)
+    with pytest.raises(UserError, match="report.csv lacks l_best: write it again"):
+        table.read_report(tmp_path)
+    report.assign(timed="two").to_csv(tmp_path / "report.csv", index=False)
+    with pytest.raises(UserError, match="has cells that are not counts in timed$"):
+        table.read_report(tmp_path)
+    # a method without a completed run has no summary to read ({}), and a summary's entries of
+    # another shape read as unknown: its row is still shown
+    report.to_csv(tmp_path / "report.csv", index=False)
+    first = table.read_report(tmp_path).iloc[0]
+    for run in ({}, {"local_sgd": "x", "mix": {"cpu": "y"}},
+                {"local_sgd": {"tau": None}, "mix": {"cpu": {"role": "host", "count": "2"}}}):
+        cells = table.table_row(first, run)
+        assert (cells[0], cells[2], cells[11]) == ("sync", "—", "—")
+    # a bound read back as a number (report.csv's True/False, coerced) marks a lower bound
+    speedup = {"speedup": 2.0, "speedup_low": 1.5, "speedup_high": 3.0}
+    assert table.speedup(pd.Series({**speedup, "speedup_bound": 1.0})) == "≥ 2.00 [1.50, 3.00]"
+    assert table.speedup(pd.Series({**speedup, "speedup_bound": 0.0})) == "2.00 [1.50, 3.00]"

@@ -71,6 +71,18 @@ def test_a_run_without_snapshots_between_its_ends_has_no_time_to_a_loss_it_reach
     assert paper_table.mean_std([math.nan, 0.2], ".2f", 2) == "0.20 (1/2)"
 
 
+def test_a_seed_at_0_s_or_timed_to_another_target_gives_no_ratio_and_no_error() -> None:
+    gpu = row("sync", run(0, 0.2), run(1, 0.0), run(2, 0.4))
+    hogbatch = row("hogbatch", run(0, 0.0), run(1, 0.1), run(2, 0.2))
+    assert paper_table.speedup(hogbatch, gpu, 0.1) == "2.0x n=1/3"  # seed 2's 0.4 / 0.2 alone
+    other = run(1, 0.3)
+    other.times = {0.2: 0.3}  # its relative target is not the other seed's
+    assert math.isnan(paper_table.time_to(other, 0.1))
+    table = paper_table.convergence_table([row("sync", run(0, 0.2), other)])
+    assert "| 0.300 n=1/2 | 0.200 n=1/2 |" in table  # targets 0.2, then 0.1
+    assert paper_table.mean_std([math.inf, 0.2], ".2f", 2) == "0.20 (1/2)"  # inf: unknown
+
+
 def test_a_folder_holding_other_runs_costs_each_its_own_line_never_the_tables(
         tmp_path: Path) -> None:
     machine = "paper_hogbatch_v100"

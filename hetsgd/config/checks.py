@@ -34,7 +34,7 @@ def finite_or_none(value: Any) -> float | None:
     else None: for numbers read back from a run's files, which may hold anything."""
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past 1e308
         return None
     return number if math.isfinite(number) else None
 

@@ -114,6 +114,12 @@ def find_sweeps(path: Path) -> list[Path]:
     return sorted((file.parent for file in _directory(path).rglob(MULTIRUN)), key=_natural)
 
 
+def json_object(value: object) -> dict[str, Any]:
+    """``value`` where it is a JSON object, else ``{}``: an entry of a summary read back (a
+    run's ``local_sgd``, its ``mix``) may hold anything."""
+    return value if isinstance(value, dict) else {}
+
+
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's ``config.yaml`` as data (never composed, nothing in it called): ``{}`` where it
     is missing, unreadable or not a mapping."""

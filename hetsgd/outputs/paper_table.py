@@ -37,7 +37,7 @@ from hetsgd.outputs.index import find_runs, load_csv, read_summary
 from hetsgd.outputs.intervals import CONFIDENCE, METHOD, geometric_interval
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
-from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.safe_text import redacted, shown
 from hetsgd.outputs.terminal import run_script
 
 MACHINES = {"paper_hogbatch_v100": "V100 (AWS p3.16xlarge)",
@@ -133,8 +133,8 @@ def read_run(run_dir: Path, summary: dict[str, Any]) -> Run:
         raise UserError("its time_s is not a positive number")
     targets = _field(summary, "target_losses")
     losses = _field(summary, "target_losses", "losses")
-    if not isinstance(losses, list) or not all(isinstance(t, (int, float)) and math.isfinite(t)
-                                               for t in losses):
+    if not isinstance(losses, list) or not all(isinstance(t, (int, float))
+                                               and finite_or_none(t) is not None for t in losses):
         raise UserError("its target_losses.losses is not a list of numbers")
     curve = targets.get("curve") or "train_loss"
     if curve not in CURVES:
@@ -145,7 +145,8 @@ def read_run(run_dir: Path, summary: dict[str, Any]) -> Run:
     if not isinstance(shares, dict):
         raise UserError("its update_share is not an object")
     times = {target: _field(summary, "time_to_loss", loss_key(target)) for target in losses}
-    if any(t is not None and not (math.isfinite(t) and t >= 0) for t in times.values()):
+    if any(t is not None and not (finite_or_none(t) is not None and t >= 0)
+           for t in times.values()):
         raise UserError("its time_to_loss holds a time that is not a number of seconds")
     cpu = workers[workers["group"] == "cpu"]
     busy = pd.to_numeric(cpu["busy_s"], errors="coerce") / time_s
@@ -184,7 +185,7 @@ def read_rows(folder: Path) -> tuple[list[Row], list[str]]:
             else:
                 rows.setdefault(key, Row(*key)).runs.append(run)
                 continue
-        skipped.append(shown(f"{run_dir}: {why}"))
+        skipped.append(shown(redacted(f"{run_dir}: {why}")))
     for key, source in SAME_RUNS.items():
         if key not in rows and source in rows:
             rows[key] = Row(*key, runs=rows[source].runs, same_as=source[0])
@@ -193,7 +194,8 @@ def read_rows(folder: Path) -> tuple[list[Row], list[str]]:
 
 
 def _present(values: Sequence[float | None]) -> list[float]:
-    return [v for v in values if v is not None and not math.isnan(v)]
+    """The values that are finite numbers: None is a run without one, NaN an unknown one."""
+    return [v for v in values if v is not None and math.isfinite(v)]
 
 
 def mean_std(values: Sequence[float | None], spec: str, total: int) -> str:
@@ -227,7 +229,8 @@ def _ratio(value: float) -> str:
 
 def speedup(row: Row, gpu: Row | None, target: float) -> str:
     """Per seed, the GPU alone's time to ``target`` over the row's (a seed that did not stay at
-    ``target`` is not credited); their geometric mean, its interval and n. Where the GPU
+    ``target`` is not credited, nor one where either side got there at 0 s: a target at or
+    above where the runs began has no ratio); their geometric mean, its interval and n. Where the GPU
     alone never stayed there, its run's length over the row's time is a lower bound, and the
     cell shows the smallest bound or ratio as '≥'."""
     if gpu is None:
@@ -236,7 +239,7 @@ def speedup(row: Row, gpu: Row | None, target: float) -> str:
     for seed, run in row.by_seed().items():
         mine, base = time_to(run, target), gpu.by_seed().get(seed)
         if base is None or mine is None or not _present([mine]) or mine == 0:
-            continue  # at 0 s: a target at or above where the run began, no ratio
+            continue
         theirs = time_to(base, target)
         if theirs is None:
             bounds.append(base.time_s / mine)
