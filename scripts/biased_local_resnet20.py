@@ -28,6 +28,7 @@ import pandas as pd
 
 from hetsgd.config import RunConfig, compose_run, to_run_config
 from hetsgd.config.checks import finite_or_none
+from hetsgd.config.compose import quoted
 from hetsgd.data.images import DEBIAN_FASHION_DIR, read_idx
 from hetsgd.data.prepare import split_rows
 from hetsgd.data.registry import get_source
@@ -144,8 +145,8 @@ def run(overrides: list[str], test_size: int) -> Path:
     out = results / "biased_local_resnet20" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     data = with_test_subset(DEBIAN_FASHION_DIR, out / f"fashion_mnist_test{test_size}", test_size)
     hetsgd = [sys.executable, "-m", "hetsgd"]
-    subprocess.run([*hetsgd, "run", "-m", "+experiment=biased_local_resnet20", f"results_dir={out}",
-                    f"dataset.path={data}", "progress=false", *overrides], check=False)
+    subprocess.run([*hetsgd, "run", "-m", "+experiment=biased_local_resnet20", f"results_dir={quoted(out)}",
+                    f"dataset.path={quoted(data)}", "progress=false", *overrides], check=False)
     # the fast_alone runs are sync runs too: the baseline is the one on both groups
     subprocess.run([*hetsgd, "report", str(out), "--baseline", "algo=sync mix.cpu.count=2"],
                    check=False, stdout=subprocess.DEVNULL)

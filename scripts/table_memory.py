@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import pandas as pd
 import psutil
 
 from hetsgd.config import compose_run, to_run_config
+from hetsgd.config.compose import quoted
 from hetsgd.errors import UserError
 from hetsgd.outputs.safe_text import shown
 from hetsgd.outputs.terminal import run_script
@@ -39,7 +41,8 @@ def _table(path: Path, rows: int, columns: int = 20) -> None:
 
 
 def _load(path: Path) -> RunData:
-    cfg = to_run_config(compose_run(["dataset=files", f"dataset.path={path}", "progress=false"]))
+    cfg = to_run_config(compose_run(["dataset=files", f"dataset.path={quoted(path)}",
+                                     "progress=false"]))
     return load_run_data(cfg, progress=False)
 
 
@@ -53,9 +56,10 @@ def main() -> None:
         raise UserError(f"{shown(path.parent)} is not a directory")
     if not path.exists():
         _table(path, 600_000)
-    tiny = path.with_name("tiny" + path.suffix)
-    _table(tiny, 300)
-    _load(tiny)
+    with tempfile.TemporaryDirectory() as folder:  # never a file of the user's
+        tiny = Path(folder) / f"tiny{path.suffix}"
+        _table(tiny, 300)
+        _load(tiny)
     gc.collect()
     before = psutil.Process().memory_full_info().pss
     data = _load(path)
