@@ -43,10 +43,9 @@ from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.mix import profiles_for
 from hetsgd.errors import UserError
 from hetsgd.outputs.figure_style import DPI, SIZE, save, styled
-from hetsgd.outputs.index import config_number, find_runs, load_csv, read_summary
+from hetsgd.outputs.index import TEXT_COLUMNS, config_number, find_runs, load_csv, read_summary
 from hetsgd.outputs.report import markdown_table
-from hetsgd.outputs.safe_text import redacted, shown
-from hetsgd.outputs.terminal import run_script
+from hetsgd.outputs.terminal import error_line, run_script
 from hetsgd.runs.setup import load_run_data
 from hetsgd.workers import expand
 
@@ -153,7 +152,7 @@ def read_run(run_dir: Path) -> Point:
         lacking = list(columns) if frame is None else [c for c in columns if c not in frame]
         if lacking:
             raise _refused(run_dir, f"its {name}.csv lacks {', '.join(lacking)}")
-        numbers = [c for c in columns if c != "group"]  # what a folder wrote there may be text
+        numbers = [c for c in columns if c not in TEXT_COLUMNS]  # a folder may hold text there
         frames[name] = frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") for c in numbers})
     convergence, utilization = frames["convergence"], frames["utilization"]
     first = frames["workers"].drop_duplicates("group")  # each group's first worker, as replay()
@@ -167,14 +166,14 @@ def read_run(run_dir: Path) -> Point:
 
 
 def _refused(run_dir: Path, why: str) -> UserError:
-    return UserError(shown(redacted(f"{run_dir}: {why}")))
+    return UserError(f"{run_dir}: {why}")
 
 
 def run_folders(sweep: Path) -> list[Path]:
     """The run folders under ``sweep``; a :class:`UserError` where there is none."""
     found = find_runs(sweep)
     if not found:
-        raise UserError(f"no run folder under {shown(sweep)}")
+        raise UserError(f"no run folder under {sweep}")
     return found
 
 
@@ -249,10 +248,10 @@ def main() -> int:
             except UserError as err:  # one run that cannot be read costs only its own point
                 left_out.append(str(err))
         if not points:
-            raise UserError(f"no completed job of {EXPERIMENT} under {shown(args.sweep)}: "
+            raise UserError(f"no completed job of {EXPERIMENT} under {args.sweep}: "
                             f"{len(left_out)} run(s), the first {left_out[0]}")
     for line in left_out:
-        print(f"adaptive_threshold: left out {shown(line)}", file=sys.stderr)
+        print(f"adaptive_threshold: left out {error_line(line)}", file=sys.stderr)
     points.sort(key=lambda p: (list(MACHINES).index(p.machine), p.threshold or 0))
     print(table(points))
     budget = points[0].budget_s

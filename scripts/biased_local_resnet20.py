@@ -40,10 +40,11 @@ from hetsgd.outputs import cells, intervals
 from hetsgd.outputs.index import (
     config_number,
     find_runs,
-    json_object,
     load_csv,
+    override_values,
     read_overrides,
     read_summary,
+    tau_text,
 )
 from hetsgd.outputs.metrics import sustained
 from hetsgd.outputs.report import markdown_table
@@ -160,7 +161,7 @@ def runs(out: Path) -> pd.DataFrame:
     unreadable overrides file, or no sync run at all is a :class:`UserError` naming it."""
     rows = []
     for run_dir in find_runs(out):
-        swept = dict(o.lstrip("+").split("=", 1) for o in read_overrides(run_dir) if "=" in o)
+        swept = override_values(read_overrides(run_dir))
         summary = read_summary(run_dir)
         if swept.get("method") not in ORDER or summary.get("status") != "completed":
             continue
@@ -171,12 +172,12 @@ def runs(out: Path) -> pd.DataFrame:
              or not pd.api.types.is_numeric_dtype(curve["test_acc"])),
             ("config.yaml's budget.epochs", budget is None)) if missing]
         if lacking:
-            raise UserError(shown(f"{run_dir} lacks {', '.join(lacking)}"))
+            raise UserError(f"{run_dir} lacks {', '.join(lacking)}")
         rows.append({"method": swept["method"], "seed": int(swept["seed"]), "summary": summary,
                      "curve": curve, "budget": budget})
     if not any(row["method"] == "sync" for row in rows):
         raise UserError(f"no completed sync run of +experiment=biased_local_resnet20 under "
-                        f"{shown(out)}: the table's speedups are over it")
+                        f"{out}: the table's speedups are over it")
     return pd.DataFrame(rows)
 
 
@@ -236,10 +237,8 @@ def table(out: Path, accuracy: float | None = None) -> str:
     rows = []
     for method in [m for m in ORDER if m in set(frame["method"])]:
         group = frame[frame["method"] == method]
-        taus = json_object(json_object(group["summary"].iloc[0].get("local_sgd")).get("tau"))
-        tau = " ".join(f"{g}:{t}" for g, t in taus.items()) or "—"
         reached = group["t"].notna().sum()
-        rows.append([method, f"{reached}/{len(group)}", tau,
+        rows.append([method, f"{reached}/{len(group)}", tau_text(group["summary"].iloc[0]),
                      cells.mean_cell(group["t"].tolist(), ".1f"), speedup(sync["t"], group["t"]),
                      cells.mean_cell(group["ep"].tolist(), ".2f"),
                      spread(group["acc"], ".3f"), spread(group["rate"], ".0f"),

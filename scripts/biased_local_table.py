@@ -15,9 +15,18 @@ import pandas as pd
 from hetsgd.config.checks import finite_or_none
 from hetsgd.errors import UserError, one_line
 from hetsgd.outputs import cells
-from hetsgd.outputs.index import find_runs, json_object, read_config, read_overrides, read_summary
+from hetsgd.outputs.index import (
+    find_runs,
+    json_object,
+    override_values,
+    read_config,
+    read_overrides,
+    read_summary,
+    tau_text,
+)
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.summary import Mix
 from hetsgd.outputs.terminal import run_script
 
 ORDER = ("sync", "fast_alone", "local_balanced", "local_unbalanced", "local_biased")
@@ -35,7 +44,7 @@ def method_runs(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     times and mix), and the runs' model as their config.yaml says (read as data)."""
     runs, model = {}, {}
     for run_dir in find_runs(out):
-        swept = dict(o.lstrip("+").split("=", 1) for o in read_overrides(run_dir) if "=" in o)
+        swept = override_values(read_overrides(run_dir))
         summary = read_summary(run_dir)
         if swept.get("method") in ORDER and summary.get("status") == "completed":
             runs[swept["method"]] = summary
@@ -76,20 +85,11 @@ def cell(row: pd.Series, col: str, fmt: str) -> str:
     return f"{mean:{fmt}}" + ("" if pd.isna(std) else f" ± {std:{fmt}}") + count
 
 
-def host_threads(run: dict[str, Any]) -> float:
-    """The threads of the run's host groups (count x threads), 0 where its mix does not say."""
-    groups = [json_object(group) for group in json_object(run.get("mix")).values()]
-    return sum((finite_or_none(g.get("count")) or 0) * (finite_or_none(g.get("threads")) or 0)
-               for g in groups if g.get("role") == "host")
-
-
 def table_row(row: pd.Series, run: dict[str, Any]) -> list[str]:
-    taus = json_object(json_object(run.get("local_sgd")).get("tau"))
-    tau = " ".join(f"{g}:{t}" for g, t in taus.items()) or "—"
     # workers' CPU [cores] is the host workers' busy share: of the host threads the run had
-    threads = host_threads(run)
+    threads = Mix.from_dict(json_object(run.get("mix"))).host_cores
     sockets = row["workers_cpu_cores_mean"] / threads * 100 if threads else float("nan")
-    return [row["method"], f"{row['n']}/{row['runs']}", tau,
+    return [row["method"], f"{row['n']}/{row['runs']}", tau_text(run),
             timed(row, "time_to_0.9"), timed(row, "time_to_0.95"), speedup(row),
             cell(row, "train_loss", ".4f"), cell(row, "test_loss", ".4f"),
             cell(row, "test_acc", ".4f"), cell(row, "share_accel", ".2f"),
@@ -114,22 +114,22 @@ def read_report(out: Path) -> pd.DataFrame:
     try:
         report = pd.read_csv(file)
     except (OSError, ValueError) as err:
-        raise UserError(shown(f"cannot read {file} (`hetsgd report {out}` writes it): "
-                              f"{one_line(err)}")) from err
+        raise UserError(f"cannot read {file} (`hetsgd report {out}` writes it): "
+                        f"{one_line(err)}") from err
     lacking = [column for column in REPORT_COLUMNS if column not in report]
     if lacking:
-        raise UserError(shown(f"{file} lacks {', '.join(lacking)}: write it again with "
-                              f"`hetsgd report {out}`"))
+        raise UserError(f"{file} lacks {', '.join(lacking)}: write it again with "
+                        f"`hetsgd report {out}`")
     numbers = [c for c in REPORT_COLUMNS if c not in ("variant", "dataset")]
     report[numbers] = report[numbers].apply(pd.to_numeric, errors="coerce")
     counts = [c for c in numbers if c in ("n", "runs", "timed") or c.endswith("_n")]
     uncounted = [c for c in counts if report[c].isna().any()]
     if uncounted:
-        raise UserError(shown(f"{file} has cells that are not counts in {', '.join(uncounted)}"))
+        raise UserError(f"{file} has cells that are not counts in {', '.join(uncounted)}")
     report["method"] = report["variant"].map(method_of)
     report = report[report["method"].notna()]
     if report.empty:
-        raise UserError(f"no run of scripts/reproduce_biased_local_sim.sh in {shown(file)}: no "
+        raise UserError(f"no run of scripts/reproduce_biased_local_sim.sh in {file}: no "
                         f"row has +method= one of {', '.join(ORDER)}")
     return report.sort_values("method", key=lambda m: m.map(ORDER.index))
 

@@ -28,6 +28,12 @@ W8A = Path(os.environ.get("HETSGD_W8A", ROOT.parent / "shared" / "data" / "w8a.x
 W8A_NAME = "w8a" + (W8A.suffix if W8A.suffix in (".xz", ".bz2", ".gz") else "")
 
 
+def said(stderr: str, prog: str) -> str:
+    """The lines of a script's stderr that it wrote itself (``prog: ...``): a library's warning
+    on a fresh machine (matplotlib building its font cache, say) is not the script's."""
+    return "".join(f"{line}\n" for line in stderr.splitlines() if line.startswith(f"{prog}:"))
+
+
 def compose_config(*overrides: str) -> DictConfig:
     return compose_run(["progress=false", *overrides])
 

@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pandas as pd
 import pytest
-from conftest import compose_config
+from conftest import compose_config, said
 from hydra import compose
 from test_report import write_run
 from test_sweeps import hydra_conf  # noqa: F401  (a fixture)
@@ -165,12 +165,15 @@ def test_a_finished_jobs_numbers_are_read_and_any_other_folder_is_refused_by_nam
                          capture_output=True, text=True, timeout=300)
     assert ran.returncode == 1  # the table of the one job, and the folder left out
     assert "| K80 | 256 |" in ran.stdout
-    assert ran.stderr == (f"adaptive_threshold: left out {shown(other)}: algo=sync "
-                          f"devices=auto_gpu is not a job of {EXPERIMENT}\n")
+    assert said(ran.stderr, "adaptive_threshold") == (
+        f"adaptive_threshold: left out {shown(other)}: algo=sync devices=auto_gpu is not a job "
+        f"of {EXPERIMENT}\n")
     shutil.rmtree(job)
-    ran = subprocess.run([sys.executable, str(SCRIPT), "--sweep", str(tmp_path)],
+    ran = subprocess.run([sys.executable, str(SCRIPT), "--sweep", str(tmp_path),
+                          "--figures", str(tmp_path / "figures")],
                          capture_output=True, text=True, timeout=300)
     assert (ran.returncode, ran.stdout) == (1, "")
-    assert ran.stderr.startswith(f"adaptive_threshold: no completed job of {EXPERIMENT} under "
+    assert said(ran.stderr, "adaptive_threshold").startswith(
+        f"adaptive_threshold: no completed job of {EXPERIMENT} under "
                                  f"{tmp_path}: 1 run(s), the first {shown(other)}: ")
-    assert ran.stderr.count("\n") == 1 and "\x1b" not in ran.stderr
+    assert said(ran.stderr, "adaptive_threshold").count("\n") == 1 and "\x1b" not in ran.stderr

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import said
 from test_report import table_rows, write_overrides, write_run
 
 from hetsgd.errors import UserError
@@ -41,9 +42,10 @@ def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
     _reproduction(tmp_path)
     missing = _table(tmp_path)
     assert (missing.returncode, missing.stdout) == (1, "")
-    assert missing.stderr.startswith(f"biased_local_table: cannot read {tmp_path}/report.csv "
+    assert said(missing.stderr, "biased_local_table").startswith(
+        f"biased_local_table: cannot read {tmp_path}/report.csv "
                                      f"(`hetsgd report {tmp_path}` writes it): ")
-    assert missing.stderr.count("\n") == 1
+    assert said(missing.stderr, "biased_local_table").count("\n") == 1
 
     write_report(tmp_path)
     shown = _table(tmp_path)
@@ -53,6 +55,10 @@ def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
     assert list(rows) == ["sync", "local_biased"]  # in the paper's order, gpu passed over
     assert rows["sync"][1] == rows["local_biased"][1] == "2/2"
     assert rows["local_biased"][-1] == "up to 32x faster than sync, nearly identical accuracy"
+    # the sockets' busy share: the workers' cores over the mix's one host thread
+    report = pd.read_csv(tmp_path / "report.csv")
+    (cores,) = report.loc[report["variant"].str.endswith("+method=sync"), "workers_cpu_cores_mean"]
+    assert rows["sync"][11] == f"{cores * 100:.0f}"
 
     other = tmp_path / "other"
     run_dir = write_run(other / "0_gpu", algo="sync", devices="gpu", seed=0)
@@ -60,7 +66,7 @@ def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
     write_report(other)
     refused = _table(other)
     assert (refused.returncode, refused.stdout) == (1, "")
-    assert refused.stderr == (f"biased_local_table: no run of "
+    assert said(refused.stderr, "biased_local_table") == (f"biased_local_table: no run of "
                               f"scripts/reproduce_biased_local_sim.sh in {other}/report.csv: no "
                               "row has +method= one of sync, fast_alone, local_balanced, "
                               "local_unbalanced, local_biased\n")
@@ -90,6 +96,11 @@ def test_a_report_or_summary_of_another_shape_is_refused_or_read_as_unknown(
                 {"local_sgd": {"tau": None}, "mix": {"cpu": {"role": "host", "count": "2"}}}):
         cells = table.table_row(first, run)
         assert (cells[0], cells[2], cells[11]) == ("sync", "—", "—")
+    cells = table.table_row(first, {"local_sgd": {"tau": {"accel": 8, "cpu": 1}},
+                                    "mix": {"cpu": {"role": "host", "count": "2", "threads": 2},
+                                            "accel": {"role": "accel", "count": 1, "threads": 1}}})
+    assert cells[2] == "accel:8 cpu:1"
+    assert cells[11] == f"{first['workers_cpu_cores_mean'] / 4 * 100:.0f}"  # 2 x 2 host threads
     # a bound read back as a number (report.csv's True/False, coerced) marks a lower bound
     speedup = {"speedup": 2.0, "speedup_low": 1.5, "speedup_high": 3.0}
     assert table.speedup(pd.Series({**speedup, "speedup_bound": 1.0})) == "≥ 2.00 [1.50, 3.00]"

@@ -28,12 +28,12 @@ def cell(mean: float, interval: Interval | None, n: int, fmt: str, of: int | Non
 
 
 def mean_cell(values: Sequence[float | None], fmt: str, of: int | None = None,
-              unit: str = "") -> str:
+              unit: str = "", at_least: float = 0.0) -> str:
     """:func:`cell` of the values that exist (None or NaN: a run without one), ``n=k/m`` with m
-    ``of`` runs (all the values by default); a dash where none exists. The values are times or
-    epochs, never below 0, and so is their interval."""
+    ``of`` runs (all the values by default); a dash where none exists. The interval is cut at
+    ``at_least``: by default 0, below which no time or epoch count is."""
     present = [v for v in values if v is not None and math.isfinite(v)]
     if not present:
         return "—"
-    return cell(statistics.fmean(present), mean_interval(present, at_least=0.0), len(present), fmt,
+    return cell(statistics.fmean(present), mean_interval(present, at_least), len(present), fmt,
                 len(values) if of is None else of, unit)

@@ -29,11 +29,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from hetsgd.config.optim import OPTIM_SCHEMAS, SGDConfig
 from hetsgd.errors import UserError
-from hetsgd.outputs.index import CONFIG, UNUSABLE, load_csv, override_key, settings
+from hetsgd.outputs.index import UNUSABLE, load_csv, override_key, read_config, settings
 from hetsgd.outputs.intervals import mean_interval
 from hetsgd.outputs.metrics import (
     TARGETS,
@@ -44,6 +43,7 @@ from hetsgd.outputs.metrics import (
     sustained,
     timed_loss,
 )
+from hetsgd.outputs.safe_text import shown
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +135,7 @@ def optim_settings(run_dir: str) -> frozenset[str]:
     """``optim.<key>=<value>`` for each optim value of the run's ``config.yaml`` that differs
     from its optimizer schema's default (``{}`` without a readable file): what a device mix or an
     experiment set without an override saying so."""
-    try:
-        config = yaml.safe_load((Path(run_dir) / CONFIG).read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return frozenset()
-    optim = config.get("optim") if isinstance(config, dict) else None
+    optim = read_config(Path(run_dir)).get("optim")
     if not isinstance(optim, dict):
         return frozenset()
     defaults = dataclasses.asdict(OPTIM_SCHEMAS.get(str(optim.get("name")), SGDConfig)())
@@ -169,7 +165,7 @@ def _read_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
         try:
             frame = load_csv(Path(run_dir), "convergence")
         except UserError as err:  # one unreadable file costs only its own run
-            log.warning("left out %s: %s", run_dir, err)
+            log.warning("left out %s: %s", shown(run_dir), shown(err))
             runs.loc[i, ["status", "error"]] = [UNUSABLE, str(err)]
             continue
         if frame is not None and frame["train_loss"].notna().any():

@@ -120,6 +120,13 @@ def json_object(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def tau_text(summary: dict[str, Any]) -> str:
+    """A local SGD run's tau per group as tables show it (``accel:8 cpu:1``); a dash for a run
+    without one."""
+    taus = json_object(json_object(summary.get("local_sgd")).get("tau"))
+    return " ".join(f"{group}:{tau}" for group, tau in taus.items()) or "—"
+
+
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's ``config.yaml`` as data (never composed, nothing in it called): ``{}`` where it
     is missing, unreadable or not a mapping."""
@@ -273,6 +280,12 @@ def read_overrides(run_dir: Path) -> list[str]:
 def override_key(override: str) -> str:
     """``+optim.lr=0.1`` -> ``optim.lr``."""
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def override_values(overrides: Iterable[str]) -> dict[str, str]:
+    """``["+method=gpu", "seed=0"]`` -> ``{"method": "gpu", "seed": "0"}``: each override's key
+    (:func:`override_key`) and value."""
+    return {override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
 
 
 def settings(overrides: Iterable[str]) -> frozenset[str]:

@@ -37,8 +37,8 @@ from hetsgd.outputs.index import find_runs, load_csv, read_summary
 from hetsgd.outputs.intervals import CONFIDENCE, METHOD, geometric_interval
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
-from hetsgd.outputs.safe_text import redacted, shown
-from hetsgd.outputs.terminal import run_script
+from hetsgd.outputs.safe_text import shown
+from hetsgd.outputs.terminal import error_line, run_script
 
 MACHINES = {"paper_hogbatch_v100": "V100 (AWS p3.16xlarge)",
             "paper_hogbatch_k80": "K80 (UC Merced)"}
@@ -185,7 +185,7 @@ def read_rows(folder: Path) -> tuple[list[Row], list[str]]:
             else:
                 rows.setdefault(key, Row(*key)).runs.append(run)
                 continue
-        skipped.append(shown(redacted(f"{run_dir}: {why}")))
+        skipped.append(error_line(f"{run_dir}: {why}"))
     for key, source in SAME_RUNS.items():
         if key not in rows and source in rows:
             rows[key] = Row(*key, runs=rows[source].runs, same_as=source[0])
@@ -339,7 +339,7 @@ def write_tables(folder: Path, shares_only: bool = False) -> tuple[str, list[str
     rows, skipped = read_rows(folder)
     if not rows:
         left_out = f": {len(skipped)} run(s) left out, the first {skipped[0]}" if skipped else ""
-        raise UserError(f"no completed run of the reproduction under {shown(folder)}{left_out}")
+        raise UserError(f"no completed run of the reproduction under {folder}{left_out}")
     parts = [shares_table(rows)]
     if not shares_only:
         parts.append(convergence_table(rows))

@@ -146,8 +146,8 @@ def ranking(table: pd.DataFrame, metrics: pd.DataFrame) -> str:
         alike, apart = [], 0
         for i, row in whole.drop(index=best).iterrows():
             spread = ratio_interval(_timed_runs(metrics, row)[TIME].tolist(), ours)
-            if spread is None:
-                why[i] = f"n={int(row['timed'])}: no interval"
+            if spread is None:  # one run, or a mean time of 0: no ratio to tell apart
+                why[i] = NO_INTERVAL if row["timed"] < 2 else "no interval of its ratio"
             elif excludes_one(spread):
                 apart += 1
             else:

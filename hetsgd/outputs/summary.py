@@ -98,6 +98,11 @@ class Mix:
         except (TypeError, ValueError):
             return None
 
+    @property
+    def host_cores(self) -> int | None:
+        """:attr:`cores` of the host groups alone, which update the master in place."""
+        return Mix({name: g for name, g in self.groups.items() if g.role == "host"}).cores
+
     @classmethod
     def from_dict(cls, mix: Mapping[str, Any]) -> Mix:
         return cls({name: GroupMix.from_dict(group if isinstance(group, Mapping) else {})

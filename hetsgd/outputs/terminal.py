@@ -23,9 +23,14 @@ def one_line(message: object) -> str:
     return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
+def error_line(message: object) -> str:
+    """An error message as it may be printed: on one line, escaped, secrets redacted."""
+    return shown(redacted(one_line(message)))
+
+
 def print_error(message: object) -> str:
-    """``hetsgd: error: MESSAGE`` on stderr, on one line, escaped, secrets redacted; the line."""
-    line = shown(redacted(one_line(message)))
+    """``hetsgd: error: MESSAGE`` on stderr (:func:`error_line`); the line."""
+    line = error_line(message)
     err.print(Text.assemble(("hetsgd: error:", "red"), " ", line), soft_wrap=True)
     return line
 
@@ -37,7 +42,7 @@ def run_script(prog: str, main: Callable[[], int | None]) -> NoReturn:
     try:
         status = main()
     except UserError as exc:
-        print(f"{prog}: {shown(redacted(one_line(exc)))}", file=sys.stderr)
+        print(f"{prog}: {error_line(exc)}", file=sys.stderr)
         sys.exit(1)
     sys.exit(status or 0)
 

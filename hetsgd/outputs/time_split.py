@@ -82,7 +82,7 @@ def _run_rows(run: pd.Series, keys: tuple[str, ...]) -> list[dict[str, Any]]:
             return []
         changes = load_csv(run["run_dir"], "batches")
     except UserError as err:  # one unreadable file costs only its own run
-        log.warning("left out of the time split: %s", err)
+        log.warning("left out of the time split: %s", shown(err))
         return []
     columns = (*SPLIT, "updates")
     rows = []

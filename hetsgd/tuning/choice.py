@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from hetsgd.errors import UserError
-from hetsgd.outputs.index import index_dirs, override_key
+from hetsgd.outputs.index import index_dirs, override_key, override_values
 from hetsgd.outputs.report import (
     KNOB_PREFIX,
     OBJECTIVE_PREFIX,
@@ -45,8 +45,7 @@ def trial_table(rounds: Sequence[tuple[int, Path]], knobs: Sequence[str],
         index = index_dirs(job_dirs(folder)) if folder.is_dir() else pd.DataFrame()
         if index.empty:
             continue
-        given = index["overrides"].map(
-            lambda overrides: {override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o})
+        given = index["overrides"].map(override_values)
         for method in dict.fromkeys(given.map(lambda g: g.get(METHOD))):
             mine = index[given.map(lambda g, m=method: g.get(METHOD) == m)]
             for comp in comparisons(mine):  # this method's trials alone
@@ -61,7 +60,7 @@ def _rows(comp: Comparison, knobs: Sequence[str], objective: str,
     metrics = run_metrics(comp)
     rows = []
     for (_, run), (_, measured) in zip(comp.runs.iterrows(), metrics.iterrows()):
-        given = {override_key(o): o.split("=", 1)[1] for o in run["overrides"] if "=" in o}
+        given = override_values(run["overrides"])
         rows.append({METHOD: given.get(METHOD),
                      **{f"{KNOB_PREFIX}{knob}": given.get(override_key(knob)) for knob in knobs},
                      "seed": run["seed"], "status": run["status"], "learnt": run.get("learnt"),

@@ -21,10 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from hetsgd.config.swept import sweep_overrides, swept_keys
-from hetsgd.outputs.index import CONFIG, MULTIRUN, override_key, read_overrides, read_summary
+from hetsgd.outputs.index import (
+    MULTIRUN,
+    override_values,
+    read_config,
+    read_overrides,
+    read_summary,
+)
 from hetsgd.outputs.run_directory import SUMMARY
 
 #: convergence.csv's columns and the series they are logged as; ``updates_<group>`` is
@@ -94,8 +99,8 @@ def swept_values(run_dir: Path) -> dict[str, str]:
     """The values of the keys the job's sweep varies, as the job's overrides set them (``{}`` for
     a run outside a sweep): the keys that name sweep job folders (:mod:`hetsgd.config.swept`)."""
     swept = swept_keys(sweep_overrides(run_dir.parent))
-    job = (o.split("=", 1) for o in read_overrides(run_dir) if "=" in o)
-    return {override_key(key): value for key, value in job if override_key(key) in swept}
+    return {key: value for key, value in override_values(read_overrides(run_dir)).items()
+            if key in swept}
 
 
 def series_name(column: str, logged: dict[str, float]) -> str:
@@ -146,7 +151,7 @@ def read_run(run_dir: Path) -> RunRecord:
     trained = run_dir / "workers.csv"
     started = (trained.stat().st_mtime if trained.is_file() else ended) - (summary.get("time_s")
                                                                               or 0.0)
-    config = yaml.safe_load((run_dir / CONFIG).read_text()) if (run_dir / CONFIG).is_file() else {}
+    config = read_config(run_dir)
     tags = {key: str(summary[key]) for key in IDENTITY if summary.get(key) is not None}
     sweep = run_dir.parent.name if (run_dir.parent / MULTIRUN).is_file() else None
     return RunRecord(run_dir=run_dir, sweep=sweep, status=summary["status"], started=started,
