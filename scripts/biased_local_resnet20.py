@@ -106,11 +106,6 @@ def group_profiles(cfg: RunConfig, problem: Problem) -> dict[str, tuple[int, Dev
     return {s.group: (s.batch_size, p) for s, p in zip(specs, profiles, strict=True)}
 
 
-def group_steps(cfg: RunConfig, problem: Problem) -> dict[str, float]:
-    """Each group's simulated step at its batch size."""
-    return {g: p.compute_s(b) for g, (b, p) in group_profiles(cfg, problem).items()}
-
-
 def steps() -> str:
     """The paper mix's step per group and the ratio, for each of ``PROBLEMS``; a roofline step
     is its operators' launches plus the slower of its FLOPs and its bytes, each shown."""

@@ -80,11 +80,12 @@ def test_the_resnet20_step_ratio_on_the_paper_mix_is_the_profiles() -> None:
         assert profile.compute_s(batch) == pytest.approx(launches + max(flops, traffic))
     assert profiles["accel"][1].cost == ModelCost.of(FASHION.build_model(cfg.model, 0), (784,),
                                                    "multiclass", cfg.optim.step)
-    steps = module.group_steps(cfg, FASHION)
+    steps = {g: p.compute_s(b) for g, (b, p) in profiles.items()}
     # a V100 is the fast side for ResNet20, and by more than for the MLP of the w8a simulation
     mlp = to_run_config(compose("config", overrides=["+experiment=biased_local_paper_sim",
                                                      "devices=paper_biased_local"]))
-    mlp_steps = module.group_steps(mlp, Problem("binary", 300, 1, None))
+    mlp_steps = {g: p.compute_s(b) for g, (b, p) in
+                 module.group_profiles(mlp, Problem("binary", 300, 1, None)).items()}
     assert steps["cpu"] / steps["accel"] > mlp_steps["cpu"] / mlp_steps["accel"] > 1
 
 

@@ -19,13 +19,15 @@ console = Console(markup=False)
 err = Console(stderr=True, markup=False, highlight=False)
 
 
-def one_line(message: object) -> str:
+def _lines_joined(message: object) -> str:
+    """``message``'s lines joined by one space. Unlike :func:`hetsgd.errors.one_line` it keeps
+    the spacing inside a line: a path named in an error may hold two spaces."""
     return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
 def error_line(message: object) -> str:
     """An error message as it may be printed: on one line, escaped, secrets redacted."""
-    return shown(redacted(one_line(message)))
+    return shown(redacted(_lines_joined(message)))
 
 
 def print_error(message: object) -> str:
