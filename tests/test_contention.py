@@ -40,11 +40,14 @@ def worker(group: str, got: float | None, waited: float | None) -> dict:
 
 
 def test_share_is_cpu_got_over_got_plus_the_wait_for_a_cpu_pooled_per_group():
-    rows = [worker("cpu", got=1.8, waited=0.2), worker("cpu", got=1.0, waited=1.0),
+    # workers that wanted different times: the mean of their shares is no pooled share
+    rows = [worker("cpu", got=1.8, waited=0.2), worker("cpu", got=1.0, waited=3.0),
             worker("accel", got=3.0, waited=1.0)]
     share, by_group = workers_share(rows)
-    assert share == pytest.approx((1.8 + 1.0 + 3.0) / (2.0 + 2.0 + 4.0))
-    assert by_group == {"cpu": pytest.approx(0.7), "accel": pytest.approx(0.75)}
+    # pooled: 5.8 / 10 (the mean of the groups' shares would be 0.608)
+    assert share == pytest.approx((1.8 + 1.0 + 3.0) / (2.0 + 4.0 + 4.0))
+    # cpu: 2.8 / 6 (the mean of its workers' shares, 0.9 and 0.25, would be 0.575)
+    assert by_group == {"cpu": pytest.approx(2.8 / 6.0), "accel": pytest.approx(0.75)}
     # the time computing, copying or in a collective does not enter: only got and waited
     assert workers_share([worker("ranks", got=2.0, waited=0.0)])[0] == 1.0
 

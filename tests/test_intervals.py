@@ -145,6 +145,14 @@ def test_the_ranking_names_every_row_it_leaves_out_and_why(tmp_path: Path) -> No
     assert ("Fastest to 0.9: hogbatch · gpu; no other row has an interval to compare with it. "
             "Not ranked: sync · gpu (1 of 3 timed runs never stayed at 0.9); hogwild · gpu (n=1: "
             "no interval).") in markdown
+    # the baseline's seed that never got there counts with the 3 s it ran: 2.8 s mean, and the
+    # speedups over it are lower bounds (with sync's two timed seeds alone, hogbatch's is 1.8)
+    numbers = pd.read_csv(tmp_path / "report.csv").set_index("algo")
+    assert numbers.at["hogbatch", "speedup"] == pytest.approx(2.8 / 1.5)
+    assert numbers.at["hogbatch", "speedup_bound"] and numbers.at["hogwild", "speedup_bound"]
+    cells = {row[0]: row[-2:] for row in table_rows(markdown)}
+    assert cells["hogwild"] == ["≥ 1.40", "n=1: no interval"]  # 2.8 / 2.0
+    assert cells["hogbatch"][0].startswith("≥ 1.87 [")
     summary = tmp_path / "hogwild0" / "summary.json"  # flagged as contended: not timed
     summary.write_text(json.dumps({**json.loads(summary.read_text()),
                                    "contention": {"flagged": True}}))
@@ -153,6 +161,8 @@ def test_the_ranking_names_every_row_it_leaves_out_and_why(tmp_path: Path) -> No
     markdown = _report_of(tmp_path / "none", {"hogbatch": (1.2, None), "sync": (None, 2.0)})
     assert ("No row ranked: sync · gpu (1 of 2 timed runs never stayed at 0.9); hogbatch · gpu "
             "(1 of 2 timed runs never stayed at 0.9).") in markdown
+    # a row with a seed that never got there has no speedup (its mean would flatter it)
+    assert {row[0]: row[-2:] for row in table_rows(markdown)}["hogbatch"] == ["—", "—"]
 
 
 def test_the_seed_mean_holds_a_seed_that_ended_at_its_last_value() -> None:

@@ -250,10 +250,12 @@ def test_baseline_row_has_speedup_one_and_others_are_relative_to_it(tmp_path: Pa
 
 def test_baseline_selector(tmp_path: Path) -> None:
     sweep = write_sweep(tmp_path / "sweep")
-    markdown = write_report(sweep, baseline="algo=adaptive devices=auto")
-    assert "baseline: adaptive · auto (emulated)" in markdown
+    # the second key decides: algo=adaptive alone matches adaptive · auto first
+    markdown = write_report(sweep, baseline="algo=adaptive devices=cpu+gpu")
+    assert "baseline: adaptive · cpu+gpu" in markdown
     numbers = pd.read_csv(sweep / "report.csv").set_index(["algo", "devices"])
-    assert numbers.loc[("adaptive", "auto"), "baseline"]
+    assert numbers.loc[("adaptive", "cpu+gpu"), "baseline"]
+    assert not numbers.loc[("adaptive", "auto"), "baseline"]
     assert numbers.loc[("sync", "auto"), "speedup"] < 1.0
     with pytest.raises(UserError, match=r"not a summary.json key.*variant=\+method=sync"):
         write_report(sweep, baseline="colour=red")

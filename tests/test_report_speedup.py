@@ -92,3 +92,15 @@ def test_a_row_slower_than_the_baseline_is_slower_unless_the_baseline_is_a_lower
     _, cells, _ = speedups(tmp_path / "bound")
     assert cells["hogbatch"] == [f"≥ {5 / 6.9:.2f} [{5 / 6.9:.2f}, {5 / 6.9:.2f}]",
                                  "not distinguishable"]
+
+
+def test_the_default_baseline_is_sync_on_the_mix_named_gpu_as_in_the_papers(
+        tmp_path: Path) -> None:
+    # sync on the host, listed first, is the slower one: over it the GPU would be 2x faster
+    write_run(tmp_path / "a_sync_cpu", algo="sync", devices="cpu", seed=0, train_loss=SLOW)
+    write_run(tmp_path / "b_sync_gpu", algo="sync", devices="gpu", seed=0, train_loss=FAST)
+    markdown = write_report(tmp_path)
+    numbers = pd.read_csv(tmp_path / "report.csv").set_index("devices")
+    assert numbers.at["gpu", "baseline"] and not numbers.at["cpu", "baseline"]
+    assert numbers.at["cpu", "speedup"] == pytest.approx(1.8 / 3.6)
+    assert "baseline: sync · gpu (default" in markdown

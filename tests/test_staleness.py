@@ -118,6 +118,7 @@ def test_a_simulated_48_worker_hogwild_run_spreads_its_staleness_with_jitter(
 
 
 @pytest.mark.integration
+@pytest.mark.wall  # trains on a real-time budget
 def test_real_two_worker_hogwild_reports_its_staleness(tmp_path: Path) -> None:
     summary = _run(tmp_path, "algo=hogwild", "dataset=digits", "model=logreg", "devices=cpu",
                    "devices.groups.cpu.count=2", "budget.seconds=1", "budget.epochs=null")

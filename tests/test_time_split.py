@@ -30,7 +30,7 @@ def _run(root: Path, name: str, seconds: tuple[float, float, float, float], stat
 
 def test_each_worker_s_split_is_averaged_over_the_completed_runs(tmp_path: Path) -> None:
     runs = pd.DataFrame([_run(tmp_path, "a", (0.6, 0.1, 0.2, 0.1)),
-                         _run(tmp_path, "b", (0.8, 0.1, 0.0, 0.1)),
+                         _run(tmp_path, "b", (0.8, 0.1, 0.0, 1.1)),
                          _run(tmp_path, "c", (9.0, 9.0, 9.0, 9.0), status="failed"),
                          _run(tmp_path, "d", (9.0, 9.0, 9.0, 9.0), split=False)])
     split = worker_split(runs, KEYS)
@@ -38,13 +38,15 @@ def test_each_worker_s_split_is_averaged_over_the_completed_runs(tmp_path: Path)
     row = split.iloc[0]
     assert row["compute_ms"] == pytest.approx(7.0)  # (6 + 8) / 2 ms per update
     assert row["merge_ms"] == pytest.approx(1.0)
-    assert row["copy_pct"] == pytest.approx(10.0)
+    # each run's shares, then their mean (pooled seconds would give 40 / 6.7 / 6.7 / 46.7 %)
+    assert row["copy_pct"] == pytest.approx(7.5)  # (10 % + 5 %) / 2
     assert row["merge_pct"] == pytest.approx(10.0)  # (20 % + 0 %) / 2
+    assert (row["compute_pct"], row["wait_pct"]) == pytest.approx((50.0, 32.5))
     assert (row["compute_low"], row["compute_high"], row["runs"], row["batch"]) == \
         pytest.approx((6.0, 8.0, 2, 256))
     text = split_markdown(runs, KEYS)
-    assert ("| hogbatch | emulated |  | 0 accel (emulated) | 7.000 (70%) | 1.000 (10%) | "
-            "1.000 (10%) | 1.000 (10%) | 6.000-8.000 |") in text
+    assert ("| hogbatch | emulated |  | 0 accel (emulated) | 7.000 (50%) | 1.000 (8%) | "
+            "1.000 (10%) | 6.000 (33%) | 6.000-8.000 |") in text
     assert "different speeds" not in text  # 8 / 6 = 1.33x: steady
 
 

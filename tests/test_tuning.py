@@ -32,7 +32,8 @@ def trials(rows: list[tuple[str, str, int, float, float]]) -> pd.DataFrame:
 def test_each_method_gets_the_setting_whose_mean_over_the_seeds_is_best() -> None:
     table = trials([("gpu", "0.1", 0, 3.0, 0.2), ("gpu", "0.1", 1, 1.0, 0.2),   # mean 2.0
                     ("gpu", "0.3", 0, 2.5, 0.1), ("gpu", "0.3", 1, 2.5, 0.1),   # mean 2.5
-                    ("hogwild", "0.1", 0, 0.5, 0.3), ("hogwild", "0.1", 1, 0.7, 0.3),
+                    # mean 0.6 over 0.4, though its best seed (0.3) beats both of 0.3's
+                    ("hogwild", "0.1", 0, 0.3, 0.3), ("hogwild", "0.1", 1, 0.9, 0.3),
                     ("hogwild", "0.3", 0, 0.4, 0.3), ("hogwild", "0.3", 1, 0.4, 0.3)])
     assert choose(table, maximized=False) == {"gpu": {"optim.lr": "0.1"},
                                               "hogwild": {"optim.lr": "0.3"}}
@@ -48,9 +49,10 @@ def test_a_setting_that_a_seed_never_brought_to_the_target_ranks_behind_one_that
 
 
 def test_without_any_objective_the_lowest_training_loss_then_the_first_listed_wins() -> None:
-    table = trials([("sync", "0.01", 0, math.nan, 0.8), ("sync", "0.1", 0, math.nan, 0.4),
-                    ("sync", "1.0", 0, math.nan, 0.4)])
-    assert choose(table, maximized=False) == {"sync": {"optim.lr": "0.1"}}
+    # listed out of their sorted order, so "first listed" is not "first sorted"
+    table = trials([("sync", "1.0", 0, math.nan, 0.4), ("sync", "0.1", 0, math.nan, 0.4),
+                    ("sync", "0.01", 0, math.nan, 0.8)])
+    assert choose(table, maximized=False) == {"sync": {"optim.lr": "1.0"}}
 
 
 def test_a_method_none_of_whose_settings_completed_on_every_seed_is_one_line() -> None:
@@ -73,6 +75,10 @@ def test_the_report_gives_the_chosen_setting_and_the_search_spread_per_method() 
     assert columns == ["chosen optim.lr", "search time_to_0.9"]
     assert rows["chosen optim.lr"].tolist() == ["0.1", "0.3", "0.3", "—"]
     assert rows["search time_to_0.9"].tolist() == ["2 .. 4 (2/3)", "0.25 .. 0.5", "— (0/2)", "—"]
+    # an objective maximized: the best is the highest
+    rows = rows[["algo", "variant"]].copy()
+    add_tuning(rows, table.rename(columns={OBJECTIVE: "objective.test_acc"}))
+    assert rows["search test_acc"].tolist() == ["4 .. 2 (2/3)", "0.5 .. 0.25", "— (0/2)", "—"]
 
 
 def spec(**given: object) -> Tuning:

@@ -134,13 +134,17 @@ def test_a_replica_pays_its_copies_and_its_device_idles_during_them() -> None:
     assert engine.training.utilization[0]["workers_cpu_percent"] == pytest.approx(100.0)
 
 
-def test_adaptive_steers_the_shares_toward_its_target_on_virtual_time() -> None:
-    """Accelerator steps cost 0.02 s whatever the batch; the host's 0.002 s: at the start the
-    accelerator makes 1/11 of the updates, and only a smaller host share lets it reach 0.5 —
-    which the controller gets by growing the host batches (the accelerator sits at its floor)."""
+@pytest.mark.parametrize("target", [0.25, 0.5])
+def test_adaptive_steers_the_shares_toward_its_target_on_virtual_time(target: float) -> None:
+    """Accelerator steps cost 0.02 s whatever the batch; the host's 0.00025 s per example: at
+    the start (host batch 8) the accelerator makes 1/11 of the updates, and only a smaller host
+    share lets it reach its target — which the controller gets by growing the host batches (the
+    accelerator sits at its floor, 32). The accelerator's 50 updates a second are a share s of
+    all where the host makes 50 (1 - s) / s, that is, at host batch 4000 / that = 80 s / (1 - s):
+    27 at 0.25 (a controller that steered to 1 - s would settle at 240), 80 at 0.5."""
     cfg = run_config("algo=adaptive", "dataset=digits", "model=logreg", "devices=emulated",
                      "devices.simulated=true", "budget.seconds=20", "budget.epochs=null",
-                     "algo.target_share=0.5", "algo.period_s=0.5", "algo.window_s=1.0",
+                     f"algo.target_share={target}", "algo.period_s=0.5", "algo.window_s=1.0",
                      "algo.max_host_batch=256", "progress=false")
     data = load_run_data(cfg, progress=False)
     plan = adaptive.plan(cfg, expand(cfg.devices))
@@ -148,7 +152,9 @@ def test_adaptive_steers_the_shares_toward_its_target_on_virtual_time() -> None:
     engine, _ = _simulate(plan.cfg, data, [Fixed(0.02), Fixed(0.0, per_example=0.00025)],
                           link=hooks.link, controller=hooks.controller)
     summary = engine.training.extra["adaptive"]
-    assert summary["last_window_share"] == pytest.approx(0.5, abs=0.1)
+    assert summary["last_window_share"] == pytest.approx(target, abs=0.05)
+    accel, host = summary["final_batch_sizes"][0], summary["final_batch_sizes"][1]
+    assert accel == 32 and host == pytest.approx(80 * target / (1 - target), rel=0.1)
     assert len(engine.training.batches) > 2  # it resized, at virtual times within the budget
     assert all(0 < row["time_s"] <= 20 for row in engine.training.batches[2:])
 
