@@ -148,22 +148,29 @@ def test_uniform_shards_are_contiguous_and_proportional_to_tau() -> None:
 
 def test_top_k_of_a_pool_takes_the_highest_losses_of_the_pool() -> None:
     scores = torch.arange(100, dtype=torch.float32)
-    scores[7] = math.inf  # never trained on: ranks first
+    pool = torch.randperm(100, generator=torch.Generator().manual_seed(1))[:40]
+    never = int(pool[scores[pool].argmin()])
+    scores[never] = math.inf  # never trained on: ranks first, though it scored the pool's lowest
     rng = torch.Generator().manual_seed(1)
     chosen = top_k_of_pool(scores, 10, 4.0, rng)
-    pool = torch.randperm(100, generator=torch.Generator().manual_seed(1))[:40]
-    assert chosen.numel() == 10 and set(chosen.tolist()) <= set(pool.tolist())
+    assert chosen.numel() == 10 and never in chosen.tolist()
     assert set(chosen.tolist()) == set(pool[scores[pool].argsort(descending=True)[:10]].tolist())
+    # in a random order, not the ranking's: no batch holds only the highest losses
+    assert chosen.tolist() != sorted(chosen.tolist(), key=lambda i: -scores[i])
     assert top_k_of_pool(scores, 500, 4.0, rng).numel() == 100  # capped at the whole set
 
 
 def test_the_slow_side_trains_on_the_top_k_of_the_merged_table() -> None:
-    plan = _plan("algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true")
+    # a host batch of 12: 140 examples a round, 7 rounds a period; the fast side's 896 examples
+    # are no multiple of the slow side's k = 84, so a shard of the top-k offset as if it were
+    # the permutation's (by 896) would be rotated by 56
+    plan = _plan("algo.tau={accel:4,cpu:1}", "algo.biased.sampling=true",
+                 "devices.groups.cpu.batch_size=12")
     table = LossTable(1000)
     table.values.copy_(torch.rand(1000, generator=torch.Generator().manual_seed(3)))
     permutation = torch.randperm(1000)
     slow = plan.shard(1, 5, permutation, table)
-    k = 7 * 1 * 8
+    k = 7 * 1 * 12
     assert torch.equal(slow, top_k_of_pool(table.values, k, 4.0, generator(plan.seed, 5)))
     assert torch.equal(plan.shard(0, 5, permutation, table), permutation[:7 * 4 * 32])
 
