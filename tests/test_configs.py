@@ -43,6 +43,9 @@ def _planned(cfg: RunConfig) -> None:
         specs = expand(cfg.devices)
     except UserError as refused:
         assert "\n" not in str(refused)
+        # only for the GPUs or the memory this machine lacks, which a simulated mix needs not
+        assert not cfg.devices.simulated, refused
+        assert "CUDA GPU" in str(refused) or "of memory is available here" in str(refused)
         return
     algorithm, cfg = algorithms.choose(cfg)
     assert algorithm.plan(cfg, specs).workers

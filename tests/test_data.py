@@ -193,6 +193,9 @@ def test_libsvm_multiclass_and_multilabel(tmp_path: Path) -> None:
     assert data.task == "multilabel" and data.num_classes == 5
     assert data.y_train.shape == (data.num_train, 5) and data.y_train.dtype == np.float32
     assert set(data.y_train.sum(axis=1)) <= {1.0, 2.0, 3.0}
+    # columns in the tags' sorted order 1, 2, 4, 7, 9 (in order of appearance: 1, 4, 2, 7, 9)
+    np.testing.assert_array_equal(np.concatenate([data.y_train, data.y_test]).sum(axis=0),
+                                  [10, 5, 10, 5, 5])
 
 
 def test_libsvm_corrupt_line_is_named(tmp_path: Path) -> None:
@@ -288,6 +291,9 @@ def test_libsvm_set_loads_as_published_sparse_and_in_file_order(home: Path) -> N
     np.testing.assert_array_equal(data.x_train[:, :5].toarray(), np.tile(PUBLISHED, (3, 1)))
     np.testing.assert_array_equal(data.x_test[:, :5].toarray(), PUBLISHED[:2])
     assert data.x_train.nnz == 3 * np.count_nonzero(PUBLISHED)
+    # +1 is the positive class: 1, not 0
+    np.testing.assert_array_equal(data.y_train, [1.0, 0.0] * 6)
+    np.testing.assert_array_equal(data.y_test, [1.0, 0.0])
 
 
 def test_standard_still_scales_dense_to_unit_variance_and_sparse_by_max_abs(
@@ -430,6 +436,13 @@ def test_synthetic_is_seeded_and_labelled() -> None:
     assert (a.num_train + a.num_test, a.num_features, a.num_classes) == (500, 7, 3)
     assert set(np.unique(a.y_train)) == {0, 1, 2}
     np.testing.assert_array_equal(a.x_train, b.x_train)
+
+    def values(seed: int) -> np.ndarray:  # the set's first feature, whatever the split
+        data = load_dataset(cfg("synthetic", n_samples=500, n_features=7, n_classes=3,
+                                split_seed=seed, scale="none"), seed=0, progress=False)
+        return np.sort(np.concatenate([data.x_train, data.x_test])[:, 0])
+
+    assert not np.array_equal(values(0), values(5))  # another seed draws another set
     binary = load_dataset(cfg("synthetic", n_samples=100, n_features=3), seed=0, progress=False)
     assert binary.task == "binary" and binary.y_train.dtype == np.float32
 
@@ -490,6 +503,9 @@ def test_delicious_text_format_with_split_files(home: Path) -> None:
     assert data.task == "multilabel" and data.num_classes == 4
     assert (data.num_train, data.num_test, data.num_features) == (6, 2, 5)
     np.testing.assert_array_equal(data.y_test, [[0, 0, 1, 1], [1, 0, 0, 1]])
+    # the train split is the first column (rows 1-6 in order), not the second (2-6, then 1)
+    np.testing.assert_array_equal(data.y_train, [[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1],
+                                                 [1, 0, 0, 1], [1, 1, 0, 0], [0, 1, 1, 0]])
 
 
 def test_delicious_missing_names_the_repository_and_path(home: Path) -> None:

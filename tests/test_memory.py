@@ -102,12 +102,26 @@ def test_prepare_reads_rows_block_by_block_as_it_reads_an_array(
     train = train[keep]
     scaler = fit_scaler(x[train], parsed, scaling)
     np.testing.assert_array_equal(in_memory.x_train, scaler.apply(x[train]))
+    # and the scaler's statistics are those of all training rows, not of a block of them
+    kept = x[train].astype(np.float64)
+    expected = {"standard": (kept - kept.mean(axis=0)) / kept.std(axis=0),
+                "maxabs": kept / np.abs(kept).max(axis=0), "none": kept}[scaling]
+    np.testing.assert_allclose(in_memory.x_train, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(in_memory.x_test, scaler.apply(x[test]))
     np.testing.assert_array_equal(in_memory.y_train, y[train])
     np.testing.assert_array_equal(in_memory.y_test, y[test])
     rows = {r.tobytes() for r in x}
     if scaling == "none":  # every row is a row of the file, in file order
         assert all(r.tobytes() in rows for r in in_memory.x_train)
+
+
+def test_maxabs_divides_each_column_by_its_largest_magnitude(small_blocks: None) -> None:
+    # more rows than a block: the largest magnitudes (-9 and 8) sit in different blocks
+    x = np.ones((12, 2), dtype=np.float32)
+    x[1] = (-9.0, 2.0)
+    x[10] = (3.0, 8.0)
+    parsed = Parsed("binary", 2, x, np.zeros(12, np.float32), None, None, "s")
+    np.testing.assert_array_equal(fit_scaler(x, parsed, "maxabs").divisor, [9.0, 8.0])
 
 
 def test_column_moments_over_many_blocks(small_blocks: None) -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from conftest import said
 from test_comparable_rows import edit_summary
 from test_report import write_run
@@ -60,6 +61,10 @@ def test_a_gpu_alone_that_never_got_there_gives_a_lower_bound():
     gpu = row("sync", run(0, None, time_s=0.5), run(1, 0.2))
     hogbatch = row("hogbatch", run(0, 0.01), run(1, 0.1))
     assert paper_table.speedup(hogbatch, gpu, 0.1) == "≥ 2.0x n=2"
+    # the bound is the GPU alone's run length (2 s) over the row's time, not the row's own
+    # length (0.5 s) over it
+    assert paper_table.speedup(row("hogbatch", run(0, 0.5)),
+                               row("sync", run(0, None, time_s=2.0)), 0.1) == "≥ 4.0x n=1"
 
 
 def test_a_run_without_snapshots_between_its_ends_has_no_time_to_a_loss_it_reached():
@@ -130,6 +135,13 @@ def test_a_folder_holding_other_runs_costs_each_its_own_line_never_the_tables(
     assert "| V100 (AWS p3.16xlarge) | GPU alone | 2 |" in text
     assert "| V100 (AWS p3.16xlarge) | CPU Hogwild | 1 |" in text
     assert "| V100 (AWS p3.16xlarge) | Adaptive | 1 |" in text
+    assert "| K80 (UC Merced) | CPU Hogwild | 1 |" in text  # the V100's Hogwild runs again
+    rows, _ = paper_table.read_rows(tmp_path)
+    gpu_alone, = (r for r in rows if r.algo == "sync")
+    # the host workers' busy time (3.9 of the run's 4 s; the accelerator's 3.5 s does not enter)
+    # and update share (write_run's 95 %)
+    assert [r.cpu_busy for r in gpu_alone.runs] == pytest.approx([100 * 3.9 / 4.0] * 2)
+    assert [r.cpu_share for r in gpu_alone.runs] == pytest.approx([0.95] * 2)
     assert "Adaptive, V100 (AWS p3.16xlarge), seed 0: last window's GPU share none (no window " \
            "closed) (target 0.5), bound: none" in text
     assert sorted(skipped) == sorted(

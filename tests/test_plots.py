@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -67,6 +68,12 @@ def _assert_run_curves(figures: dict[Path, Figure], run: Path, ext: str = "png")
     (x, y), = _lines(figures[run / "figures" / f"accuracy_vs_time.{ext}"]).values()
     np.testing.assert_array_equal(x, conv["time_s"])
     np.testing.assert_array_equal(y, conv["test_acc"])
+    # a bar per group, its summary's update share (not a share of 0 and 1, nor another group's)
+    shares = json.loads((run / "summary.json").read_text())["update_share"]
+    bars = figures[run / "figures" / f"update_shares.{ext}"].axes[0]
+    assert [label.get_text() for label in bars.get_xticklabels()] == list(shares)
+    assert [bar.get_height() for bar in bars.patches] == list(shares.values())
+    assert len(set(shares.values())) > 1  # groups told apart
 
 
 def _assert_comparison_curves(fig: Figure, jobs: list[Path]) -> None:

@@ -150,7 +150,10 @@ def test_every_project_model_is_costed_and_left_as_it_was(model_cfg: ModelConfig
     assert [p.data_ptr() for p in model.parameters()] == storages
     assert all(p.grad is None for p in model.parameters())
     assert cost.flops_per_example > 0 and cost.bytes_per_example > 0 and cost.kernels_per_step > 0
-    assert cost.param_bytes >= 4 * sum(p.numel() for p in model.parameters())
+    # what a replica copies: the parameters and the floating buffers (ResNet20's running
+    # statistics), 4 bytes each
+    floats = [b for b in model.buffers() if b.is_floating_point()]
+    assert cost.param_bytes == 4 * sum(t.numel() for t in [*model.parameters(), *floats])
 
 
 @pytest.mark.parametrize("args, message", [

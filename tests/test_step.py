@@ -86,11 +86,13 @@ def test_a_step_gives_torch_optim_sgds_parameters(step_choice: str, activation: 
 
 
 @pytest.mark.parametrize("step_choice", ["fused", "autograd"])
-def test_a_step_takes_the_learning_rate_of_the_schedule(step_choice: str) -> None:
-    """Past a milestone (x0.1) with linear scaling from batch 4 to 8 (x2): lr = LR / 5."""
-    expected = _reference(_mlp(nn.ReLU, True, 3), "multiclass", 0.9, 0.01, lr=LR * 2 * 0.1)
+@pytest.mark.parametrize("epoch,decay", [(0.99, 1.0), (1.0, 0.1), (1.5, 0.1)])
+def test_a_step_takes_the_learning_rate_of_the_schedule(step_choice: str, epoch: float,
+                                                        decay: float) -> None:
+    """From a milestone on (x0.1) with linear scaling from batch 4 to 8 (x2): lr = LR / 5."""
+    expected = _reference(_mlp(nn.ReLU, True, 3), "multiclass", 0.9, 0.01, lr=LR * 2 * decay)
     module = _mlp(nn.ReLU, True, 3)
-    _ours(module, step_choice, "multiclass", 0.9, 0.01, epoch=1.5,
+    _ours(module, step_choice, "multiclass", 0.9, 0.01, epoch=epoch,
           schedule=("optim.lr_scaling=linear", "optim.base_batch=4", "optim.milestones=[1.0]"))
     for ours, theirs in zip(module.parameters(), expected):
         torch.testing.assert_close(ours.detach(), theirs, rtol=0, atol=1e-6)
@@ -135,6 +137,11 @@ def test_both_steps_return_the_loss_before_the_update_and_per_example_losses() -
             x, y, 0.0, 8, per_sample=True)
         assert losses is not None and not loss.requires_grad
         torch.testing.assert_close(losses, expected)
+        torch.testing.assert_close(loss, expected.mean())
+        # the workers' step (no per-example losses): the same loss, taken before the update
+        loss, losses = build_step(step_choice, FlatModel(_mlp(nn.Tanh, True, 3)), cfg,
+                                  "multilabel")(x, y, 0.0, 8)
+        assert losses is None
         torch.testing.assert_close(loss, expected.mean())
 
 

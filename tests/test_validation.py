@@ -69,15 +69,20 @@ def test_a_real_run_the_machine_moved_under_is_measured_again_then_refused(
 
     saved: list[list[dict]] = []
     runs: list[str] = []
+    given: list[tuple[str, ...]] = []
     done = RunSummary("completed", None, "hogbatch", "digits", "mlp", "emulated", 0)
     monkeypatch.setattr(validation, "save", lambda rows, cfg: saved.append(rows) or tmp_path)
     monkeypatch.setattr(validation, "_run", lambda overrides, run_dir: runs.append(run_dir.name)
-                        or done)
+                        or given.append(tuple(overrides)) or done)
     case, = (case for case in CASES if case.name.startswith("hogbatch"))
     calibrations(1.0, 2.0, 3.0, 3.3)  # moved 2x, then 1.1x: the second attempt counts
     validate([case], ("dataset=digits",), seeds=[0], target_loss=0.1, out=tmp_path)
     assert runs == ["seed0_real1", "seed0_real2", "seed0_simulated"]
     assert [rows[0]["ms_per_step"] for rows in saved] == [3.0]  # simulated: the one before it
+    # the real runs are real; the simulation replays the calibration saved (here: tmp_path)
+    assert not any(o.startswith("devices.simulated") for o in given[0] + given[1])
+    assert given[2][-2:] == ("devices.simulated=true", f"devices.calibration={tmp_path}")
+    assert given[2][:-2] == given[1]  # and is otherwise the same run
     calibrations(1.0, 2.0, 1.0, 0.5, 1.0, 1.5)  # never within 1.3x
     runs.clear()
     with pytest.raises(UnsteadyMachine, match="each of 3 real runs"):
