@@ -158,7 +158,13 @@ def test_an_outer_sgd_step_is_nesterov_on_the_rounds_change() -> None:
     params.add_(1.0)
     expected = params.clone()
     averaging.step()
-    torch.testing.assert_close(params, expected)
+    torch.testing.assert_close(params, expected)  # lr 1: the average itself
+    halfway = OuterOptimizer(Target("algo.outer._target_", "torch.optim.SGD", {"lr": 0.5}),
+                             params)
+    start = params.clone()
+    params.add_(1.0)
+    halfway.step()
+    torch.testing.assert_close(params, start + 0.5)  # lr 0.5: half the way to the average
 
 
 @pytest.mark.parametrize(("overrides", "line"), [
