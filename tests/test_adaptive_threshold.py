@@ -137,7 +137,7 @@ def test_a_finished_jobs_numbers_are_read_and_any_other_folder_is_refused_by_nam
             (job / "config.yaml").write_text("budget: {seconds: 4.0, epochs: null}\n")
         else:
             utilization = pd.read_csv(job / "utilization.csv").assign(gpu0_util="50.0")
-            utilization.loc[0, "gpu0_util"] = "n/a"  # text: not a sample
+            utilization.loc[1, "gpu0_util"] = "n/a"  # text: not a sample (at 0.25 s)
             utilization.to_csv(job / "utilization.csv", index=False)
     assert refusals == [f"{job}: its summary.json has no plan.min_accel_batch",
                         f"{job}: its config.yaml has no positive budget.seconds",
@@ -156,6 +156,13 @@ def test_a_finished_jobs_numbers_are_read_and_any_other_folder_is_refused_by_nam
     # a window without two snapshots or a sample has no share and no busy time, not an error
     empty = script.Point(MACHINES[0], 256, 1.0, [(0.0, 0, 0), (0.2, 5, 5)], [], (256, 1))
     assert math.isnan(empty.cpu_share(0.5)) and math.isnan(empty.busy(0.5))
+    # a window is its snapshots from its start to the budget (1 s): (40 - 10) CPU updates of
+    # (40 - 10) + (20 - 10); busy over the samples after 0.5 s up to 1 s; from 0, the whole run
+    point = script.Point(MACHINES[0], 256, 1.0,
+                         [(0.0, 0, 0), (0.5, 10, 10), (1.0, 20, 40), (1.5, 30, 90)],
+                         [(0.25, 10.0), (0.5, 20.0), (0.75, 30.0), (1.0, 40.0), (1.5, 90.0)],
+                         (256, 1))
+    assert (point.cpu_share(0.5), point.busy(0.5), point.busy()) == (0.75, 35.0, 38.0)
 
     other = write_run(tmp_path / "other\x1b[2J", algo="sync", devices="auto_gpu", seed=0)
     with pytest.raises(UserError, match="is not a job of"):

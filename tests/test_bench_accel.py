@@ -19,10 +19,15 @@ def test_the_accel_section_times_hetsgd_and_the_textbook_loop(tmp_path: Path) ->
     section = bench_accel(Jobs(tmp_path, SMALL), 0.4, models=("mlp",), batches=(8, 32))
     assert section.error is None
     assert [row[:3] for row in section.rows] == [["mlp", "8", "fp32"], ["mlp", "32", "fp32"]]
-    for key in ("mlp_batch8_fp32", "mlp_batch32_fp32"):
+    for key, row in zip(("mlp_batch8_fp32", "mlp_batch32_fp32"), section.rows, strict=True):
         numbers = section.data[key]
         assert numbers["steps"] >= 3
         assert all(numbers[f"{loop}_s"] > 0 for loop in ("plain", "replica", "alone"))
+        # each cell is its own loop's time, over the plain loop's
+        cells = dict(zip(section.columns, row, strict=True))
+        assert cells["plain ms"] == f"{numbers['plain_s'] * 1e3:.3f}"
+        assert cells["replica / plain"] == f"{numbers['replica_s'] / numbers['plain_s']:.2f}x"
+        assert cells["alone / plain"] == f"{numbers['alone_s'] / numbers['plain_s']:.2f}x"
         if not torch.cuda.is_available():  # no graph, profile or copies without CUDA
             assert numbers["graphed_s"] is None and numbers["kernels_per_step"] is None
             assert numbers["replica_graphed_s"] is None

@@ -131,6 +131,8 @@ def test_bad_resumes_are_one_line_errors(results_dir: Path, tmp_path: Path) -> N
     with pytest.raises(UserError, match="optim cannot change") as raised:
         resume(with_checkpoint, ["optim.lr=0.5"])
     assert "\n" not in str(raised.value)
+    with pytest.raises(UserError, match="seed cannot change"):  # its data order would
+        resume(with_checkpoint, ["seed=1"])
     assert resume(with_checkpoint, ["budget.epochs=3"]).cfg.budget.epochs == 3
 
 

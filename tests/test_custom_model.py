@@ -126,6 +126,9 @@ def test_the_factory_gets_what_the_data_says_and_a_users_kwarg_wins(nets: object
     assert calls == [{"in_features": 64, "num_outputs": 1, "task": "binary",
                       "input_shape": [1, 8, 8], "hidden": 5}]
     calls.clear()
+    BINARY.build_model(_custom("mlp", task="mine"), seed=0)  # a parameter the data offers too
+    assert calls == [{"in_features": 64, "num_outputs": 1, "task": "mine"}]
+    calls.clear()
     Problem("multilabel", 20, 4, None).build_model(_custom("mlp"), seed=0)
     # the data's sizes go to the parameters the factory names, never into its **kwargs
     assert calls == [{"in_features": 20, "num_outputs": 4, "task": "multilabel"}]

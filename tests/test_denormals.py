@@ -39,6 +39,9 @@ def test_flushed_sets_the_mode_meanwhile_and_restores_it() -> None:
         with flushed(False):
             assert not flushing()
         assert flushing()
+        with flushed(True):  # the mode it found, not the opposite of the one it set
+            pass
+        assert flushing()
     assert not flushing()
 
 

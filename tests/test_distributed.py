@@ -129,6 +129,8 @@ def test_split_is_equal_or_proportional_and_gives_everyone_a_share() -> None:
     assert split(100, [3.0, 1.0]) == [75, 25]
     assert split(10, [1000.0, 1.0]) == [9, 1]
     assert split(1, [1.0, 1.0]) == [1, 0]
+    # 3.33 and 6.67 floor to 3 and 6: the example left goes to the larger remainder
+    assert split(10, [1.0, 2.0]) == [3, 7]
 
 
 @pytest.mark.integration

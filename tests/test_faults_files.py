@@ -184,7 +184,8 @@ def test_the_job_a_sweep_is_starting_reads_as_running_not_crashed(tmp_path: Path
         me = psutil.Process(other.pid)
         (sweep / CLAIM).write_text(json.dumps(
             {"host": this_process()["host"], "pid": other.pid, "started": me.create_time()}))
-        earlier, starting = _job(sweep, "0_seed=0"), _job(sweep, "1_seed=1")
+        # the newest by number: by name, 9_... would come after 10_...
+        earlier, starting = _job(sweep, "9_seed=9"), _job(sweep, "10_seed=10")
         assert read_summary(starting)["status"] == RUNNING
         assert read_summary(starting)["error"] is None
         assert read_summary(earlier)["status"] == CRASHED  # not the newest: it did crash

@@ -80,8 +80,14 @@ def test_time_not_scheduled_is_reported_with_the_overrun() -> None:
     watch.ticked(20.0 + TICK_S, 0.001, elapsed=21.0)  # stopped 20 s, from 1 s of training
     watch.ticked(TICK_S + 3.0, 3.0, elapsed=22.0)  # 3 s on the CPU: busy, not unscheduled
     warning, = watch.warnings(time_s=24.0, budget_s=4.0)
-    assert "not scheduled for 20.0 s" in warning and "from 1.0 s of training" in warning
+    assert "not scheduled for 20.0 s (longest 20.0 s, from 1.0 s of training)" in warning
     assert "the 4 s budget overran by 20.0 s" in warning
+    # an end within STARVED_S of the budget is no overrun
+    assert "overran" not in watch.warnings(time_s=4.0 + STARVED_S, budget_s=4.0)[0]
+    watch.ticked(TICK_S + 2.0, 0.0, elapsed=24.0)  # a shorter stop later: the longest stays
+    warning, = watch.warnings(time_s=26.0, budget_s=None)  # an epochs budget: no seconds
+    assert "not scheduled for 22.0 s (longest 20.0 s, from 1.0 s of training)" in warning
+    assert "overran" not in warning
 
 
 def _busy(seconds: float) -> None:

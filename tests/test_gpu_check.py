@@ -156,6 +156,8 @@ timeout() {{ echo "limit $2" >>"$DIR/limits.txt"; }}
 {functions}
 NOW=0
 step early 500 true
+NOW=30
+fits bench 70 && echo ran bench >>"$DIR/steps.txt"
 NOW=40
 fits calibrate 180 && echo ran calibrate >>"$DIR/steps.txt"
 fits hogwild 10 && echo ran hogwild >>"$DIR/steps.txt"
@@ -165,7 +167,8 @@ exit 0
     steps = (tmp_path / "steps.txt").read_text()
     assert "calibrate: skipped, 60 s left of 100 s and it needs 180 s" in steps
     assert "hogwild: skipped, after calibrate" in steps
-    assert not any(line.startswith("ran ") for line in steps.splitlines())
+    # a step that needs all the time left (70 s at 30 s of 100) runs
+    assert [line for line in steps.splitlines() if line.startswith("ran ")] == ["ran bench"]
     assert (tmp_path / "limits.txt").read_text().split() == ["limit", "130"]
     # past the total and its 30 s, a step still gets a limit (timeout 0 would mean none)
     late = tmp_path / "late"

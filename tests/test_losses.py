@@ -56,6 +56,9 @@ def test_correct_counts():
     # precision@1: only the top-scored label has to be a true one
     assert correct("multilabel", torch.tensor([[0.1, 0.9, 0.5], [0.9, 0.1, 0.5]]),
                    torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 1.0]])).item() == 1
+    # the top label (2) is a true one, though not the first true one (1)
+    assert correct("multilabel", torch.tensor([[0.1, 0.5, 0.9]]),
+                   torch.tensor([[0.0, 1.0, 1.0]])).item() == 1
 
 
 def test_num_outputs():

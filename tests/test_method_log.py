@@ -129,7 +129,7 @@ def test_the_table_keeps_the_last_value_of_each_name_in_the_order_first_logged()
     table.log("b", 1)
     table.log("a", torch.tensor([2.5]))
     table.log("b", 3.0)
-    assert table.latest() == {"b": 3.0, "a": 2.5}
+    assert list(table.latest().items()) == [("b", 3.0), ("a", 2.5)]  # convergence.csv's order
 
 
 def test_a_second_view_of_the_table_writes_the_same_slot() -> None:
@@ -140,6 +140,7 @@ def test_a_second_view_of_the_table_writes_the_same_slot() -> None:
     worker.log("gap", 2.0)
     worker.log("other", 5.0)
     assert table.latest() == {"gap": 2.0, "other": 5.0}
+    assert worker.slots == {"gap": 0, "other": 1}  # the slot the table wrote, then the next
 
 
 @pytest.mark.parametrize(("name", "said"), [
@@ -166,6 +167,9 @@ def test_a_value_that_is_no_finite_number_is_one_line(value: object, said: str) 
 
 
 def test_a_name_beyond_the_tables_room_is_refused() -> None:
+    table = MethodLog(threading.Lock())
+    table.log("x" * 64, 1.0)  # a name of 64 bytes fills its room (65 is refused, above)
+    assert table.latest() == {"x" * 64: 1.0}
     table = MethodLog(threading.Lock())
     for i in range(MAX_NAMES):
         table.log(f"n{i}", i)

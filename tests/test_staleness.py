@@ -52,11 +52,15 @@ def test_the_virtual_clock_counts_the_updates_landed_while_a_step_ran() -> None:
     assert [row["stale_sum"] for row in counters] == [0 + 0 + 1, 2 + 1]
     assert [row["stale_max"] for row in counters] == [1, 2]
     assert Staleness.of([s.group for s in specs], counters) == Staleness(0.8, 2, {"cpu": 0.8})
+    # two groups: each group's mean is over its own updates (1 / 3 and 3 / 2), not over all 5
+    assert Staleness.of(["accel", "cpu"], counters) == Staleness(
+        0.8, 2, {"accel": pytest.approx(1 / 3), "cpu": 1.5})
 
 
 def test_a_worker_counts_the_claims_other_workers_made_while_it_stepped() -> None:
     """A worker process's measurement, on a constructed sequence: during each of its steps the
-    'other workers' claim 0, 2, 1 and 3 chunks of the same cursor; its claims are not counted."""
+    'other workers' claim 0, 3, 1 and 2 chunks of the same cursor; its claims are not counted
+    (and the largest, 3, is not the last)."""
     cfg = run_config("algo=hogwild", "dataset=digits", "model=logreg", "devices=single_cpu",
                      "devices.groups.cpu.batch_size=1", "budget.epochs=1")
     data = load_run_data(cfg, progress=False)
@@ -64,7 +68,7 @@ def test_a_worker_counts_the_claims_other_workers_made_while_it_stepped() -> Non
     state = SharedState.create(data.train, master, cfg.budget.epochs, 1, mp.get_context("spawn"))
     spec, = expand(cfg.devices)
     worker = Worker(spec, cfg, data.problem, state)
-    others = [0, 2, 1, 3]
+    others = [0, 3, 1, 2]
 
     def step(epoch: int, start: int, size: int) -> tuple[Pending, float, float]:
         for _ in range(others.pop(0)):

@@ -20,6 +20,7 @@ from hetsgd import api
 from hetsgd.config import CONF_DIR, compose_run, register_configs, to_run_config
 from hetsgd.config.compose import sweep_jobs, with_first_group_choices
 from hetsgd.config.swept import MULTIRUN, sweep_overrides, swept_keys, swept_name
+from hetsgd.outputs.sweep import job_dirs
 
 SHORT = ("dataset=digits", "budget.seconds=1", "budget.epochs=null", "progress=false")
 
@@ -91,6 +92,17 @@ def test_a_job_folder_is_named_by_the_keys_its_sweep_varies_only(tmp_path: Path)
 
 @pytest.mark.integration
 @pytest.mark.wall
+def test_a_sweeps_jobs_are_in_job_number_order(tmp_path: Path) -> None:
+    """By the number, not by name (where "10_..." comes before "2_..."); a folder that is no
+    run directory is not a job, and one without a number comes last."""
+    for name in ("10_seed=10", "2_seed=2", "0_seed=0", "extra", "3_empty"):
+        (tmp_path / name).mkdir()
+        if name != "3_empty":
+            (tmp_path / name / "summary.json").write_text("{}")
+    assert [d.name for d in job_dirs(tmp_path)] == ["0_seed=0", "2_seed=2", "10_seed=10",
+                                                    "extra"]
+
+
 def test_a_sweeps_job_folders_name_the_swept_values(results_dir: Path) -> None:
     result = api.sweep("seed=0,1", "budget.epochs=0.2", "dataset=digits", "progress=false")
     assert result.exit_code == 0

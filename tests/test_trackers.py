@@ -153,6 +153,10 @@ def test_swept_values_are_those_the_command_line_and_the_sweeper_vary(tmp_path: 
                                                  "+method=hogbatch", "optim.lr=0.1"]))
     assert swept_values(job) == {"seed": "1", "method": "hogbatch"}
     assert swept_values(tmp_path) == {}
+    # and the job's record is tagged with them, beside its summary's identity
+    (job / SUMMARY).write_text(json.dumps({"status": "completed", "seed": 1, "algo": "hogwild"}))
+    assert read_run(job).tags == {"algo": "hogwild", "seed": "1", "status": "completed",
+                                  "method": "hogbatch"}
 
 
 def test_flattened_config_keys_are_dotted_and_values_as_typed() -> None:
