@@ -17,11 +17,14 @@ from hetsgd.runs.validate import CASES, Comparison, UnsteadyMachine, drift_betwe
 @pytest.mark.wall
 @pytest.mark.serial
 def test_simulated_hogbatch_keeps_the_real_runs_pace_and_shares(results_dir: Path) -> None:
-    """Hogbatch with the host 4x slower, one seed, 2 s, alone on the machine (``serial``: a
+    """Hogbatch with the host 4x slower, two seeds of 2 s, alone on the machine (``serial``: a
     calibration and a run that another test disturbs at different moments disagree). The
     bounds are loose for a noisy 2-core machine: the full comparison, 3 seeds of 4 s, has
     measured seed-by-seed ratios of 0.92-1.12 here, but one 2 s real run has read 1.69x slower
-    than its calibration (a clean-clone CI run). The host's share is the sharp check: a
+    than its calibration (a clean-clone CI run), and one seed's host share 1.66x simulated
+    over real (0.39 against 0.24, its calibrations agreeing); each ratio checked is the median
+    of the two seeds' (their mean), which one such seed does not decide. The host's share is
+    the sharp check: a
     simulation that ignored its slowdown gives it about 3x its share, one that applied it twice
     about half; a clock off by more than 2x leaves the examples/s bounds. A real run that the
     machine slowed (a calibration after it disagrees with the one before, as after a host
@@ -31,7 +34,7 @@ def test_simulated_hogbatch_keeps_the_real_runs_pace_and_shares(results_dir: Pat
     common = ("dataset=digits", "model=mlp", "optim.lr=0.01", "budget.epochs=null",
               "budget.seconds=2", "eval.every_s=0.2", "eval.every_epochs=null", "progress=false")
     try:
-        comparisons = validate([case], common, seeds=[0], target_loss=0.1, out=results_dir,
+        comparisons = validate([case], common, seeds=[0, 1], target_loss=0.1, out=results_dir,
                                calibration_s=0.25)
     except UnsteadyMachine as exc:  # no measure of the clock here now, not a wrong clock
         pytest.skip(str(exc))
