@@ -32,9 +32,11 @@ def test_a_choice_on_the_edge_of_what_its_method_tried_is_flagged_with_its_side(
     table = chosen_trials([("gpu", "0.01", 0, 3.0, 0.5), ("gpu", "0.1", 0, 2.0, 0.4),
                            ("gpu", "1", 0, 1.0, 0.3),            # best at the top
                            ("hogwild", "0.01", 0, 3.0, 0.5), ("hogwild", "0.1", 0, 1.0, 0.4),
-                           ("hogwild", "1", 0, 2.0, 0.3)])       # best inside
-    assert edges(table) == {"gpu": {"optim.lr": "high"}}
-    assert table.loc[table["chosen"], "edge"].tolist() == ["optim.lr:high", ""]
+                           ("hogwild", "1", 0, 2.0, 0.3),        # best inside
+                           ("hogbatch", "0.01", 0, 1.0, 0.3), ("hogbatch", "0.1", 0, 2.0, 0.4),
+                           ("hogbatch", "1", 0, 3.0, 0.5)])      # best at the bottom
+    assert edges(table) == {"gpu": {"optim.lr": "high"}, "hogbatch": {"optim.lr": "low"}}
+    assert table.loc[table["chosen"], "edge"].tolist() == ["optim.lr:high", "", "optim.lr:low"]
     assert beyond(table, "gpu", "optim.lr", "high") == "10"  # one step of the grid's ratio
     assert beyond(table, "gpu", "optim.lr", "low") == "0.001"
 
@@ -52,7 +54,11 @@ def test_integer_knobs_step_by_whole_numbers_and_one_value_is_no_search() -> Non
     table = table.rename(columns={"set.optim.lr": "set.algo.batch"})
     assert edges(table) == {"gpu": {"algo.batch": "high"}}
     assert beyond(table, "gpu", "algo.batch", "high") == "4"
-    assert beyond(table, "gpu", "algo.batch", "low") == "0"
+    # a geometric grid of positive integers stays positive: below 1 there is no step (a batch
+    # of 0 is no setting), above a 2 it is a 1
+    assert beyond(table, "gpu", "algo.batch", "low") is None
+    wider = table.assign(**{"set.algo.batch": ["2", "4"]})
+    assert beyond(wider, "gpu", "algo.batch", "low") == "1"
     assert edges(chosen_trials([("gpu", "0.1", 0, 2.0, 0.4)])) == {}
 
 

@@ -57,17 +57,18 @@ def edges(trials: pd.DataFrame) -> dict[str, dict[str, str]]:
 def beyond(trials: pd.DataFrame, method: str, knob: str, side: str) -> str | None:
     """The next value of ``knob`` past ``method``'s ``side`` edge: one step of the ratio (or
     the difference) of its two outermost values on that side, an integer for an integer knob;
-    None where no new value comes of it."""
+    None where no new value comes of it (below 1, a positive integer grid has none)."""
     given = list(dict.fromkeys(trials.loc[trials[METHOD] == method, f"{KNOB_PREFIX}{knob}"]
                                .astype(str)))
     numbers = sorted(v for v in map(_number, given) if v is not None)
     if len(numbers) < 2:
         return None
     edge, inner = (numbers[-1], numbers[-2]) if side == "high" else (numbers[0], numbers[1])
-    step = edge * (edge / inner) if edge > 0 and inner > 0 else edge + (edge - inner)
+    geometric = edge > 0 and inner > 0
+    step = edge * (edge / inner) if geometric else edge + (edge - inner)
     if all(_is_int(v) for v in given):
         step = float(round(step)) if round(step) != edge else edge + (1 if side == "high" else -1)
-        return str(int(step))
+        return None if geometric and step < 1 else str(int(step))
     return format(step, ".3g") if format(step, ".3g") not in given else None
 
 
