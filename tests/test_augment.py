@@ -84,6 +84,10 @@ def test_padding_is_each_channel_fill() -> None:
     out = crop_flip(x, (2, 3, 5), 2, fill, torch.Generator().manual_seed(2)).numpy()
     for row in out:
         assert np.ascontiguousarray(row).reshape(2, 3, 5).tobytes() in crops
+    # every shift of 0 to 2 x padding occurs, either way (none of the end ones left out)
+    shifts = set().union(*(crops[np.ascontiguousarray(row).reshape(2, 3, 5).tobytes()]
+                           for row in out))
+    assert {dy for dy, _, _ in shifts} == set(range(5)) == {dx for _, dx, _ in shifts}
     channels = out.reshape(-1, 2, 15)
     assert (channels[:, 0] == -7.0).any() and (channels[:, 1] == 9.0).any()
     assert not (channels[:, 0] == 9.0).any() and not (channels[:, 1] == -7.0).any()

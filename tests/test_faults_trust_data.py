@@ -92,11 +92,13 @@ def _npz_with_object_array(path: Path) -> None:
     lambda path: os.truncate(path, path.stat().st_size // 2),
     lambda path: np.savez(path, kept=np.ones(39, bool), how=np.array("stratified")),
     lambda path: np.savez(path, kept=np.ones(40, bool), how=np.array("stratified")),
+    lambda path: np.savez(path, kept=np.zeros(40, bool), how=np.array("stratified")),
     lambda path: np.savez(path, kept=np.zeros(40, np.int64), how=np.array("stratified")),
     lambda path: np.savez(path, kept=np.ones(40, bool) & (np.arange(40) % 2 == 0),
                           how=np.array("os.system")),
     _npz_with_object_array,
-], ids=["not-zip", "truncated", "other-rows", "empty-part", "not-flags", "bad-how", "objects"])
+], ids=["not-zip", "truncated", "other-rows", "empty-part", "nothing-kept", "not-flags",
+        "bad-how", "objects"])
 def test_a_damaged_split_is_drawn_again_with_one_warning(
         home: Path, capsys: pytest.CaptureFixture[str], damage) -> None:
     y = np.repeat(np.arange(4), 10)
@@ -116,11 +118,14 @@ def test_a_damaged_split_is_drawn_again_with_one_warning(
     assert again[2] == "stratified"
     split_rows(y, "multiclass", 5, test_size=0.25)
     assert capsys.readouterr().err == ""  # rewritten whole
+    with np.load(entry, allow_pickle=False) as cached:
+        np.testing.assert_array_equal(np.flatnonzero(cached["kept"]), kept)
 
 
 def _unsafe_loads(tree: ast.AST) -> Iterator[str]:
-    """Calls that would run code a file names: pickle's loads, torch.load without
-    ``weights_only=True``, YAML's unsafe loaders, numpy's ``allow_pickle=True``, joblib."""
+    """Calls that would run code a file names: pickle's loads and unpickler, pandas'
+    read_pickle, torch.load without ``weights_only=True``, YAML's unsafe loaders, numpy's
+    ``allow_pickle=True``, joblib."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
@@ -132,6 +137,8 @@ def _unsafe_loads(tree: ast.AST) -> Iterator[str]:
         call = f"{owner}.{node.func.attr}"
         keywords = {k.arg: ast.unparse(k.value) for k in node.keywords}
         if call in ("pickle.load", "pickle.loads", "yaml.unsafe_load", "yaml.full_load"):
+            yield call
+        if node.func.attr in ("read_pickle", "Unpickler"):  # whatever the module's name
             yield call
         if call == "torch.load" and keywords.get("weights_only") != "True":
             yield call
@@ -152,9 +159,11 @@ def test_no_module_of_the_package_loads_what_could_run_code() -> None:
 def test_the_scan_finds_each_unsafe_load() -> None:
     source = ("import joblib\npickle.loads(b)\ntorch.load(f)\nyaml.load(t, Loader=yaml.Loader)\n"
               "np.load(f, allow_pickle=True)\ntorch.load(f, weights_only=True)\n"
-              "yaml.load(t, Loader=yaml.SafeLoader)\nnp.load(f, allow_pickle=False)\n")
+              "yaml.load(t, Loader=yaml.SafeLoader)\nnp.load(f, allow_pickle=False)\n"
+              "pd.read_pickle(p)\npickle.Unpickler(f).load()\n")
     assert list(_unsafe_loads(ast.parse(source))) == [
-        "joblib", "pickle.loads", "torch.load", "yaml.load", "np.load(allow_pickle=True)"]
+        "joblib", "pickle.loads", "torch.load", "yaml.load", "np.load(allow_pickle=True)",
+        "pd.read_pickle", "pickle.Unpickler"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,8 +292,11 @@ def test_a_table_wider_than_memory_allows_is_refused_before_parsing(
     monkeypatch.setattr(tables, "available_memory", lambda: 1 << 20)
     monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "fresh"))  # no parsed cache to take it from
     message = _error(cfg)
-    assert message.startswith(f"{path}: a table of 2,001 columns and about 1")
-    assert message.endswith(" MiB to read, more than the 1 MiB of memory available")
+    # CSV: 11 rows (10 lines and one that may lack its newline), 2,001 x (1,536 + 11 x 20) B =
+    # 3.4 MiB; Parquet: 10 rows, 2,001 x (16,384 + 10 x 32) B = 31.9 MiB
+    rows, mib = {"csv": (11, 3), "parquet": (10, 32)}[fmt]
+    assert message == (f"{path}: a table of 2,001 columns and about {rows} rows takes about "
+                       f"{mib} MiB to read, more than the 1 MiB of memory available")
 
 
 def test_a_parquet_label_column_of_lists_is_one_line(tmp_path: Path, home: Path) -> None:

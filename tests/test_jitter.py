@@ -52,6 +52,12 @@ def test_without_jitter_a_step_takes_the_profile_times_the_slowdown() -> None:
     times = StepTimes(Fixed(0.5, copy=0.1), _spec(0, slowdown=3.0), run_config(*SIMULATED))
     assert times.rng is None
     assert [times.step(16, copies=2) for _ in range(3)] == [pytest.approx((1.5, 0.6))] * 3
+    # with jitter, the step's one factor spreads its copies as well as its compute
+    cfg = run_config(*SIMULATED, "devices.groups.cpu.jitter=0.2")
+    times = StepTimes(Fixed(0.5, copy=0.1), _spec(0, slowdown=3.0), cfg)
+    drawn = _factors(StepTimes(Fixed(0.5, copy=0.1), _spec(0, slowdown=3.0), cfg), 3)
+    assert [times.step(16, copies=2) for _ in range(3)] == [
+        pytest.approx((1.5 * f, 0.6 * f)) for f in drawn]
 
 
 def test_a_rank_clock_advances_by_the_jittered_step() -> None:

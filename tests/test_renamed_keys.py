@@ -40,12 +40,14 @@ def test_an_old_runs_config_with_the_old_keys_rebuilds(tmp_path: Path) -> None:
     for old, new in RENAMED_KEYS.items():  # as a run before the rename wrote it
         algo[old] = algo.pop(new)
     algo["min_gpu_batch"] = 16
+    algo["max_cpu_batch"] = 48  # neither is today's default: each must come from the file
     file = tmp_path / "config.yaml"
     OmegaConf.save(OmegaConf.create(recorded), file)
     assert "min_accel_batch" not in file.read_text()
     _, run = rebuild_config(file, ["algo=adaptive"], "cannot rebuild")
     assert isinstance(run.algo, AdaptiveConfig)
-    assert (run.algo.min_accel_batch, run.algo.max_host_batch) == (16, AdaptiveConfig.max_host_batch)
+    assert (run.algo.min_accel_batch, run.algo.max_accel_batch, run.algo.max_host_batch) == (
+        16, None, 48)
 
 
 def _old_run(run_dir: Path, groups: tuple[str, str]) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import pandas as pd
@@ -20,17 +21,19 @@ def _leftovers(run_dir: Path) -> list[str]:
 
 def test_every_file_is_synced_and_renamed_into_place(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    synced, renamed = [], []
+    events: list[str] = []  # each file synced before its rename, the folder after it
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append(Path(b).name),
+    monkeypatch.setattr(os, "fsync", lambda fd: (
+        events.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"),
+        real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(Path(b).name),
                                                      real_replace(a, b))[1])
     out = RunDirectory(tmp_path / "run")
     out.write_config(OmegaConf.create({"algo": {"name": "sync"}, "seed": 0}))
     out.write_table("convergence", [{"time_s": 0.0, "epoch": 0.0, "train_loss": 2.3}])
     out.write_summary({"status": "completed", "loss": float("nan")})
-    assert renamed == ["config.yaml", "convergence.csv", "summary.json"]
-    assert len(synced) >= 3
+    assert events == [step for name in ("config.yaml", "convergence.csv", "summary.json")
+                      for step in ("file", name, "folder")]
     assert json.loads((out.path / "summary.json").read_text())["loss"] is None
     assert pd.read_csv(out.path / "convergence.csv")["train_loss"].tolist() == [2.3]
     assert "name: sync" in (out.path / "config.yaml").read_text()

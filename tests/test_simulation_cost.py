@@ -93,6 +93,15 @@ def test_an_epoch_budget_is_estimated_at_the_windows_pace(monkeypatch: pytest.Mo
                       [(0.0, 100.0, 0), (0.01, 101.0, 20)])
     assert probe.estimate is not None
     assert probe.estimate["estimated_real_s"] == pytest.approx(1 + 100 * 0.09)
+    # a first tick after some steps (0.01 virtual s, 0.2 epochs) opens the window there: 0.01
+    # virtual s and 0.2 epochs later, 1 wall s has passed, 100 a second; 2 epochs end 0.08
+    # virtual s after it (from the start, or with all 0.4 epochs, it would read 50 a second,
+    # or 2 epochs 0.04 s after it)
+    probe, _ = _probe(monkeypatch, BudgetConfig(epochs=2.0, seconds=1.0),
+                      [(0.01, 100.0, 20), (0.015, 100.5, 30), (0.02, 101.0, 40)])
+    assert probe.estimate == {"real_s_per_virtual_s": pytest.approx(100),
+                              "probed_virtual_s": pytest.approx(0.01),
+                              "estimated_real_s": pytest.approx(1 + 100 * 0.08)}
 
 
 def test_a_short_epoch_budget_is_timed_over_a_tenth_of_it(monkeypatch: pytest.MonkeyPatch) -> None:

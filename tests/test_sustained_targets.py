@@ -47,6 +47,8 @@ def test_a_curve_that_stays_is_timed_where_it_last_crossed() -> None:
     # a NaN snapshot (a diverged evaluation) counts as short of the target
     assert sustained(range(3), [1.0, math.nan, 1.0], 0.9).time == 2.0
     assert sustained(range(3), [1.0, 1.0, 1.0], 0.9).time == 0.0
+    # at the target is there: 0 + 0.9 / 0.9 = 1 s, and it stays
+    assert sustained(range(3), [0.0, 0.9, 0.9], 0.9) == Reach(1.0, 1.0)
 
 
 def test_absolute_losses_are_timed_for_good() -> None:
@@ -122,8 +124,9 @@ def _run(seed: int, reached: float | None, unstable: tuple[float, ...] = ()) -> 
 def test_the_paper_table_does_not_credit_a_seed_that_left_its_target() -> None:
     gpu = paper_table.Row("paper_hogbatch_v100", "sync", [_run(0, 0.4), _run(1, 0.45)])
     hogwild = paper_table.Row("paper_hogbatch_v100", "hogwild",
-                              [_run(0, None, unstable=(0.1,)), _run(1, None)])
-    assert paper_table.speedup(hogwild, gpu, 0.1) == "—"
+                              [_run(0, None, unstable=(0.1,)), _run(1, 0.15)])
+    # seed 1 alone is credited: 0.45 / 0.15, one ratio of the two seeds (no interval)
+    assert paper_table.speedup(hogwild, gpu, 0.1) == "3.0x n=1/2"
     (note,) = [line for line in paper_table.notes([hogwild]) if "unstable" in line]
     assert note == ("CPU Hogwild, V100 (AWS p3.16xlarge), seed 0: reached 0.1 and left it "
                     "(unstable): no time to it, not credited")
