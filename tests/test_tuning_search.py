@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import yaml
 
 from hetsgd.errors import UserError
 from hetsgd.invocation import invoke
-from hetsgd.tuning.bracket import beyond, edges
+from hetsgd.tuning.bracket import beyond, edges, report_edges
 from hetsgd.tuning.choice import choose
 from hetsgd.tuning.phases import CLAIM, SearchInterrupted, tune_then_compare
 from tests.test_tuning import TINY, spec, trials, tuned_sweep
@@ -60,6 +61,27 @@ def test_integer_knobs_step_by_whole_numbers_and_one_value_is_no_search() -> Non
     wider = table.assign(**{"set.algo.batch": ["2", "4"]})
     assert beyond(wider, "gpu", "algo.batch", "low") == "1"
     assert edges(chosen_trials([("gpu", "0.1", 0, 2.0, 0.4)])) == {}
+
+
+def test_each_edge_is_logged_with_what_comes_of_it(caplog: pytest.LogCaptureFixture) -> None:
+    def logged(objectives: tuple[float, float], extending: bool) -> str:
+        table = chosen_trials([("gpu", "1", 0, objectives[0], 0.4),
+                               ("gpu", "2", 0, objectives[1], 0.3)])
+        table = table.rename(columns={"set.optim.lr": "set.algo.batch"})
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hetsgd.tuning.bracket"):
+            report_edges(table, edges(table), extending)
+        message, = caplog.messages
+        return message
+
+    said = "+method=gpu chose algo.batch on the {} edge of the values it tried: {}"
+    assert logged((2.0, 1.0), True) == said.format("high", "extending the grid past it "
+                                                           "(algo.batch=4)")
+    assert logged((1.0, 2.0), True) == said.format("low", "no value lies past it, so the "
+                                                          "choice stays flagged")
+    assert logged((2.0, 1.0), False) == said.format(
+        "high", "the bound on extensions (tuning.extend) is reached, so the choice stays "
+        "flagged")
 
 
 def test_a_setting_that_did_not_learn_is_never_chosen() -> None:

@@ -76,11 +76,15 @@ def _is_int(text: str) -> bool:
     return text.lstrip("+-").isdigit()
 
 
-def report_edges(found: dict[str, dict[str, str]], extending: bool) -> None:
-    """One log line per edge choice: extended, or left on the edge once the bound is hit."""
+def report_edges(trials: pd.DataFrame, found: dict[str, dict[str, str]],
+                 extending: bool) -> None:
+    """One log line per edge choice: extended (to which value), left on the edge where no value
+    lies past it, or left there once the bound on extensions is hit."""
     for method, sides in found.items():
         for knob, side in sides.items():
+            past = beyond(trials, method, knob, side) if extending else None
             log.warning("+method=%s chose %s on the %s edge of the values it tried: %s", method,
-                        knob, side, "extending the grid past it" if extending else
+                        knob, side, f"extending the grid past it ({knob}={past})" if past else
+                        "no value lies past it, so the choice stays flagged" if extending else
                         "the bound on extensions (tuning.extend) is reached, so the choice "
                         "stays flagged")

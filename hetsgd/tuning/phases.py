@@ -114,7 +114,7 @@ def _search(tuning: Tuning, rounds: list[tuple[int, Path]],
             found = edges(trials)
         finally:
             _write(sweep_dir, trials)
-        report_edges(found, extending=number < tuning.extend)
+        report_edges(trials, found, extending=number < tuning.extend)
         if number == tuning.extend or not _extend(trials, chosen, found, rounds, run):
             return trials, chosen
         number += 1
