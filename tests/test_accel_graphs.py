@@ -27,9 +27,11 @@ SCHEDULE = [(0.0, 8)] * 3 + [(0.0, 5)] * 2 + [(1.0, 8)] * 3
 OPTIM = SGDConfig(lr=0.5, momentum=0.5, milestones=[1.0], lr_decay=0.1)
 
 
-def _net(device: torch.device) -> nn.Module:
+def _net(device: torch.device, norm: bool = False) -> nn.Module:
+    """A small net; ``norm``: with a batch norm, whose running statistics are buffers."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).to(device)
+    return nn.Sequential(nn.Linear(6, 5), *([nn.BatchNorm1d(5)] if norm else []), nn.Tanh(),
+                         nn.Linear(5, 3)).to(device)
 
 
 def _train(step: Step, flat: FlatModel, device: torch.device) -> list[float]:
@@ -44,8 +46,9 @@ def _train(step: Step, flat: FlatModel, device: torch.device) -> list[float]:
     return losses
 
 
-def _pair(device: torch.device, step_choice: str) -> tuple[FlatModel, Step, FlatModel, Step]:
-    eager, graphed = FlatModel(_net(device)), FlatModel(_net(device))
+def _pair(device: torch.device, step_choice: str,
+          norm: bool = False) -> tuple[FlatModel, Step, FlatModel, Step]:
+    eager, graphed = FlatModel(_net(device, norm)), FlatModel(_net(device, norm))
     return (eager, build_step(step_choice, eager, OPTIM, "multiclass"), graphed,
             GraphedStep(build_step(step_choice, graphed, OPTIM, "multiclass"), device))
 
@@ -64,8 +67,9 @@ def test_a_failed_capture_puts_the_model_back_and_steps_eagerly_from_then_on(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The warm-up runs (streams stand in for CUDA's), then the capture fails at its end, as it
     may on a GPU (here the captured step has run on the CPU): the warm-up's and the capture's
-    steps are undone, the step is taken eagerly, and no key tries again."""
-    eager, step, graphed, _ = _pair(CPU, "autograd")
+    steps are undone (the running statistics too), the step is taken eagerly, and no key
+    tries again."""
+    eager, step, graphed, _ = _pair(CPU, "autograd", norm=True)
     monkeypatch.setattr(device_ops, "is_cuda", lambda device: True)
     graphed_step = GraphedStep(build_step("autograd", graphed, OPTIM, "multiclass"), CPU)
     monkeypatch.setattr(torch.cuda, "Stream", _Stream)
@@ -78,6 +82,7 @@ def test_a_failed_capture_puts_the_model_back_and_steps_eagerly_from_then_on(
         _train(graphed_step, graphed, CPU)
     _train(step, eager, CPU)
     torch.testing.assert_close(graphed.params, eager.params, rtol=0, atol=0)
+    torch.testing.assert_close(graphed.buffers, eager.buffers, rtol=0, atol=0)
     assert graphed_step.eager_reason == "capture failed: RuntimeError"
     assert not graphed_step.graphs
     assert [r.getMessage() for r in caplog.records] == [

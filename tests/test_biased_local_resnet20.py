@@ -125,6 +125,12 @@ def test_the_test_subset_is_stratified_and_keeps_the_training_files(tmp_path: Pa
     subset = script().with_test_subset(tmp_path / "published", tmp_path / "subset", 50)
     assert np.bincount(read_idx(subset / labels_test)).tolist() == [5] * 10
     assert read_idx(subset / images_test).shape == (50, 28, 28)
+    # each image kept with its own label (the published image j has label j % 10)
+    published = read_idx(tmp_path / "published" / images_test)
+    kept = [next(j for j in range(200) if (published[j] == image).all())
+            for image in read_idx(subset / images_test)]
+    assert len(set(kept)) == 50 and [j % 10 for j in kept] == read_idx(
+        subset / labels_test).tolist()
     assert (subset / images_train).resolve() == (tmp_path / "published" / images_train).resolve()
 
 
@@ -174,6 +180,15 @@ def test_the_table_reads_the_experiments_runs_and_names_what_it_cannot_read(
             if line.startswith("| ") and " | 1/1 | " in line}
     assert set(rows) == {"sync", "local_biased"}  # the other experiment's run passed over
     assert "common budget 3 epochs" in written
+    # write_run's accuracy 0.1 + 0.85 (1 - exp(-speed t)), a snapshot each 0.25 s: both end
+    # above 0.93 (0.934 and 0.950), which sync holds from 3.750 s and local_biased (speed 2) from
+    # 1.890 s; its speedup 3.750 / 1.890 = 1.98 over sync, and at the same rate, the same
+    # through its epochs (0.75 t each)
+    cells = {method: [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+             for method, line in rows.items()}
+    assert "common test accuracy 0.93" in written
+    assert (cells["sync"][4], cells["local_biased"][4], cells["local_biased"][9]) == (
+        "1.00", "1.98", "1.98")
     (run_dir / "config.yaml").unlink()
     write_overrides(run_dir, ["+method=local_biased", "seed=²"])  # a digit int() refuses
     curve = pd.read_csv(run_dir / "convergence.csv")

@@ -59,6 +59,11 @@ def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
     report = pd.read_csv(tmp_path / "report.csv")
     (cores,) = report.loc[report["variant"].str.endswith("+method=sync"), "workers_cpu_cores_mean"]
     assert rows["sync"][11] == f"{cores * 100:.0f}"
+    # the loss cells, each its own column (write_run's test loss is 0.05 above its train loss)
+    (sync,) = (row for _, row in report.iterrows() if row["variant"].endswith("+method=sync"))
+    assert sync["test_loss_mean"] - sync["train_loss_mean"] == pytest.approx(0.05)
+    assert rows["sync"][6].startswith(f"{sync['train_loss_mean']:.4f} ± ")
+    assert rows["sync"][7].startswith(f"{sync['test_loss_mean']:.4f} ± ")
 
     other = tmp_path / "other"
     run_dir = write_run(other / "0_gpu", algo="sync", devices="gpu", seed=0)

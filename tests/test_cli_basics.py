@@ -224,9 +224,13 @@ def test_runs_lists_and_filters_run_folders_escaping_them(tmp_path: Path) -> Non
     assert rows["runs/c\\x1b]52;c;x\\x07"][:3] == ["failed", "sync", "\\x1b[2J"]
     assert rows["runs/d"][:2] == ["crashed", "adaptive"]
     assert "\x1b" not in done.stdout
-    only = hetsgd("runs", str(root), "--status", "completed", "--algo", "hogbatch")
-    assert [line.split()[0] for line in only.stdout.splitlines()
-            if line.strip().startswith("runs/")] == ["runs/b"]
+    def listed(*filters: str) -> list[str]:
+        only = hetsgd("runs", str(root), *filters)
+        return [line.split()[0] for line in only.stdout.splitlines()
+                if line.strip().startswith("runs/")]
+
+    assert listed("--status", "completed", "--algo", "hogbatch") == ["runs/b"]
+    assert listed("--status", "failed") == ["runs/c\\x1b]52;c;x\\x07"]  # a status alone
     missing = hetsgd("runs", str(tmp_path / "nothing"))
     assert missing.returncode == 1 and errors(missing.stderr) == [
         f"hetsgd: error: no such results folder: {tmp_path / 'nothing'}"]

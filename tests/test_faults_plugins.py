@@ -426,3 +426,23 @@ def test_only_the_batch_sizes_a_tick_sets_are_the_controllers(size: float) -> No
     with pytest.raises(UserError, match=r"set worker 0's batch size to .*; a batch size is a "
                                         r"whole number >= 1"):
         Watched("mine", _SetsFirst(size), timeout_s=5).tick(2.0, counters)  # type: ignore[arg-type]
+
+
+class _Reports:
+    """A link whose after_step reports ``seconds`` spent copying, at once."""
+
+    def __init__(self, seconds: object) -> None:
+        self.seconds = seconds
+
+    def after_step(self) -> object:
+        return self.seconds
+
+
+@pytest.mark.parametrize("reported", [-1.0, 1e6, "0"])
+def test_a_links_time_below_0_beyond_the_call_or_no_number_is_refused(reported: object) -> None:
+    """An instant call cannot have spent 1e6 s (the margin is 1 s), nor -1 s, nor '0'."""
+    from hetsgd.algorithms.watched import CheckedLink
+    from hetsgd.errors import UserError
+    with pytest.raises(UserError, match=r"worker 0 \(cpu\) reported .* s spent copying"):
+        CheckedLink("mine", "worker 0 (cpu)", _Reports(reported)).after_step()
+    assert CheckedLink("mine", "worker 0 (cpu)", _Reports(0.5)).after_step() == 0.5

@@ -7,11 +7,12 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from hydra import compose
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 from test_sweeps import hydra_conf  # noqa: F401 - the fixture: Hydra on the config tree
 
 import hetsgd
@@ -84,6 +85,20 @@ def test_no_other_module_names_a_private_call() -> None:
     assert offenders == []
 
 
+@dataclass
+class _Inner:
+    x: int = 1
+
+
+@dataclass
+class _Outer:
+    """Where a typed config's mapping is a DictConfig that is None or missing."""
+
+    inner: _Inner = field(default_factory=_Inner)
+    gone: _Inner | None = None
+    unset: _Inner = MISSING
+
+
 def test_the_wrappers_work_on_the_installed_hydra() -> None:
     """Not only the signatures: the calls do what hetsgd reads from them."""
     assert hydra_private.basic_sweep(["seed=0,1", "algo=sync"]) == [
@@ -94,6 +109,9 @@ def test_the_wrappers_work_on_the_installed_hydra() -> None:
                              "ref": {"x": "${nowhere}"}})
     assert [k for k in ("a", "gone", "unset", "leaf", "ref")
             if hydra_private.present_child(node, k) is not None] == ["a", "ref"]
+    typed = OmegaConf.structured(_Outer)  # None and ??? as mappings, not as plain values
+    assert [k for k in ("inner", "gone", "unset")
+            if hydra_private.present_child(typed, k) is not None] == ["inner"]
     assert _resolve(hydra_private.BASIC_SWEEPER).__name__ == "BasicSweeper"  # type: ignore[attr-defined]
 
 

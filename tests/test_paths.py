@@ -40,6 +40,9 @@ def test_long_values_keep_a_readable_prefix_and_stay_distinct() -> None:
     assert len(names) == 3
     assert all(len(n) == MAX_COMPONENT and n.startswith("key0=value0,key1=value1") for n in names)
     assert safe_component(first) == safe_component(first)  # stable
+    # two values that read the same once made safe ("a_" x 100) stay two: the digest is of
+    # the value as given
+    assert safe_component("a/" * 100) != safe_component("a\\" * 100)
     assert safe_component(123) == "123"
 
 

@@ -71,9 +71,12 @@ def test_a_missing_value_is_named_and_the_way_to_drop_it_said(tmp_path: Path) ->
         "leaves them out, dataset.drop=[mass] the column")
 
 
+# reversed, the categories seen first are Torgersen and male: their order is not the sorted one
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
-def test_text_columns_are_one_hot_and_missing_rows_dropped(tmp_path: Path, suffix: str) -> None:
-    frame = penguins()
+def test_text_columns_are_one_hot_and_missing_rows_dropped(tmp_path: Path, suffix: str,
+                                                          reverse: bool) -> None:
+    frame = penguins().iloc[::-1] if reverse else penguins()
     if suffix == ".parquet":  # a pandas categorical, stored as a Parquet dictionary column
         frame["island"] = frame["island"].astype("category")
     data = load(path=write(frame, tmp_path / f"p{suffix}"), drop=["id"], missing="drop")
@@ -100,6 +103,12 @@ def test_a_test_files_unseen_category_encodes_as_zeros(tmp_path: Path) -> None:
     data = load(path=train, test_path=write(test, tmp_path / "test.csv"))
     assert data.table is not None and data.table["one_hot"] == {"island": 2, "sex": 2}
     assert (data.x_test[:, 0:2] == 0).all() and (data.x_test[:, 2] == test["bill"]).all()
+    # read by name, not position: its sex and mass are the training file's columns 3:5 and 5
+    # (a Torgersen row's mass is 2000 plus its sex)
+    sex = data.x_test[:, 3:5]
+    assert (sex.sum(1) == 1).all()
+    np.testing.assert_array_equal(sex.argmax(1), test["mass"].to_numpy() - 2000)
+    assert (data.x_test[:, 5] == test["mass"]).all()
 
 
 def test_an_identifier_column_is_refused_with_the_way_out(tmp_path: Path) -> None:
@@ -158,6 +167,10 @@ def test_the_parsed_cache_keeps_the_encoding_and_knows_the_keys(tmp_path: Path,
     # each table key is part of the cache's key: none is served another's parse
     assert error(path=path, drop=["id"]).startswith(f"{path}: row 4, column 'mass' has no value")
     assert load(path=path, features=["island", "bill"], missing="drop").table["columns"] == 2
+    assert error(path=path, drop=["id"], missing="drop", max_categories=2) == (
+        f"{path}: column 'island' holds 3 distinct values, more than dataset.max_categories=2 "
+        "to one-hot encode: leave it out (dataset.drop=[island]) or raise "
+        "dataset.max_categories")
 
 
 @pytest.mark.integration
