@@ -12,12 +12,14 @@ import pandas as pd
 import pytest
 import yaml
 from omegaconf import OmegaConf
+from test_comparable_rows import edit_summary
+from test_report import write_overrides, write_run
 
 from hetsgd.errors import UserError
 from hetsgd.invocation import invoke
 from hetsgd.outputs.report import add_tuning, write_report
 from hetsgd.tuning import Tuning
-from hetsgd.tuning.choice import choose
+from hetsgd.tuning.choice import choose, trial_table
 from hetsgd.tuning.phases import check_knobs, tuned_config
 
 OBJECTIVE = "objective.time_to_0.9"
@@ -191,3 +193,23 @@ def test_a_bad_tuning_config_stops_the_sweep_with_one_line_before_any_job(tmp_pa
     error, = invocation.errors
     assert "objective='speed' is not a metric" in error and "\n" not in error
     assert not (tmp_path / "sweeps").exists() or not any((tmp_path / "sweeps").rglob("summary.json"))
+
+
+def test_an_extensions_trials_are_measured_on_their_methods_scale(tmp_path: Path) -> None:
+    """lr 0.3 reaches test loss 0.35, the method's best; the extension to 0.9 plateaus at 1.05:
+    on the method's scale it gets to (2.35 - 1.05) / (2.35 - 0.35) = 0.65, never 0.9, so it
+    has no time, and is not chosen. (Normalized by its own best, 1.05, it would reach 0.9
+    within its first second and be chosen.)"""
+    grid, extension = tmp_path / "grid", tmp_path / "tuning" / "extend1_hogbatch_optim.lr"
+    curves = {"0.1": (grid, [2.3, 1.9, 1.5, 1.1, 0.7, 0.5]),
+              "0.3": (grid, [2.3, 1.2, 0.5, 0.3, 0.3, 0.3]),
+              "0.9": (extension, [2.3, 1.0, 1.0, 1.0, 1.0, 1.0])}
+    for job, (lr, (folder, loss)) in enumerate(curves.items()):
+        run_dir = edit_summary(write_run(folder / f"{job}_lr={lr}", algo="hogbatch",
+                                         devices="cpu", seed=0, train_loss=loss), learnt=True)
+        write_overrides(run_dir, ["+method=hogbatch", f"optim.lr={lr}", "seed=0"])
+    table = trial_table([(0, grid), (1, extension)], ["optim.lr"], "time_to_0.9")
+    assert table["round"].tolist() == [0, 0, 1]
+    times = dict(zip(table["set.optim.lr"], table["objective.time_to_0.9"], strict=True))
+    assert math.isnan(times["0.9"]) and times["0.3"] < times["0.1"]
+    assert choose(table, maximized=False) == {"hogbatch": {"optim.lr": "0.3"}}

@@ -37,26 +37,31 @@ METHOD = "method"
 def trial_table(rounds: Sequence[tuple[int, Path]], knobs: Sequence[str],
                 objective: str) -> pd.DataFrame:
     """One row per trial run under the folders of ``rounds`` (the search's round number, its
-    sweep folder): its method, its value of each knob, its seed, status and whether it learnt,
-    the ``objective`` (NaN unless completed and reached), its final training loss, its wall
-    seconds (setup, training in real seconds and final evaluation) and its run directory."""
-    rows = []
+    sweep folder), in round order: its method, its value of each knob, its seed, status and
+    whether it learnt, the ``objective`` (NaN unless completed and reached), its final training
+    loss, its wall seconds (setup, training in real seconds and final evaluation) and its run
+    directory. A method's objectives are measured over its trials of every round together: an
+    extension's trials are normalized by the method's best loss, not by their own."""
+    indexes = []
     for number, folder in rounds:
         index = index_dirs(job_dirs(folder)) if folder.is_dir() else pd.DataFrame()
-        if index.empty:
-            continue
+        if not index.empty:
+            indexes.append(index.assign(round=number))
+    rows = []
+    if indexes:
+        index = pd.concat(indexes, ignore_index=True)
         given = index["overrides"].map(override_values)
         for method in dict.fromkeys(given.map(lambda g: g.get(METHOD))):
             mine = index[given.map(lambda g, m=method: g.get(METHOD) == m)]
             for comp in comparisons(mine):  # this method's trials alone
-                rows += _rows(comp, knobs, objective, number)
+                rows += _rows(comp, knobs, objective)
     columns = [METHOD, *(f"{KNOB_PREFIX}{k}" for k in knobs), "seed", "status", "learnt",
                f"{OBJECTIVE_PREFIX}{objective}", "train_loss", "wall_s", "round", "run_dir"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=columns).sort_values("round", kind="stable",
+                                                           ignore_index=True)
 
 
-def _rows(comp: Comparison, knobs: Sequence[str], objective: str,
-          number: int) -> list[dict[str, object]]:
+def _rows(comp: Comparison, knobs: Sequence[str], objective: str) -> list[dict[str, object]]:
     metrics = run_metrics(comp)
     rows = []
     for (_, run), (_, measured) in zip(comp.runs.iterrows(), metrics.iterrows()):
@@ -66,7 +71,8 @@ def _rows(comp: Comparison, knobs: Sequence[str], objective: str,
                      "seed": run["seed"], "status": run["status"], "learnt": run.get("learnt"),
                      f"{OBJECTIVE_PREFIX}{objective}": measured.get(objective, math.nan),
                      "train_loss": measured.get("train_loss", math.nan),
-                     "wall_s": _wall_s(run), "round": number, "run_dir": run["run_dir"]})
+                     "wall_s": _wall_s(run), "round": int(run["round"]),
+                     "run_dir": run["run_dir"]})
     return rows
 
 
