@@ -1,8 +1,9 @@
 """A search's trials as a table, and each method's best setting chosen from it.
 
 Each method's objective comes from its own trials alone: a time to a normalized loss is
-measured against the best training loss of that method's trials, so a value added to another
-method's grid moves neither its objective nor its choice. Each setting's objective is its mean
+measured against the best loss of that method's trials of every round (the loss the report
+times: the test loss where each trial has one), so a value added to another method's grid
+moves neither its objective nor its choice. Each setting's objective is its mean
 over the trial seeds, and a setting that some seed never brought to the target ranks behind
 every one that all did (:func:`hetsgd.outputs.report.setting_means`). A setting any of whose
 trials diverged, failed or did not learn (its final training loss no lower than its first) is

@@ -26,9 +26,9 @@ from hetsgd.outputs.report import MAXIMIZED, METRICS
 NODE = "tuning"
 #: The objectives a search may rank its settings by: the per-run metrics of a report, each
 #: method's computed from its own trials alone (a time to a normalized loss uses the best
-#: training loss of that method's trials, never another method's); the lowest wins except for
-#: those in MAXIMIZED. The default, ``test_loss`` (the final held-out loss at the trial's
-#: budget), depends on the trial alone.
+#: loss of that method's trials, as the report times it, never another method's); the lowest
+#: wins except for those in MAXIMIZED. The default, ``test_loss`` (the final held-out loss at
+#: the trial's budget), depends on the trial alone.
 OBJECTIVES = tuple(column for column, _, _ in METRICS)
 #: How many times, by default, a search extends a knob's grid past the edge its choice sat on.
 EXTEND = 2
