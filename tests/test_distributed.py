@@ -133,6 +133,17 @@ def test_split_is_equal_or_proportional_and_gives_everyone_a_share() -> None:
     assert split(10, [1.0, 2.0]) == [3, 7]
 
 
+def test_one_sync_worker_steps_on_the_global_batch_asked_for() -> None:
+    """One worker: its batch is algo.global_batch where one is given (it was left unread)."""
+    for given, batch in ((None, 64), (48, 48)):
+        cfg = run_config("algo=sync", "devices=single_cpu", "devices.groups.cpu.batch_size=64",
+                         f"algo.global_batch={'null' if given is None else given}")
+        algorithm, cfg = algorithms.choose(cfg)
+        plan = algorithm.plan(cfg, expand(cfg.devices))
+        assert [w.batch_size for w in plan.workers] == [batch]
+        assert plan.settled == ({} if given is None else {"global_batch": 48})
+
+
 @pytest.mark.integration
 @pytest.mark.wall
 def test_sync_splits_the_global_batch_in_proportion_to_measured_speed(tmp_path: Path) -> None:

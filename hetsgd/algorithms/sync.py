@@ -50,14 +50,17 @@ CHECKPOINTS = True  # after every step all replicas and momenta agree
 
 
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
-    """One worker: nothing to settle. Several: the global batch (by default the sum of the
-    workers' batch sizes)."""
-    if len(specs) == 1:
-        return Plan(cfg, specs)
-    check_world(specs, cfg.devices.name)
-    choose_backend(cfg.dist.backend, specs)
+    """The global batch (by default the sum of the workers' batch sizes): one worker steps on
+    all of it, several split it."""
     algo = cfg.algo
     assert isinstance(algo, SyncConfig)
+    if len(specs) == 1:
+        if algo.global_batch is None:
+            return Plan(cfg, specs)
+        return Plan(cfg, [dataclasses.replace(specs[0], batch_size=algo.global_batch)],
+                    {"global_batch": algo.global_batch})
+    check_world(specs, cfg.devices.name)
+    choose_backend(cfg.dist.backend, specs)
     batch = algo.global_batch or sum(s.batch_size for s in specs)
     if batch < len(specs):
         raise UserError(f"algo.global_batch={batch} is smaller than the {len(specs)} workers "
