@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -25,6 +26,7 @@ from hetsgd.engines.factory import build_engine
 from hetsgd.engines.hooks import RankLoopHooks
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
+from hetsgd.engines.virtual.group import Meeting
 from hetsgd.engines.virtual.profiles import ExchangeCost, load_calibration
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.errors import UserError
@@ -369,3 +371,20 @@ def test_a_lone_simulated_worker_is_snapshotted_as_it_trains() -> None:
     times = [s.time_s for s in engine.training.snapshots]
     assert len(times) == 11 and times[0] == 0.0 and times[-1] == pytest.approx(1.001)
     assert max(b - a for a, b in zip(times, times[1:])) < 0.12
+
+
+def test_a_setup_collective_advances_the_clocks_but_runs_no_duties() -> None:
+    """The setup's broadcasts meet as training's collectives do, but before the clocks start:
+    a snapshot, a sample or the cost probe's first tick there would time the setup."""
+    met: list[float] = []
+    profile = Fixed(0.0, exchange=lambda wait_s: 0.25)  # type: ignore[arg-type]
+    clocks = [SimpleNamespace(time=0.0, times=SimpleNamespace(copy_s=lambda: 0.0,
+                                                               profile=profile))]
+    meeting = Meeting(clocks, 4, met.append)  # type: ignore[arg-type]
+    meeting.slots[0] = torch.ones(1)
+    meeting.barrier.wait()  # the parameters' broadcast
+    assert (clocks[0].time, met) == (0.25, [])
+    meeting.start()
+    assert clocks[0].time == 0.0
+    meeting.barrier.wait()  # training's first all-reduce
+    assert (clocks[0].time, met) == (0.25, [0.25])

@@ -102,7 +102,8 @@ class Meeting:
         for clock in self.clocks:
             clock.time = ends
         self.meetings += 1
-        self.on_meeting(ends)
+        if self.started:  # a setup collective's time is no training time: no duties then
+            self.on_meeting(ends)
 
     def _model_s(self) -> float:
         """An exchange of the model: as the mix's calibration measured it at the wait of the
