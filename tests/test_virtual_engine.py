@@ -4,6 +4,7 @@ determinism, and what a simulated run says about itself."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -388,3 +389,19 @@ def test_a_setup_collective_advances_the_clocks_but_runs_no_duties() -> None:
     assert clocks[0].time == 0.0
     meeting.barrier.wait()  # training's first all-reduce
     assert (clocks[0].time, met) == (0.25, [0.25])
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (("devices.groups.cpu.batch_size=128",),
+     "devices.groups.cpu.batch_size=128 is above algo.max_host_batch=64"),
+    (("algo.max_accel_batch=128",),
+     "devices.groups.accel.batch_size=256 is above algo.max_accel_batch=128")])
+def test_adaptive_refuses_a_batch_that_starts_above_its_bound(overrides: tuple[str, ...],
+                                                             said: str) -> None:
+    """The controller would report the bound as the batch and never resize the worker to it
+    (a host at 128 under a bound of 64), or halve a batch it meant to grow."""
+    cfg = run_config("algo=adaptive", "devices=emulated", *overrides)
+    with pytest.raises(UserError, match=f"^{re.escape(said)}, the most Adaptive resizes it to"):
+        adaptive.plan(cfg, expand(cfg.devices))
+    default = run_config("algo=adaptive", "devices=emulated")
+    assert adaptive.plan(default, expand(default.devices)).workers  # within their bounds

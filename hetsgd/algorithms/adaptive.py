@@ -33,6 +33,7 @@ from hetsgd.algorithms.api import (
     LinkHooks,
     Plan,
     RunConfig,
+    UserError,
     WorkerCounters,
     WorkerSpec,
 )
@@ -49,11 +50,19 @@ NO_UPDATE_FLOOR = 0.5
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
     """Hogbatch's layout; ``max_accel_batch`` defaults to the accelerator group's batch size, and
     a threshold above it means the accelerator batch never shrinks (the default threshold is
-    set for the paper's GPU batch of 1024, above an emulated accelerator's 256)."""
+    set for the paper's GPU batch of 1024, above an emulated accelerator's 256). A batch that
+    starts above its bound is refused: the controller would take the bound for the batch."""
     hogbatch.check_workers(cfg, specs)
     algo = cfg.algo
     assert isinstance(algo, AdaptiveConfig)
     accel_batch = next(s.batch_size for s in specs if s.accel)
+    for spec in specs:
+        key = "max_accel_batch" if spec.accel else "max_host_batch"
+        bound = getattr(algo, key)
+        if bound is not None and spec.batch_size > bound:
+            raise UserError(f"devices.groups.{spec.group}.batch_size={spec.batch_size} is above "
+                            f"algo.{key}={bound}, the most Adaptive resizes it to: lower the "
+                            "one or raise the other")
     max_accel_batch = algo.max_accel_batch or accel_batch
     min_accel_batch = min(algo.min_accel_batch, max_accel_batch)
     cfg = dataclasses.replace(cfg, algo=dataclasses.replace(
