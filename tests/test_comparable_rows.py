@@ -119,3 +119,15 @@ def test_simulated_against_real_shows_each_runs_workers_cpu_share() -> None:
     assert read(RunSummary.from_dict(identity)) is None  # a run that does not record it
     row = Comparison.of("hogbatch", "workers' CPU share", [read(real)], [1.0])
     assert (row.real, row.simulated) == (0.61, 1.0)
+
+
+def test_a_mixs_runs_with_and_without_a_real_accelerator_are_two_rows(tmp_path: Path) -> None:
+    """devices=auto with a GPU and without one (emulated): one name, two machines."""
+    for seed in (0, 1):
+        write_run(tmp_path / f"gpu{seed}", algo="sync", devices="auto", seed=seed)
+        write_run(tmp_path / f"emulated{seed}", algo="sync", devices="auto", seed=seed,
+                  speed=2.0, emulated=True)
+    write_report(tmp_path)
+    numbers = pd.read_csv(tmp_path / "report.csv", keep_default_na=False)
+    assert sorted(zip(numbers["variant"], numbers["emulated"], numbers["n"])) == [
+        ("", False, 2), ("emulated", True, 2)]

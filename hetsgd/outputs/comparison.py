@@ -186,6 +186,12 @@ def comparisons(index: pd.DataFrame) -> list[Comparison]:
                                                         sort=True):
         variant, common = variants(group["overrides"], group["run_dir"])
         runs = group.assign(variant=variant)
+        # a mix's name does not say whether its accelerator was real (auto, with and without a
+        # GPU): where one row's runs differ there, the emulated ones are a row of their own
+        emulated = runs["emulated"].astype(bool)
+        both = emulated.groupby([runs["algo"], runs["devices"], runs["variant"]]).transform(
+            "nunique") > 1
+        runs.loc[both & emulated, "variant"] = (runs["variant"] + " emulated").str.strip()
         raw = _read_curves(runs)
         # the loss every run has: the test loss unless some run evaluated none
         loss = max((timed_loss(f) for f in raw.values()), key=TIMED_LOSSES.index,
