@@ -141,7 +141,8 @@ def _dry_run(args: list[str]) -> int:
 
 @app.command()
 def report(paths: list[Path] = typer.Argument(
-               None, help="Runs, sweeps, or all of results/ (default: results)."),
+               None, show_default=False,
+               help="Runs, sweeps, or all of results/ (default: $HETSGD_RESULTS, else results/)."),
            baseline: str = typer.Option(None, help='The speedup baseline, e.g. "algo=sync devices=gpu"; '
                                                    "default: the sync run of each comparison."),
            keep_flagged: bool = typer.Option(False, "--keep-flagged",
@@ -149,9 +150,10 @@ def report(paths: list[Path] = typer.Argument(
     """Tables per comparison (dataset, model, clock): time and epochs to normalized loss
     0.9/0.95/0.99 with intervals, final losses and accuracy, update shares, utilization, speedup.
     Writes report.md and report.csv beside the runs (several paths: into the folder holding them)."""
+    from hetsgd.outputs.listing import results_folder
     from hetsgd.outputs.report import write_report
 
-    paths = paths or [Path("results")]
+    paths = paths or [results_folder()]
     for path in paths:
         if not path.exists():
             _fail(f"no such run, sweep or results folder: {path}")
@@ -190,12 +192,15 @@ def runs_(path: Path = typer.Argument(None, show_default=False, help=(
 
 
 @app.command()
-def plot(path: Path = typer.Argument(Path("results"), help="A run, a sweep, or all of results/."),
+def plot(path: Path = typer.Argument(None, show_default=False, help=(
+             "A run, a sweep, or all of results/ (default: $HETSGD_RESULTS, else results/).")),
          format: str = typer.Option("png", "--format", help="Comma-separated: png, svg, pdf.")) -> None:
     """Redraw the figures of every run and comparison under PATH from their CSV files."""
     from hetsgd.outputs.figure_formats import check_formats
+    from hetsgd.outputs.listing import results_folder
     from hetsgd.outputs.plots import plot_all
 
+    path = results_folder() if path is None else path
     if not path.exists():
         _fail(f"no such run, sweep or results folder: {path}")
     try:

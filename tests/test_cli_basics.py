@@ -196,6 +196,21 @@ def test_a_sweep_prints_job_k_of_n_then_runs_lists_its_runs(results_dir: Path) -
         assert float(row[6]) == pytest.approx(summary["final"]["train_loss"], rel=1e-3)
 
 
+def test_report_and_plot_default_to_hetsgd_results_as_runs_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not ./results (this repository has one): where $HETSGD_RESULTS moved the runs to."""
+    from test_report import write_run
+    root = tmp_path / "elsewhere"
+    for seed in (0, 1):
+        write_run(root / "runs" / f"sync{seed}", algo="sync", devices="gpu", seed=seed)
+    monkeypatch.setenv("HETSGD_RESULTS", str(root))
+    runner = CliRunner()
+    for command in ("report", "plot"):
+        done = runner.invoke(app, [command])
+        assert done.exit_code == 0, done.output
+    assert (root / "report.md").is_file() and list((root / "figures").glob("*.png"))
+
+
 # -- hetsgd runs ---------------------------------------------------------------------------------
 
 
