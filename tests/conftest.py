@@ -129,12 +129,13 @@ def run_dir(checkpointed_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def as_crashed(run_dir: Path) -> None:
     """Make ``run_dir``'s summary that of a run whose coordinator was killed: still `running`,
-    its process gone."""
+    its process gone, and no final results (they are written at the end)."""
     from hetsgd.outputs.index import CRASHED, RUNNING, read_summary
     from hetsgd.outputs.run_directory import SUMMARY, RunDirectory
 
     summary = json.loads((run_dir / SUMMARY).read_text())
     me = psutil.Process()
     gone = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time() - 60.0}
-    RunDirectory(run_dir).write_summary({**summary, "status": RUNNING, "coordinator": gone})
+    RunDirectory(run_dir).write_summary({**summary, "status": RUNNING, "coordinator": gone,
+                                         "final": None})
     assert read_summary(run_dir)["status"] == CRASHED

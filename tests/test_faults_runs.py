@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ from typer.testing import CliRunner, Result
 import hetsgd
 from hetsgd.cli import app
 from hetsgd.engines.snapshots import Snapshot
+from hetsgd.errors import UserError
 from hetsgd.outputs import journal
 from hetsgd.outputs.checkpoint import STATE, latest_checkpoint, snapshot_file, time_name
 from hetsgd.outputs.index import CRASHED, OVERRIDES, RUNNING, read_summary
@@ -102,6 +104,19 @@ def test_recover_works_after_a_refused_resume(run_dir: Path) -> None:
     summary = recover(run_dir)
     assert summary["status"] == CRASHED
     assert len(pd.read_csv(run_dir / "convergence.csv")) == len(_snapshot_files(run_dir))
+
+
+@pytest.mark.integration
+def test_recover_refuses_a_run_evaluated_already_and_changes_nothing(run_dir: Path) -> None:
+    """An interrupted run that kept its snapshots (eval.keep_snapshots) was evaluated when it
+    stopped: recovering it would call it unevaluated, and add its warnings again."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final"] is not None and _snapshot_files(run_dir)
+    RunDirectory(run_dir).write_summary({**summary, "status": "interrupted"})
+    before = _contents(run_dir)
+    with pytest.raises(UserError, match="was evaluated already .*: nothing to recover$"):
+        recover(run_dir)
+    assert _contents(run_dir) == before
 
 
 @pytest.mark.integration
@@ -319,7 +334,7 @@ def test_a_second_ctrl_c_during_the_final_evaluation_keeps_the_snapshots_for_rec
     assert len(pd.read_csv(run_dir / "convergence.csv")) == len(kept)
     assert not (run_dir / SNAPSHOTS).exists()  # evaluated: they went, as a run's do
     again = _hetsgd("recover", str(run_dir))
-    assert again.exit_code == 1 and "left no snapshot to recover" in again.output
+    assert again.exit_code == 1 and "was evaluated already" in again.output
 
 
 @pytest.fixture

@@ -82,6 +82,9 @@ def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
     if summary.status not in RECOVERABLE:
         raise UserError(f"{run_dir} did not crash and was not interrupted (status: "
                         f"{summary.status}): nothing to recover")
+    if summary.final is not None:  # snapshots kept (eval.keep_snapshots) are no sign of a crash
+        raise UserError(f"{run_dir} was evaluated already (it was {summary.status} after its "
+                        "evaluation, or recovered): nothing to recover")
     skipped: list[UnreadableFile] = []
 
     def skip(err: UnreadableFile) -> None:
@@ -92,7 +95,7 @@ def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
     snapshots = [] if workers is None else read_snapshots(run_dir, skip, len(workers))
     if not snapshots or workers is None:
         why = (f"{len(skipped)} snapshot file(s) cannot be read" if skipped else
-               f"it was {summary.status} before training started, or was evaluated already")
+               f"it was {summary.status} before training started")
         raise UserError(f"{run_dir} left no snapshot to recover: {why}")
     cfg = _config(run_dir)
     check_targets(cfg, run_dir, model_targets, "pass --model-target {}", calls_algorithm=False)
