@@ -205,6 +205,16 @@ def test_a_row_without_a_label_is_named(tmp_path: Path) -> None:
         f"{tmp_path / 't.csv'}: row 4 has no label")
 
 
+def test_a_bad_label_is_named_by_its_row_in_the_file_after_rows_are_dropped(
+        tmp_path: Path) -> None:
+    frame = table(np.ones((10, 2)), [0.0, 1.0] * 5)
+    frame.iloc[0, 0] = np.nan  # row 1 misses a feature: dataset.missing=drop leaves it out
+    frame.loc[2, "label"] = np.inf  # row 3's label
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    assert load_error(FilesConfig(path=str(tmp_path / "t.csv"), missing="drop")) == (
+        f"{tmp_path / 't.csv'}: row 3 has no label (inf)")
+
+
 def test_a_fifo_is_refused(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.csv"
     os.mkfifo(fifo)

@@ -103,7 +103,8 @@ def _labels(values: np.ndarray, where: str, cell: Callable[[int], str]) -> np.nd
                else pd.isna(values) if values.dtype.kind == "O" else np.zeros(len(values), bool))
     if missing.any():
         row = int(np.argmax(missing))
-        raise UserError(f"{where}: {cell(row)} has no label ({short(repr(values[row]))})")
+        value = values[row].item() if isinstance(values[row], np.generic) else values[row]
+        raise UserError(f"{where}: {cell(row)} has no label ({short(repr(value))})")
     return values
 
 
@@ -307,18 +308,19 @@ def read_table(path: Path, fmt: str, cfg: FilesConfig, encoding: Encoding | None
         frame = frame.iloc[rows]
     encoding = encoding or Encoding.fit(frame, features, cfg, path)
     x = encoding.features(frame, path, cfg.label)
-    y = _table_labels(frame[cfg.label], path)
+    y = _table_labels(frame[cfg.label], path, rows)
     sources = encoding.sources()
     part = _Part(x, y, str(path),
                  lambda row, column: f"row {rows[row] + 1}, column {short(sources[column])!r}")
     return _Table(part, encoding, dropped)
 
 
-def _table_labels(column: pd.Series, path: Path) -> np.ndarray:
+def _table_labels(column: pd.Series, path: Path, rows: np.ndarray) -> np.ndarray:
     """A table's label column as raw labels (one that holds lists or records is refused by
-    :func:`~hetsgd.data.columns.complete_rows` before)."""
+    :func:`~hetsgd.data.columns.complete_rows` before); ``rows``: the file's row of each, so an
+    error names the row the file has, whatever rows were dropped above it."""
     values = column.to_numpy()
-    return _labels(values, str(path), lambda row: f"row {row + 1}")
+    return _labels(values, str(path), lambda row: f"row {rows[row] + 1}")
 
 
 # --------------------------------------------------------------------------------------------
