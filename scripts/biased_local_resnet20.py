@@ -135,18 +135,21 @@ def roofline_parts(profile: RooflineProfile, batch: int) -> tuple[float, float, 
             (batch * cost.bytes_per_example + cost.bytes_per_step) / device.memory_bandwidth)
 
 
-def run(overrides: list[str], test_size: int) -> Path:
-    """The sweep, evaluated on a test subset, then ``hetsgd report``."""
+def run(overrides: list[str], test_size: int) -> tuple[Path, int]:
+    """The sweep, evaluated on a test subset, then ``hetsgd report``; the folder, and the first
+    non-zero exit status of the two (a job that failed or diverged: the sweep's 1)."""
     results = Path(os.environ.get("HETSGD_RESULTS", "results"))
     out = results / "biased_local_resnet20" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     data = with_test_subset(DEBIAN_FASHION_DIR, out / f"fashion_mnist_test{test_size}", test_size)
     hetsgd = [sys.executable, "-m", "hetsgd"]
-    subprocess.run([*hetsgd, "run", "-m", "+experiment=biased_local_resnet20", f"results_dir={quoted(out)}",
-                    f"dataset.path={quoted(data)}", "progress=false", *overrides], check=False)
+    swept = subprocess.run([*hetsgd, "run", "-m", "+experiment=biased_local_resnet20",
+                            f"results_dir={quoted(out)}", f"dataset.path={quoted(data)}",
+                            "progress=false", *overrides], check=False)
     # the fast_alone runs are sync runs too: the baseline is the one on both groups
-    subprocess.run([*hetsgd, "report", str(out), "--baseline", "algo=sync mix.cpu.count=2"],
-                   check=False, stdout=subprocess.DEVNULL)
-    return out
+    reported = subprocess.run([*hetsgd, "report", str(out), "--baseline",
+                               "algo=sync mix.cpu.count=2"], check=False,
+                              stdout=subprocess.DEVNULL)
+    return out, swept.returncode or reported.returncode
 
 
 def runs(out: Path) -> pd.DataFrame:
@@ -206,10 +209,12 @@ def spread(values: pd.Series, fmt: str) -> str:
 
 
 def speedup(base: pd.Series, times: pd.Series) -> str:
-    """The ratio of the mean times and its Student-t interval (each side sampled on its own)."""
-    base, times = base.dropna().tolist(), times.dropna().tolist()
-    if not base or not times:
+    """The ratio of the mean times and its Student-t interval (each side sampled on its own);
+    none where a run of either side never held the accuracy (the mean of the others would
+    flatter that side, as `hetsgd report` says too)."""
+    if base.isna().any() or times.isna().any() or base.empty or times.empty:
         return "—"
+    base, times = base.tolist(), times.tolist()
     spread = intervals.ratio_interval(base, times)
     ratio = f"{np.mean(base) / np.mean(times):.2f}"
     return f"{ratio} {cells.bracket(*spread, '.2f')}" if spread else ratio
@@ -241,13 +246,14 @@ def table(out: Path, accuracy: float | None = None) -> str:
                      f"{group['rate'].mean() / sync_rate * sync_ep / group['ep'].mean():.2f}",
                      PAPER.get(method, "not reported")])
     head = (f"common test accuracy {target:.2f} (t@acc, ep@acc: from when a run holds it to its "
-            f"end), common budget {budget:g} epochs (test acc @ budget); times, epochs and "
-            "speedups: mean [95% Student-t interval] n=k/m over the runs that held it, other "
-            "numbers mean ± std over the completed runs (seeds)")
+            f"end), common budget {budget:g} epochs (test acc @ budget); times and epochs: "
+            "mean [95% Student-t interval] n=k/m over the runs that held it; speedups: of the "
+            "mean times [interval], where every run of both held it; other numbers mean ± std "
+            "over the completed runs (seeds)")
     return head + "\n\n" + markdown_table(HEADERS, rows)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_cmd = sub.add_parser("run", help="both sweeps, the report, then the table")
@@ -261,10 +267,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "steps":
         print(steps())
-    else:
-        folder = run(args.overrides, args.test_size) if args.command == "run" else args.folder
-        print(steps() + "\n\n" + shown(table(folder, getattr(args, "accuracy", None)), lines=True))
-        print(f"\nreport: {folder}/report.md")
+        return 0
+    folder, status = (run(args.overrides, args.test_size) if args.command == "run"
+                      else (args.folder, 0))
+    print(steps() + "\n\n" + shown(table(folder, getattr(args, "accuracy", None)), lines=True))
+    print(f"\nreport: {folder}/report.md")
+    if status:  # the table holds the completed runs alone: say that some are not among them
+        print(f"biased_local_resnet20: the sweep or its report exited {status}: "
+              f"`hetsgd runs {shown(str(folder))}` lists each run's status", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -158,8 +158,10 @@ def test_the_tables_speedup_carries_its_interval() -> None:
     half = 4.302652729911275 * math.sqrt(1 / 27)
     assert table.speedup(pd.Series([4.0, 2.0, 3.0]), pd.Series([1.0, 1.0, 1.0])) == \
         f"3.00 [{3 * math.exp(-half):.2f}, {3 * math.exp(half):.2f}]" == "3.00 [1.31, 6.87]"
-    assert table.speedup(pd.Series([4.0]), pd.Series([2.0, np.nan])) == "2.00"  # one each
-    assert table.speedup(pd.Series([np.nan]), pd.Series([1.0])) == "—"
+    assert table.speedup(pd.Series([4.0]), pd.Series([2.0])) == "2.00"  # one each: no interval
+    # a run that never held the accuracy: no ratio of the others' mean, on either side
+    assert table.speedup(pd.Series([4.0]), pd.Series([2.0, np.nan])) == "—"
+    assert table.speedup(pd.Series([np.nan, 4.0]), pd.Series([1.0])) == "—"
 
 
 def test_the_table_reads_the_experiments_runs_and_names_what_it_cannot_read(
@@ -198,3 +200,17 @@ def test_the_table_reads_the_experiments_runs_and_names_what_it_cannot_read(
         table.table(tmp_path)
     assert str(refused.value) == (f"{run_dir} lacks a seed override, convergence.csv's test_acc "
                                   "in numbers, config.yaml's budget.epochs")
+
+
+def test_run_passes_on_the_sweeps_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that failed or diverged makes the sweep exit 1: so does the script, after its
+    table of the runs that completed."""
+    module = script()
+    monkeypatch.setenv("HETSGD_RESULTS", str(tmp_path))
+    monkeypatch.setattr(module, "with_test_subset", lambda *args: tmp_path / "data")
+    for codes, status in (((1, 0), 1), ((0, 2), 2), ((0, 0), 0)):  # sweep, report
+        given = iter(codes)
+        monkeypatch.setattr(module.subprocess, "run", lambda *args, given=given, **kwargs:
+                            SimpleNamespace(returncode=next(given)))
+        out, got = module.run([], 10)
+        assert got == status and out.parent == tmp_path / "biased_local_resnet20"
