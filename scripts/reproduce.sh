@@ -6,6 +6,14 @@ cd "$(dirname "$0")/.."
 experiment=$1; shift
 variant=_small
 if [[ "${1:-}" == "full" ]]; then variant=""; shift; fi
+for arg in "$@"; do  # the sweep is looked for under $HETSGD_RESULTS: it must be written there
+  case $arg in
+    results_dir=*|+*results_dir=*|hydra.sweep.dir=*|+*hydra.sweep.dir=*)
+      echo "reproduce: $arg would write the sweep where this script does not look for it:" \
+           "set HETSGD_RESULTS=FOLDER instead" >&2
+      exit 2;;
+  esac
+done
 make -s setup
 source scripts/w8a_cache.sh  # the small variants train on w8a too
 results=${HETSGD_RESULTS:-results}

@@ -169,3 +169,16 @@ def test_the_paper_net_experiment_composes_what_its_overrides_did() -> None:
               "optim.lr=0.01", "eval.every_s=1", "devices=paper_hogbatch_k80")
     now = ("+experiment=hogbatch_paper_sim_net", "algo=adaptive", "devices=paper_hogbatch_k80")
     assert compose_run(now) == compose_run(before)
+
+
+@pytest.mark.parametrize("moved", ["results_dir=/elsewhere", "hydra.sweep.dir=/elsewhere",
+                                   "++hydra.sweep.dir=/elsewhere"])
+def test_a_reproduction_refuses_to_write_its_sweep_where_it_does_not_look(moved: str) -> None:
+    """scripts/reproduce.sh finds the sweep it ran under $HETSGD_RESULTS: a sweep written
+    elsewhere read as 'no sweep was written' after it had run, and failed."""
+    script = Path(__file__).parents[1] / "scripts" / "reproduce.sh"
+    done = subprocess.run(["bash", str(script), "hogbatch", moved], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr == (
+        f"reproduce: {moved} would write the sweep where this script does not look for it: "
+        "set HETSGD_RESULTS=FOLDER instead\n")
