@@ -24,11 +24,13 @@ from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.common.worker import LOSS_READ_S
 from hetsgd.engines.counters import RANK_COUNTERS
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.hooks import RankLoopHooks
+from hetsgd.engines.hooks import RankLoopHooks, step_choice
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
 from hetsgd.engines.virtual.group import Meeting
-from hetsgd.engines.virtual.profiles import ExchangeCost, load_calibration
+from hetsgd.engines.virtual.mix import profiles_for
+from hetsgd.engines.virtual.model_cost import ModelCost
+from hetsgd.engines.virtual.profiles import ExchangeCost, RooflineProfile, load_calibration
 from hetsgd.engines.virtual.ranks import VirtualRanks
 from hetsgd.errors import UserError
 from hetsgd.model.step import Step
@@ -405,3 +407,23 @@ def test_adaptive_refuses_a_batch_that_starts_above_its_bound(overrides: tuple[s
         adaptive.plan(cfg, expand(cfg.devices))
     default = run_config("algo=adaptive", "devices=emulated")
     assert adaptive.plan(default, expand(default.devices)).workers  # within their bounds
+
+
+def test_sync_on_ranks_is_costed_as_the_autograd_step_it_takes() -> None:
+    """Its ranks exchange the gradient between a step's halves, so they take the autograd step
+    whatever optim.step says: the virtual clock costs that step, not the fused one."""
+    cfg = run_config("algo=sync", "dataset=digits", "model=mlp", "devices=paper_biased_local")
+    algorithm, cfg = algorithms.choose(cfg)
+    plan = algorithm.plan(cfg, expand(cfg.devices))
+    hooks = algorithm.hooks(plan)
+    assert (plan.cfg.optim.step, step_choice(plan.cfg, hooks)) == ("auto", "autograd")
+    problem = load_run_data(plan.cfg, progress=False).problem
+    taken = profiles_for(plan.cfg, plan.workers, problem, step_choice(plan.cfg, hooks))[0]
+    fused = profiles_for(plan.cfg, plan.workers, problem)[0]
+    assert isinstance(taken, RooflineProfile) and isinstance(fused, RooflineProfile)
+    assert taken.cost == ModelCost.of(problem.build_model(plan.cfg.model, plan.cfg.seed),
+                                      (problem.num_features,), "multiclass", "autograd")
+    assert taken.compute_s(64) > fused.compute_s(64)  # more kernels, more passes
+    algorithm, hogwild = algorithms.choose(run_config("algo=hogwild", "devices=cpu"))
+    workers = algorithm.hooks(algorithm.plan(hogwild, expand(hogwild.devices)))
+    assert step_choice(hogwild, workers) == "auto"  # workers take optim.step

@@ -12,7 +12,7 @@ from hetsgd.engines.async_shared.process import worker_process
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.common.coordinator import Coordinator
 from hetsgd.engines.common.memory import SharedData, SharedMaster
-from hetsgd.engines.hooks import Hooks, RankLoopHooks
+from hetsgd.engines.hooks import Hooks, RankLoopHooks, step_choice
 from hetsgd.engines.ranks.coordinator import DistributedCoordinator
 from hetsgd.engines.training import Engine, Journal, OnTick
 from hetsgd.engines.virtual.coordinator import VirtualCoordinator
@@ -56,7 +56,7 @@ def build_engine(plan: Planned, hooks: Hooks, problem: Problem, data: SharedData
     cfg, workers = plan.cfg, plan.workers
     check_optimizer_for(cfg, hooks, len(workers))
     if cfg.devices.simulated:
-        profiles = profiles_for(cfg, workers, problem)
+        profiles = profiles_for(cfg, workers, problem, step_choice(cfg, hooks))
         if isinstance(hooks, RankLoopHooks):
             return VirtualRanks(cfg, workers, problem, data, master, on_tick, hooks.loop,
                                 hooks.setup_summary, profiles, journal, resume)

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hetsgd.config import RunConfig
 from hetsgd.engines.common.links import LinkFactory
 from hetsgd.engines.ranks.loop import RankLoop
 from hetsgd.engines.training import Controller
@@ -52,3 +53,9 @@ class RankLoopHooks:
 
 
 Hooks = LinkHooks | RankLoopHooks
+
+
+def step_choice(cfg: RunConfig, hooks: Hooks) -> str:
+    """The training step the workers take, as asked (``auto`` resolved later): a rank loop's
+    own, else ``optim.step``; what summary.json names and the virtual clock costs."""
+    return hooks.loop.step_choice(cfg) if isinstance(hooks, RankLoopHooks) else cfg.optim.step

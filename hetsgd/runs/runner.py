@@ -32,7 +32,7 @@ from hetsgd.config.plain import plain
 from hetsgd.engines import device_ops, graphs
 from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.hooks import Hooks, LinkHooks, RankLoopHooks
+from hetsgd.engines.hooks import Hooks, LinkHooks, RankLoopHooks, step_choice
 from hetsgd.engines.processes import warm_up
 from hetsgd.engines.ranks.handoff import hand_off
 from hetsgd.engines.ranks.torchrun import check_distributed, torchrun
@@ -120,7 +120,7 @@ def _train(attempt: _Attempt, cfg: RunConfig | DictConfig, resolved_config: Any,
     if isinstance(cfg, DictConfig):
         cfg = to_run_config(cfg)
     plan, hooks = _planned(attempt, cfg, resolved_config)
-    data, master = _loaded(attempt, plan)
+    data, master = _loaded(attempt, plan, hooks)
     out.write_summary(replace(attempt.summary, coordinator=running).to_dict())  # for recovery
     training, host = _trained(attempt, plan, hooks, data, master, resumption)
     _recorded(attempt, plan, hooks, data, training, host)
@@ -152,7 +152,7 @@ def _planned(attempt: _Attempt, cfg: RunConfig, resolved_config: Any) -> tuple[P
     return plan, hooks
 
 
-def _loaded(attempt: _Attempt, plan: Plan) -> tuple[RunData, SharedMaster]:
+def _loaded(attempt: _Attempt, plan: Plan, hooks: Hooks) -> tuple[RunData, SharedMaster]:
     """The run's data and its initial master model, with what the summary says of them."""
     cfg, specs = plan.cfg, plan.workers
     if not cfg.devices.simulated:  # its imports overlap the data's loading
@@ -169,7 +169,7 @@ def _loaded(attempt: _Attempt, plan: Plan) -> tuple[RunData, SharedMaster]:
         features=data.features,
         classes=None if data.class_names is None else list(data.class_names),  # sorted, numbered
         # which step the workers take: fused only where it computes the model's own forward
-        plan={**plan.settled, "step": resolved_step(model, cfg.optim.step, cfg.optim)})
+        plan={**plan.settled, "step": resolved_step(model, step_choice(cfg, hooks), cfg.optim)})
     return data, master
 
 

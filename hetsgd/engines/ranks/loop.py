@@ -53,10 +53,15 @@ class RankLoop(ABC):
     LINKED: ClassVar[bool] = False
     STEP: ClassVar[str | None] = None
 
+    @classmethod
+    def step_choice(cls, cfg: RunConfig) -> str:
+        """The training step this loop's ranks take: its own ``STEP``, else ``optim.step``."""
+        return cls.STEP or cfg.optim.step
+
     def __init__(self, spec: WorkerSpec, world: list[WorkerSpec], cfg: RunConfig,
                  problem: Problem, state: SharedState, group: Group) -> None:
         self.rank = Rank(spec, world, cfg, problem, state, group, linked=self.LINKED,
-                         step_choice=self.STEP or cfg.optim.step)
+                         step_choice=self.step_choice(cfg))
         self.position = self.rank.restored.position if self.rank.restored is not None else 0
         self.where = "before the first step"
         self.loss: float | None = None  # the latest loss read since the last aggregation
