@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import platform
 import re
@@ -38,17 +39,20 @@ CORES_OVERRIDE = "HETSGD_CORES"
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (respects affinity masks and container limits), or
-    ``$HETSGD_CORES`` where a test sets it."""
+    """Cores this process may run on: its affinity mask, no more than its container's CPU quota
+    allows (whole cores, at least one; a quota leaves the mask as it is), or ``$HETSGD_CORES``
+    where a test sets it."""
     override = os.environ.get(CORES_OVERRIDE)
     if override is not None:
         if not override.strip().isdigit() or int(override) < 1:
             raise UserError(f"{CORES_OVERRIDE}={override!r} is not a positive whole number")
         return int(override)
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+    quota = cgroup_cpu_limit()
+    return cores if quota is None else min(cores, max(1, math.floor(quota)))
 
 
 def available_memory() -> int:

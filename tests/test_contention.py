@@ -18,12 +18,13 @@ import psutil
 import pytest
 import torch
 
+from hetsgd import machine
 from hetsgd.config import ConfigError
 from hetsgd.config.schema import MonitorConfig
 from hetsgd.engines import counters
 from hetsgd.engines.common.run_queue import COLLECTIVE_THREADS, TASKS, waited_s, waits
 from hetsgd.engines.counters import COUNTERS, RANK_COUNTERS, CounterRow
-from hetsgd.machine import cgroup_cpu_limit, cpu_sharing
+from hetsgd.machine import CORES_OVERRIDE, cgroup_cpu_limit, cpu_sharing, usable_cores
 from hetsgd.observe import monitor
 from hetsgd.observe.contention import contention, got_share, simulator_share, warning, workers_share
 from hetsgd.observe.host import HostLoad, HostReading, cpu_pressure, tree_cpu_s
@@ -196,6 +197,17 @@ def test_cgroup_limit_is_the_quota_over_the_period(tmp_path):
     facts = cpu_sharing()
     assert set(facts) == {"threads_per_core", "affinity", "cgroup_cpu_limit"}
     assert facts["threads_per_core"] is None or facts["threads_per_core"] >= 1
+
+
+@pytest.mark.parametrize(("quota", "cores"), [(None, 2), (2.5, 2), (1.5, 1), (0.5, 1)])
+def test_the_usable_cores_are_the_affinity_cut_to_the_containers_quota(
+        monkeypatch: pytest.MonkeyPatch, quota: float | None, cores: int) -> None:
+    """A quota (docker --cpus) leaves the affinity mask as it is: one worker per core of the
+    mask would start more workers than the quota runs at once."""
+    monkeypatch.delenv(CORES_OVERRIDE, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(machine, "cgroup_cpu_limit", lambda: quota)
+    assert usable_cores() == cores
 
 
 def test_a_counter_row_counts_the_cpu_its_process_used_since_training_began():
