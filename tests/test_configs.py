@@ -118,3 +118,28 @@ def test_an_algorithm_runs_on_the_mix_it_declares(name: str) -> None:
         declared or "single_cpu")
     defaults = yaml.safe_load((CONF_DIR / "algo" / f"{name}.yaml").read_text())["defaults"]
     assert not [entry for entry in defaults if "devices" in str(entry)]  # the YAML picks none
+
+
+@pytest.mark.parametrize("algo", ["sync", "local_sgd"])
+def test_a_config_dir_mix_is_rebuilt_with_its_own_groups_alone(algo: str) -> None:
+    """A mix of a user's --config-dir (groups big and small) is not in hetsgd's config: the
+    rebuild composes the default mix, whose groups must not join the recorded ones (they were
+    refused as 'not in struct', or would have added workers); local SGD's tau per group too."""
+    from conftest import compose_config
+    from omegaconf import OmegaConf
+
+    from hetsgd.config.compose import rebuild_config
+
+    recorded = OmegaConf.to_container(compose_config(f"algo={algo}", "devices=emulated"))
+    assert isinstance(recorded, dict)
+    groups = recorded["devices"]["groups"]
+    recorded["devices"].update(name="box", groups={"big": groups["accel"],
+                                                   "small": groups["cpu"]})
+    if algo == "local_sgd":
+        recorded["algo"]["tau"] = {"big": 3, "small": 1}
+    config, run = rebuild_config(OmegaConf.create(recorded), [f"algo={algo}", "devices=box"],
+                                 "cannot rebuild")
+    assert list(run.devices.groups) == list(config.devices.groups) == ["big", "small"]
+    assert run.devices.groups["big"].batch_size == groups["accel"]["batch_size"]
+    if algo == "local_sgd":
+        assert OmegaConf.to_container(config.algo.tau) == {"big": 3, "small": 1}

@@ -275,6 +275,25 @@ def _chosen_elsewhere(override: str) -> bool:
             and not (CONF_DIR / group / f"{value.strip()}.yaml").is_file())
 
 
+#: The mappings keyed by names a run chose (its mix's groups, local SGD's steps per group): a
+#: rebuilt config takes each whole from the record, never merged with the defaults' names (a
+#: ``--config-dir`` mix's groups are not the default mix's).
+RECORDED_WHOLE = ("devices.groups", "algo.tau")
+
+
+def _with_recorded_mappings(composed: DictConfig, recorded: DictConfig) -> DictConfig:
+    """``composed``, each of its :data:`RECORDED_WHOLE` mappings that ``recorded`` holds too
+    keeping only the recorded names and open to the others, so that a merge of ``recorded``
+    gives that mapping as recorded (its values typed by the schema, as any merged value)."""
+    for key in RECORDED_WHOLE:
+        mine, theirs = OmegaConf.select(composed, key), OmegaConf.select(recorded, key)
+        if OmegaConf.is_dict(mine) and OmegaConf.is_dict(theirs):
+            OmegaConf.set_struct(mine, False)
+            for name in [name for name in mine if name not in theirs]:
+                del mine[name]
+    return composed
+
+
 def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failure: str,
                    now: Sequence[str] = ()) -> tuple[DictConfig, RunConfig]:
     """A past run's config, for recovery and resuming: composed from the groups it chose and its
@@ -291,12 +310,12 @@ def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failur
         loaded = recorded_config(loaded)
         overrides = [*_recorded_choices(loaded), *(recorded_override(o, names) for o in overrides
                                                    if not _chosen_elsewhere(o))]
-        config = OmegaConf.merge(compose_run(overrides), loaded)
+        config = OmegaConf.merge(_with_recorded_mappings(compose_run(overrides), loaded), loaded)
         assert isinstance(config, DictConfig)  # a merge onto a mapping is a mapping
         run = to_run_config(config)
         if now:
             composed = compose_run([*overrides, *now])
-            config = OmegaConf.merge(composed, loaded)
+            config = OmegaConf.merge(_with_recorded_mappings(composed.copy(), loaded), loaded)
             for override in OverridesParser.create().parse_overrides(list(now)):
                 key = override.key_or_group
                 OmegaConf.update(config, key, OmegaConf.select(composed, key), merge=False)
