@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import subprocess
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -208,9 +209,10 @@ def test_run_passes_on_the_sweeps_failure(tmp_path: Path, monkeypatch: pytest.Mo
     module = script()
     monkeypatch.setenv("HETSGD_RESULTS", str(tmp_path))
     monkeypatch.setattr(module, "with_test_subset", lambda *args: tmp_path / "data")
-    for codes, status in (((1, 0), 1), ((0, 2), 2), ((0, 0), 0)):  # sweep, report
+    for codes, status in (((1, 0), 1), ((0, 2), 2), ((1, 2), 1), ((0, 0), 0)):  # sweep, report
         given = iter(codes)
-        monkeypatch.setattr(module.subprocess, "run", lambda *args, given=given, **kwargs:
-                            SimpleNamespace(returncode=next(given)))
+        monkeypatch.setattr(module, "subprocess", SimpleNamespace(  # the script's alone
+            DEVNULL=subprocess.DEVNULL,
+            run=lambda *args, given=given, **kwargs: SimpleNamespace(returncode=next(given))))
         out, got = module.run([], 10)
         assert got == status and out.parent == tmp_path / "biased_local_resnet20"

@@ -204,6 +204,7 @@ def test_report_and_plot_default_to_hetsgd_results_as_runs_does(
     for seed in (0, 1):
         write_run(root / "runs" / f"sync{seed}", algo="sync", devices="gpu", seed=seed)
     monkeypatch.setenv("HETSGD_RESULTS", str(root))
+    monkeypatch.chdir(tmp_path)  # a default that ignored it would write here, not in ./results
     runner = CliRunner()
     for command in ("report", "plot"):
         done = runner.invoke(app, [command])

@@ -199,7 +199,8 @@ def test_cgroup_limit_is_the_quota_over_the_period(tmp_path):
     assert facts["threads_per_core"] is None or facts["threads_per_core"] >= 1
 
 
-@pytest.mark.parametrize(("quota", "cores"), [(None, 2), (2.5, 2), (1.5, 1), (0.5, 1)])
+@pytest.mark.parametrize(("quota", "cores"), [(None, 2), (4.0, 2), (2.5, 2), (1.5, 1),
+                                              (0.5, 1)])
 def test_the_usable_cores_are_the_affinity_cut_to_the_containers_quota(
         monkeypatch: pytest.MonkeyPatch, quota: float | None, cores: int) -> None:
     """A quota (docker --cpus) leaves the affinity mask as it is: one worker per core of the

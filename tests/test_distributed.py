@@ -131,6 +131,7 @@ def test_split_is_equal_or_proportional_and_gives_everyone_a_share() -> None:
     assert split(1, [1.0, 1.0]) == [1, 0]
     # 3.33 and 6.67 floor to 3 and 6: the example left goes to the larger remainder
     assert split(10, [1.0, 2.0]) == [3, 7]
+    assert split(10, [2.0, 1.0]) == [7, 3]  # not the last worker's: the larger remainder's
 
 
 def test_one_sync_worker_steps_on_the_global_batch_asked_for() -> None:

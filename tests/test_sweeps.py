@@ -90,8 +90,6 @@ def test_a_job_folder_is_named_by_the_keys_its_sweep_varies_only(tmp_path: Path)
     assert swept_name(job, frozenset()) == ""
 
 
-@pytest.mark.integration
-@pytest.mark.wall
 def test_a_sweeps_jobs_are_in_job_number_order(tmp_path: Path) -> None:
     """By the number, not by name (where "10_..." comes before "2_..."); a folder that is no
     run directory is not a job, and one without a number comes last."""
@@ -103,6 +101,8 @@ def test_a_sweeps_jobs_are_in_job_number_order(tmp_path: Path) -> None:
                                                     "extra"]
 
 
+@pytest.mark.integration
+@pytest.mark.wall
 def test_a_sweeps_job_folders_name_the_swept_values(results_dir: Path) -> None:
     result = api.sweep("seed=0,1", "budget.epochs=0.2", "dataset=digits", "progress=false")
     assert result.exit_code == 0
