@@ -106,7 +106,7 @@ def replay(job: list[str]) -> Point:
     engine = VirtualCoordinator(plan.cfg, plan.workers, data.problem, data.train,
                                 SharedMaster.initial(cheap.model, data.problem, cheap.seed), None,
                                 hooks.link, hooks.controller,
-                                profiles_for(cfg, plan.workers, data.problem))
+                                profiles_for(cfg, plan.workers, data.problem, cfg.optim.step))
     training = engine.run(None)  # type: ignore[arg-type]  # the virtual engine takes no monitor
     accel = {s.rank for s in plan.workers if s.accel}
     updates = [(s.time_s, sum(u for r, u in enumerate(s.updates) if r in accel),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
 import struct
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from hetsgd.outputs.index import (
     read_summary,
     tau_text,
 )
+from hetsgd.outputs.listing import results_folder
 from hetsgd.outputs.metrics import sustained
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
@@ -102,7 +102,7 @@ PROBLEMS = {
 def group_profiles(cfg: RunConfig, problem: Problem) -> dict[str, tuple[int, DeviceProfile]]:
     """Each group's batch size and device profile, as the virtual engine builds them."""
     specs = expand(cfg.devices)
-    profiles = profiles_for(cfg, specs, problem)
+    profiles = profiles_for(cfg, specs, problem, cfg.optim.step)
     return {s.group: (s.batch_size, p) for s, p in zip(specs, profiles, strict=True)}
 
 
@@ -138,8 +138,7 @@ def roofline_parts(profile: RooflineProfile, batch: int) -> tuple[float, float, 
 def run(overrides: list[str], test_size: int) -> tuple[Path, int]:
     """The sweep, evaluated on a test subset, then ``hetsgd report``; the folder, and the first
     non-zero exit status of the two (a job that failed or diverged: the sweep's 1)."""
-    results = Path(os.environ.get("HETSGD_RESULTS", "results"))
-    out = results / "biased_local_resnet20" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    out = results_folder() / "biased_local_resnet20" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     data = with_test_subset(DEBIAN_FASHION_DIR, out / f"fashion_mnist_test{test_size}", test_size)
     hetsgd = [sys.executable, "-m", "hetsgd"]
     swept = subprocess.run([*hetsgd, "run", "-m", "+experiment=biased_local_resnet20",

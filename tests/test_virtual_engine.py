@@ -419,7 +419,7 @@ def test_sync_on_ranks_is_costed_as_the_autograd_step_it_takes() -> None:
     assert (plan.cfg.optim.step, step_choice(plan.cfg, hooks)) == ("auto", "autograd")
     problem = load_run_data(plan.cfg, progress=False).problem
     taken = profiles_for(plan.cfg, plan.workers, problem, step_choice(plan.cfg, hooks))[0]
-    fused = profiles_for(plan.cfg, plan.workers, problem)[0]
+    fused = profiles_for(plan.cfg, plan.workers, problem, plan.cfg.optim.step)[0]
     assert isinstance(taken, RooflineProfile) and isinstance(fused, RooflineProfile)
     assert taken.cost == ModelCost.of(problem.build_model(plan.cfg.model, plan.cfg.seed),
                                       (problem.num_features,), "multiclass", "autograd")

@@ -282,9 +282,10 @@ RECORDED_WHOLE = ("devices.groups", "algo.tau")
 
 
 def _with_recorded_mappings(composed: DictConfig, recorded: DictConfig) -> DictConfig:
-    """``composed``, each of its :data:`RECORDED_WHOLE` mappings that ``recorded`` holds too
-    keeping only the recorded names and open to the others, so that a merge of ``recorded``
-    gives that mapping as recorded (its values typed by the schema, as any merged value)."""
+    """A copy of ``composed``, each of its :data:`RECORDED_WHOLE` mappings that ``recorded``
+    holds too keeping only the recorded names and open to the others, so that a merge of
+    ``recorded`` gives that mapping as recorded (its values typed by the schema)."""
+    composed = composed.copy()
     for key in RECORDED_WHOLE:
         mine, theirs = OmegaConf.select(composed, key), OmegaConf.select(recorded, key)
         if OmegaConf.is_dict(mine) and OmegaConf.is_dict(theirs):
@@ -315,7 +316,7 @@ def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failur
         run = to_run_config(config)
         if now:
             composed = compose_run([*overrides, *now])
-            config = OmegaConf.merge(_with_recorded_mappings(composed.copy(), loaded), loaded)
+            config = OmegaConf.merge(_with_recorded_mappings(composed, loaded), loaded)
             for override in OverridesParser.create().parse_overrides(list(now)):
                 key = override.key_or_group
                 OmegaConf.update(config, key, OmegaConf.select(composed, key), merge=False)

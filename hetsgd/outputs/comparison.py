@@ -188,7 +188,7 @@ def comparisons(index: pd.DataFrame) -> list[Comparison]:
         runs = group.assign(variant=variant)
         # a mix's name does not say whether its accelerator was real (auto, with and without a
         # GPU): where one row's runs differ there, the emulated ones are a row of their own
-        emulated = runs["emulated"].astype(bool)
+        emulated = runs["emulated"]  # a bool: the index reads it so
         both = emulated.groupby([runs["algo"], runs["devices"], runs["variant"]]).transform(
             "nunique") > 1
         runs.loc[both & emulated, "variant"] = (runs["variant"] + " emulated").str.strip()

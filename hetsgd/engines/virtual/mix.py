@@ -26,10 +26,10 @@ from hetsgd.workers import WorkerSpec
 
 
 def profiles_for(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
-                 step: str | None = None) -> list[DeviceProfile]:
-    """One profile per worker, by rank, costed for the training ``step`` the workers take (by
-    default ``optim.step``; a rank loop may take its own: :func:`hetsgd.engines.hooks.step_choice`);
-    a group with neither a profile nor a calibration row is a one-line UserError."""
+                 step: str) -> list[DeviceProfile]:
+    """One profile per worker, by rank, costed for the training ``step`` the workers take
+    (:func:`hetsgd.engines.hooks.step_choice`: a rank loop may take its own); a group with
+    neither a profile nor a calibration row is a one-line UserError."""
     mix = cfg.devices
     measured = load_calibration(Path(mix.calibration)) if mix.calibration is not None else {}
     cost: ModelCost | None = None
@@ -39,8 +39,7 @@ def profiles_for(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
         if name is not None:
             if cost is None:
                 cost = ModelCost.of(problem.build_model(cfg.model, cfg.seed),
-                                    (problem.num_features,), problem.task,
-                                    step or cfg.optim.step,
+                                    (problem.num_features,), problem.task, step,
                                     problem.input_dtype)
             by_group[group] = RooflineProfile(named_device(name), cost)
         elif group in measured:
