@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import psutil
 import pytest
@@ -26,6 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 W8A = Path(os.environ.get("HETSGD_W8A", ROOT.parent / "shared" / "data" / "w8a.xz"))
 # the name the data cache knows it by: w8a as published, or with its compression's suffix
 W8A_NAME = "w8a" + (W8A.suffix if W8A.suffix in (".xz", ".bz2", ".gz") else "")
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script of scripts/ (no package) as a module, registered under its name (a dataclass
+    of it looks its module up there)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def said(stderr: str, prog: str) -> str:

@@ -7,7 +7,6 @@ under any load."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -18,7 +17,7 @@ from types import ModuleType
 
 import pandas as pd
 import pytest
-from conftest import compose_config, said
+from conftest import compose_config, load_script, said
 from hydra import compose
 from test_report import write_run
 from test_sweeps import hydra_conf  # noqa: F401  (a fixture)
@@ -36,12 +35,7 @@ MACHINES = ("paper_hogbatch_v100", "paper_hogbatch_k80")
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("adaptive_threshold", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_the_experiment_sweeps_the_threshold_on_both_paper_machines(hydra_conf,  # noqa: F811

@@ -4,7 +4,6 @@ helpers of ``scripts/biased_local_resnet20.py``. Nothing here trains."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import load_script
 from hydra import compose
 from test_report import write_overrides, write_run
 from test_sweeps import hydra_conf  # noqa: F401  (a fixture)
@@ -32,11 +32,7 @@ FASHION = Problem("multiclass", 784, 10, (1, 28, 28))
 
 def script() -> ModuleType:
     """The script as a module (scripts/ is no package)."""
-    spec = importlib.util.spec_from_file_location("biased_local_resnet20", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def jobs_of(experiment: str) -> list[tuple[str, int, RunConfig]]:

@@ -4,14 +4,13 @@ on stderr and status 1."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import said
+from conftest import load_script, said
 from test_report import table_rows, write_overrides, write_run
 
 from hetsgd.errors import UserError
@@ -79,10 +78,7 @@ def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
 
 def test_a_report_or_summary_of_another_shape_is_refused_or_read_as_unknown(
         tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("biased_local_table", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = load_script(SCRIPT)
     _reproduction(tmp_path)
     write_report(tmp_path)
     report = pd.read_csv(tmp_path / "report.csv")
