@@ -213,6 +213,38 @@ def test_biased_local_sgd_with_the_authors_accounting_runs_its_rounds(tmp_path: 
     assert summary["final"]["train_loss"] < summary["initial"]["train_loss"]
 
 
+def test_each_reshuffle_ranks_the_slow_side_by_the_losses_both_sides_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table the slow side's top-k is drawn from at a reshuffle is +inf where nothing trained
+    yet and finite exactly at the examples that either rank trained on since: its own steps'
+    losses recorded, the other's merged in. On the virtual clock, whose ranks are threads of this
+    process, so the plan's shards can be read as they are cut."""
+    shards: dict[tuple[int, int], torch.Tensor] = {}
+    scores: dict[int, torch.Tensor] = {}
+    shard = RoundPlan.shard
+
+    def recorded(self: RoundPlan, rank: int, period: int, permutation: torch.Tensor,
+                 table: LossTable | None) -> torch.Tensor:
+        if table is not None and rank in self.side:
+            scores[period] = table.values.clone()
+        shards[rank, period] = chosen = shard(self, rank, period, permutation, table)
+        return chosen
+
+    monkeypatch.setattr(RoundPlan, "shard", recorded)
+    # 136 examples a round of 1437: a reshuffle every 10 rounds; an epoch is 11 rounds
+    cfg = compose_config("algo=local_sgd", *MIX, "algo.tau={accel:4,cpu:1}",
+                         "algo.biased.sampling=true", "budget.epochs=1", "budget.seconds=null",
+                         "devices.simulated=true", "devices.groups.accel.profile=v100_sxm2_16gb",
+                         "devices.groups.cpu.profile=xeon_e5_2686v4_core", "progress=false")
+    summary = runner.run(to_run_config(cfg), tmp_path, cfg).to_dict()
+    assert summary["status"] == "completed", summary["error"]
+    assert sorted(shards) == [(0, 0), (0, 1), (1, 0), (1, 1)] and sorted(scores) == [0, 1]
+    assert torch.isinf(scores[0]).all()
+    trained = set(shards[0, 0].tolist()) | set(shards[1, 0].tolist())
+    assert set(torch.isfinite(scores[1]).nonzero().flatten().tolist()) == trained
+    assert (scores[1][list(trained)] > 0).all()  # cross-entropy losses, not indices or zeros
+
+
 def _fake_fashion(folder: Path, n_train: int, n_test: int) -> Path:
     """A tiny learnable stand-in for Fashion-MNIST's four IDX files (the label sets the mean)."""
     rng = np.random.default_rng(0)
