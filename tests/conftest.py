@@ -106,12 +106,14 @@ def w8a_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-# One short real run that keeps its snapshots and writes a checkpoint: the run folder that the
-# tests of damaged and crafted run folders change, each in a copy of its own (`run_dir`).
-CHECKPOINTED_RUN = ("algo=sync", "devices=single_cpu", "dataset=digits", "model=mlp",
-                    "budget.epochs=null", "budget.seconds=1", "eval.every_s=0.1",
-                    "eval.every_epochs=null", "eval.keep_snapshots=true",
-                    "checkpoint.every_s=600", "progress=false")
+# One short run that keeps its snapshots and writes a checkpoint: the run folder that the tests
+# of damaged and crafted run folders change, each in a copy of its own (`run_dir`). On the
+# virtual clock, so that it has its 11 snapshots however loaded the machine is.
+CHECKPOINTED_RUN = ("algo=sync", "devices=cpu", "devices.groups.cpu.count=2", "dataset=digits",
+                    "model=mlp", "devices.simulated=true",
+                    "devices.groups.cpu.profile=xeon_e5_2686v4_core", "budget.epochs=null",
+                    "budget.seconds=0.5", "eval.every_s=0.05", "eval.every_epochs=null",
+                    "eval.keep_snapshots=true", "checkpoint.every_s=600", "progress=false")
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +130,7 @@ def checkpointed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         done = hetsgd.run(*CHECKPOINTED_RUN)
     assert done.exit_code == 0, done.summary.error
     run_dir, = (results / "runs").iterdir()
-    assert latest_checkpoint(run_dir) is not None and len(list((run_dir / SNAPSHOTS).glob("*.pt"))) >= 5
+    assert latest_checkpoint(run_dir) is not None and len(list((run_dir / SNAPSHOTS).glob("*.pt"))) == 11
     return run_dir
 
 

@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,7 +30,16 @@ from hetsgd.cli import app
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.errors import UserError
 from hetsgd.outputs import journal
-from hetsgd.outputs.checkpoint import STATE, latest_checkpoint, snapshot_file, time_name
+from hetsgd.outputs.checkpoint import (
+    CHECKPOINT,
+    STATE,
+    latest_checkpoint,
+    load_snapshot,
+    read_checkpoint,
+    snapshot_file,
+    time_name,
+    write_checkpoint,
+)
 from hetsgd.outputs.index import CRASHED, OVERRIDES, RUNNING, read_summary
 from hetsgd.outputs.journal import INDEX, RunJournal, read_snapshots
 from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, WriteError, writing
@@ -145,6 +155,86 @@ def test_recover_skips_a_truncated_snapshot_and_names_it(run_dir: Path,
     convergence = pd.read_csv(run_dir / "convergence.csv")
     assert len(convergence) == len(files) - 1
     assert f"1 unreadable one(s) skipped: {bad.name}" in summary["error"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)  # a FIFO opened to be read waits for a writer that never comes
+@pytest.mark.parametrize("damage", ["fifo", "logged_list"])
+def test_recover_skips_a_snapshot_that_is_no_file_or_not_as_written(run_dir: Path,
+                                                                    damage: str) -> None:
+    as_crashed(run_dir)
+    files = _snapshot_files(run_dir)
+    bad = files[len(files) // 2]
+    if damage == "fifo":
+        bad.unlink()
+        os.mkfifo(bad)
+        why = "not a regular file but a FIFO or pipe"
+    else:
+        tensors = torch.load(bad, weights_only=True)
+        torch.save({**tensors, "logged": [1]}, bad)
+        why = "not as hetsgd writes it (AttributeError"
+    summary = recover(run_dir)
+    assert summary["status"] == CRASHED
+    assert f"1 unreadable one(s) skipped: {bad.name}" in summary["error"]
+    assert len(pd.read_csv(run_dir / "convergence.csv")) == len(files) - 1
+    with pytest.raises(UserError, match=re.escape(f"cannot read {bad}: {why}")):
+        load_snapshot(bad)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["relative", "absolute", "fifo"])
+def test_a_checkpoint_reads_no_snapshot_outside_its_version(run_dir: Path, tmp_path: Path,
+                                                           where: str) -> None:
+    """state.pt names its snapshots' files; a name that is a path elsewhere (or a FIFO there,
+    which a read would wait on forever) is refused, the file unread."""
+    version = latest_checkpoint(run_dir)
+    assert version is not None
+    state = torch.load(version / STATE, weights_only=True)
+    outside = tmp_path / "outside.pt"
+    if where == "fifo":
+        os.mkfifo(outside)
+    else:
+        shutil.copyfile(version / state["snapshots"][0]["file"], outside)
+    state["snapshots"][0]["file"] = (str(outside) if where != "relative"
+                                     else os.path.relpath(outside, version))
+    torch.save(state, version / STATE)
+    with pytest.raises(UserError, match=re.escape(f"cannot read {version / STATE}: not as hetsgd "
+                                                  "writes it (ValueError: it names a snapshot")):
+        read_checkpoint(version)
+
+
+def test_the_latest_checkpoint_is_the_latest_past_a_million_seconds(tmp_path: Path) -> None:
+    for seconds in (999_999.0, 1_000_001.0, 5.0):
+        (tmp_path / CHECKPOINT / time_name(seconds)).mkdir(parents=True)
+        (tmp_path / CHECKPOINT / time_name(seconds) / STATE).touch()
+    assert latest_checkpoint(tmp_path) == tmp_path / CHECKPOINT / time_name(1_000_001.0)
+
+
+@pytest.mark.integration
+def test_a_checkpoint_written_again_at_its_time_replaces_it_only_once_whole(
+        run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed run that trains no further writes its final checkpoint at the time of the one
+    it resumed from: a failed write leaves that one, a finished one replaces it."""
+    version = latest_checkpoint(run_dir)
+    assert version is not None
+    checkpoint = read_checkpoint(version)
+    save = torch.save
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(WriteError, match=f"^no space left on device, writing {version / STATE}$"):
+        write_checkpoint(run_dir, checkpoint)
+    assert latest_checkpoint(run_dir) == version
+    assert torch.equal(read_checkpoint(version).params, checkpoint.params)
+    monkeypatch.setattr(torch, "save", save)
+    (run_dir / OVERRIDES).write_text(yaml.safe_dump(["progress=false", "budget.epochs=3"]))
+    write_checkpoint(run_dir, checkpoint)
+    assert [p.name for p in (run_dir / CHECKPOINT).iterdir()] == [version.name]
+    assert yaml.safe_load((version / "run_overrides.yaml").read_text())[-1] == "budget.epochs=3"
+    assert torch.equal(read_checkpoint(version).params, checkpoint.params)
 
 
 @pytest.mark.integration
@@ -378,7 +468,7 @@ def test_a_run_of_a_users_config_dir_recovers_and_resumes_without_it(
     assert len(pd.read_csv(crashed / "convergence.csv")) == len(snapshots) >= 2
 
     resumed = hetsgd.run(f"resume={first.run_dir}", "model=custom", "model._target_=ownnets.mlp",
-                         "budget.seconds=2", "progress=false")
+                         "budget.seconds=1", "progress=false")
     assert resumed.status == "completed", resumed.summary.error
     assert resumed.run_dir == first.run_dir and resumed.summary.model == "mynet"
     assert resumed.summary.time_s is not None and resumed.summary.time_s > first.summary.time_s

@@ -207,6 +207,21 @@ def test_a_resume_never_writes_through_a_symbolic_link(run_dir: Path, tmp_path: 
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(120)  # the FIFO linked to waits for a writer that never comes
+def test_recover_reads_nothing_through_a_symbolic_link(run_dir: Path, tmp_path: Path) -> None:
+    as_crashed(run_dir)
+    os.mkfifo(tmp_path / "fifo")
+    link = run_dir / "snapshots" / "000000000001.pt"
+    link.symlink_to(tmp_path / "fifo")
+    result = _hetsgd("recover", str(run_dir))
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [f"hetsgd: error: cannot recover {run_dir}: {link} is a "
+                                          "symbolic link; hetsgd writes a run's files only inside "
+                                          "its folder, never through a link: replace it with what "
+                                          "it points to, or remove it"]
+
+
+@pytest.mark.integration
 def test_hetsgd_plot_never_writes_through_a_symbolic_link(run_dir: Path, tmp_path: Path,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     outside = tmp_path / "outside"

@@ -61,7 +61,7 @@ def open_data(path: Path, decompress: bool = True, text: bool = False) -> Iterat
     a decompressed or text stream reports its progress to the status shown around it."""
     opener = _OPENERS.get(path.suffix) if decompress else None
     try:
-        with _open_regular(path) as raw:
+        with _data_file(path) as raw:
             if opener is None and not text:
                 yield raw
                 return
@@ -75,9 +75,23 @@ def open_data(path: Path, decompress: bool = True, text: bool = False) -> Iterat
         raise UserError(f"cannot read {path}: {reason(exc)}") from exc
 
 
-def _open_regular(path: Path) -> IO[bytes]:
-    """``path`` opened for reading, or an OSError saying what else it is. The open does not wait
-    for a FIFO's writer (``O_NONBLOCK``), and the check is of the descriptor opened."""
+def _data_file(path: Path) -> IO[bytes]:
+    """:func:`open_regular`, its refusal saying why a data file must be a file."""
+    try:
+        return open_regular(path)
+    except NotRegular as exc:
+        raise OSError(exc.errno, f"{exc.strerror}; hetsgd reads a data file more than once, so "
+                                 "save the stream to a file") from exc
+
+
+class NotRegular(OSError):
+    """A path that names a FIFO, a device or a socket, not a regular file."""
+
+
+def open_regular(path: Path) -> IO[bytes]:
+    """``path`` opened for reading, or an OSError saying what else it is (a
+    :class:`NotRegular`). The open does not wait for a FIFO's writer (``O_NONBLOCK``), and the
+    check is of the descriptor opened."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
@@ -85,8 +99,7 @@ def _open_regular(path: Path) -> IO[bytes]:
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
         for test, kind in _NOT_REGULAR:
             if test(mode):
-                raise OSError(errno.EINVAL, f"not a regular file but {kind}; hetsgd reads a data "
-                                            "file more than once, so save the stream to a file")
+                raise NotRegular(errno.EINVAL, f"not a regular file but {kind}")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

@@ -6,13 +6,20 @@ leaves them), and copies of the run's ``config.yaml`` and Hydra overrides, so th
 resumed whatever has since been written over the run directory. It is made atomically
 (:func:`hetsgd.atomic.replace_folder`: written aside, synced, renamed into place), and only then
 are older versions removed: a crash at any point leaves the previous checkpoint, or the new one,
-whole.
+whole. (A version of the same time, which a resumed run that trains no further writes again, is
+swapped for the new one by two renames once that is whole: only between those is neither
+there.)
+
+A version is read back as data: its snapshots are named only as ``snapshots/`` names them (a
+time in µs, ``.pt``), never by a path that leads elsewhere, and only regular files are read.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import IO, Any
@@ -22,7 +29,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hetsgd.atomic import remove_abandoned, replace_folder
+from hetsgd.atomic import remove_abandoned, replace_folder, writing_path
+from hetsgd.data.files import open_regular, reason
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.errors import UserError
@@ -34,6 +42,11 @@ STATE = "state.pt"
 # The run's files a version keeps, by their name there: not the run directory's own names, so a
 # version is never taken for a run directory (hetsgd.outputs.index.is_run_dir).
 RUN_FILES: dict[str, str | Path] = {"run_config.yaml": CONFIG, "run_overrides.yaml": OVERRIDES}
+# what snapshot_file names, and all that a version's index may name
+_SNAPSHOT_NAME = re.compile(r"\d{12,}\.pt")
+# what a malformed file that torch loads raises when read as hetsgd's (a key missing, a list
+# where a dict or tensor was written, a number that is not one)
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
 
 
 def time_name(time_s: float) -> str:
@@ -64,10 +77,11 @@ def load_tensors(file: Path) -> dict[str, Any]:
     damaged file as whatever failed inside it (a RuntimeError from the zip reader, an
     UnpicklingError, an EOFError...), never naming the file: an :class:`UnreadableFile`."""
     try:
-        loaded = torch.load(file, weights_only=True)
+        with open_regular(file) as handle:  # never a FIFO's writer waited for
+            loaded = torch.load(handle, weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
-        # torch's own first sentence; what follows is advice about checkpoints in general
-        raise UnreadableFile(file, str(err).split(". ")[0]) from err
+        # the OS's words, or torch's first sentence: what follows is advice about checkpoints
+        raise UnreadableFile(file, reason(err).split(". ")[0]) from err
     if not isinstance(loaded, dict):
         raise UnreadableFile(file, "not a file hetsgd wrote")
     return loaded
@@ -107,7 +121,7 @@ def load_snapshot(file: Path, row: dict[str, Any] | None = None) -> Snapshot:
         return Snapshot(float(row["time_s"]), float(row["examples"]),
                         [float(u) for u in row["updates"]], params, buffers,
                         {str(k): float(v) for k, v in row.get("logged", {}).items()})
-    except (KeyError, TypeError, ValueError) as err:
+    except _MALFORMED as err:
         raise _malformed(file, err) from err
 
 
@@ -129,7 +143,7 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
             os.link(Path(run_dir) / SNAPSHOTS / name, staging / name)
         for name, source in RUN_FILES.items():
             if (Path(run_dir) / source).is_file():
-                shutil.copyfile(Path(run_dir) / source, staging / name)
+                _copy_synced(Path(run_dir) / source, staging / name)
         with writing(version / STATE):  # named as it will be, not as the staging folder is
             with open(staging / STATE, "wb") as handle:
                 torch.save(state, handle)
@@ -139,11 +153,26 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
     with writing(version):
         folder.mkdir(parents=True, exist_ok=True)
         remove_abandoned(folder)  # what a crash mid-write left
-        shutil.rmtree(version, ignore_errors=True)  # a version of the same time: this one wins
-        replace_folder(version, fill)
+        if version.is_dir():  # a version of the same time: this one wins, once it is whole
+            new, old = writing_path(version), writing_path(version)
+            replace_folder(new, fill)
+            os.rename(version, old)
+            os.rename(new, version)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            replace_folder(version, fill)
     for old in _versions(folder):
         if old != version:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_synced(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` and synced, as ``state.pt`` is: a version renamed into
+    place holds whole files."""
+    with open(source, "rb") as read, open(target, "wb") as write:
+        shutil.copyfileobj(read, write)
+        write.flush()
+        os.fsync(write.fileno())
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -158,12 +187,28 @@ def read_checkpoint(version: Path) -> Checkpoint:
     file = version / STATE
     state = load_tensors(file)
     try:
-        snapshots = [load_snapshot(version / row["file"], row) for row in state["snapshots"]]
-        return Checkpoint(float(state["time_s"]), state["params"], state["buffers"],
-                          [WorkerState(**worker) for worker in state["workers"]], snapshots,
+        snapshots = [load_snapshot(version / _snapshot_name(row["file"]), row)
+                     for row in state["snapshots"]]
+        time_s, params, buffers = float(state["time_s"]), state["params"], state["buffers"]
+        if not (math.isfinite(time_s) and time_s >= 0):
+            raise ValueError(f"its time is {time_s} s")
+        if not isinstance(params, torch.Tensor) or not isinstance(buffers, torch.Tensor):
+            raise TypeError("its model is not tensors")
+        workers = [WorkerState(**worker) for worker in state["workers"]]
+        if not workers:
+            raise ValueError("it holds no worker")
+        return Checkpoint(time_s, params, buffers, workers, snapshots,
                           tuple(state["snapshot_spacing"]))
-    except (KeyError, TypeError, ValueError) as err:
+    except _MALFORMED as err:
         raise _malformed(file, err) from err
+
+
+def _snapshot_name(name: Any) -> str:
+    """A snapshot's file name as a version's index gives it, refused unless it is one that
+    :func:`snapshot_file` makes: no path, so nothing outside the version is read."""
+    if not isinstance(name, str) or not _SNAPSHOT_NAME.fullmatch(name):
+        raise ValueError(f"it names a snapshot {str(name)[:80]!r}, not a file of its own")
+    return name
 
 
 def run_config(version: Path) -> tuple[DictConfig, list[str]]:
@@ -186,5 +231,5 @@ def run_config(version: Path) -> tuple[DictConfig, list[str]]:
 def _versions(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir()  # not a version being written (replace_folder)
-                  if p.name.isdigit() and (p / STATE).is_file())
+    return sorted((p for p in folder.iterdir()  # not one being written (replace_folder)
+                   if p.name.isdigit() and (p / STATE).is_file()), key=lambda p: int(p.name))

@@ -78,6 +78,7 @@ def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
         raise UserError(f"{run_dir} is not a run directory")
+    check_no_links(run_dir, f"cannot recover {run_dir}")  # before anything is read through one
     summary = RunSummary.read(run_dir)
     if summary.status not in RECOVERABLE:
         raise UserError(f"{run_dir} did not crash and was not interrupted (status: "
@@ -99,7 +100,6 @@ def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
         raise UserError(f"{run_dir} left no snapshot to recover: {why}")
     cfg = _config(run_dir)
     check_targets(cfg, run_dir, model_targets, "pass --model-target {}", calls_algorithm=False)
-    check_no_links(run_dir, f"cannot recover {run_dir}")
     data = load_run_data(cfg, progress=cfg.progress)
     training = Training(status=summary.status, time_s=snapshots[-1].time_s, snapshots=snapshots,
                         utilization=_rows(load_csv(run_dir, "utilization")))

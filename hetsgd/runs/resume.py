@@ -102,12 +102,12 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
         raise UserError(f"resume={source}: no such directory")
     if not is_run_dir(source):
         raise UserError(f"resume={source} is not a run directory")
+    check_no_links(source, f"resume={source}")  # before anything is read through one
     summary = read_summary(source)
     if summary.get("status") == RUNNING:  # read_summary says crashed once its process is gone
         process = summary.get("coordinator") or {}
         raise UserError(f"resume={source}: the run is still going (process {process.get('pid')} "
                         f"on {process.get('host')}): resume it once it has ended")
-    check_no_links(source, f"resume={source}")
     version = latest_checkpoint(source)
     if version is None:
         raise UserError(f"resume={source}: the run left no checkpoint (checkpoints are taken "
