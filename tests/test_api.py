@@ -168,6 +168,9 @@ def test_a_summary_keeps_what_it_does_not_name() -> None:
                                               "test_acc": 0.5}})
     assert summary.extra == {"adaptive": {"max_gpu_batch": 64}}
     assert summary.final == Losses(1.0, 2.0, 0.5) and summary.algo is None
+    # an entry named like the field that holds the others is one of them, and written back
+    named_extra = RunSummary.from_dict({"status": "completed", "extra": [1]})
+    assert named_extra.extra == {"extra": [1]} and named_extra.to_dict()["extra"] == [1]
 
 
 def test_a_summary_writes_what_the_run_reached_and_reads_back_the_same() -> None:

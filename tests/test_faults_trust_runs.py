@@ -234,6 +234,42 @@ def test_hetsgd_plot_never_writes_through_a_symbolic_link(run_dir: Path, tmp_pat
     assert not list(outside.iterdir())
 
 
+# seven levels of ten aliases: 10**7 strings once expanded, from 379 bytes
+ALIASES = "\n".join(["- &a0 [x, x, x, x, x, x, x, x, x, x]", *(
+    f"- &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8))]) + "\n"
+
+
+@pytest.mark.parametrize("damage,why", [
+    ("aliases", "an alias (*a0), which no run writes (line 2)"),
+    ("nested", "nested too deep"),
+    ("not_utf8", "'utf-8' codec can't decode byte 0xff in position 2: invalid start byte"),
+    ("too_large", "larger than 1 MiB"),
+])
+def test_a_runs_yaml_is_read_as_plain_data_within_bounds(
+        run_dir: Path, damage: str, why: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A run folder's YAML holds a few kilobytes of plain values: one that expands (aliases),
+    nests past Python's stack, is not text or is huge is named, and its run still listed."""
+    file = run_dir / OVERRIDES
+    file.write_bytes({"aliases": ALIASES.encode(), "nested": b"[" * 5000 + b"]" * 5000,
+                      "not_utf8": b"- \xff\n", "too_large": b"- x\n" * (1 << 19)}[damage])
+    result = _hetsgd("runs", str(run_dir.parent))
+    assert result.exit_code == 0, result.output
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"cannot read {file}: {why}; the run is listed without its overrides"]
+    assert "1 run(s) under" in result.output
+
+
+def test_a_resume_refuses_a_checkpoints_config_that_expands(run_dir: Path) -> None:
+    version = latest_checkpoint(run_dir)
+    assert version is not None
+    (version / "run_config.yaml").write_text(f"seed: 0\nbomb:\n{ALIASES}")
+    result = _hetsgd("run", f"resume={run_dir}", "progress=false")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"hetsgd: error: cannot read {version / 'run_config.yaml'}: an alias (*a0), which no run "
+        "writes (line 4)"]
+
+
 @pytest.mark.integration
 def test_report_escapes_what_a_run_folder_says(run_dir: Path, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"

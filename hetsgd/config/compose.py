@@ -39,6 +39,7 @@ from hetsgd.config.swept import sweep_overrides, swept_keys, swept_name
 from hetsgd.config.typos import unknown_keys_hint
 from hetsgd.errors import UserError, one_line
 from hetsgd.machine import cuda_devices, usable_cores
+from hetsgd.readback import load_yaml
 
 # The config tree ships inside the package; HETSGD_CONF points elsewhere (e.g. a copy with your
 # own mixes and experiments).
@@ -304,7 +305,7 @@ def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failur
     resume checks it), and typed, without ``now``. A config that cannot be rebuilt (e.g. with a
     key this version no longer has) is a one-line :class:`UserError` after ``failure``."""
     try:
-        loaded = OmegaConf.load(recorded) if isinstance(recorded, Path) else recorded
+        loaded = OmegaConf.create(load_yaml(recorded)) if isinstance(recorded, Path) else recorded
         if not isinstance(loaded, DictConfig):
             raise ConfigError("the recorded config is not a mapping")
         names = recorded_groups(loaded)

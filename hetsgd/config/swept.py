@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from hetsgd.readback import load_yaml
 
 MULTIRUN = "multirun.yaml"
 
@@ -24,7 +25,7 @@ def sweep_overrides(sweep_dir: Path) -> list[str]:
     file = Path(sweep_dir) / MULTIRUN
     if not file.is_file():
         return []
-    hydra = (yaml.safe_load(file.read_text()) or {}).get("hydra") or {}
+    hydra = (load_yaml(file) or {}).get("hydra") or {}
     listed = [str(o) for o in (hydra.get("overrides") or {}).get("task") or []]
     params = (hydra.get("sweeper") or {}).get("params") or {}
     return listed + [f"{key}={value}" for key, value in params.items()]

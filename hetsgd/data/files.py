@@ -1,10 +1,9 @@
 """Opening a data file: regular files only, decompressed by suffix, read within bounds.
 
-Only regular files are read (compressed or not). A parser reads its file more than once (a sniff
-of the first lines, the parse, the scan for the bad line an error names), which a FIFO or a pipe
-(``<(cat file)``) cannot give, and a device such as ``/dev/zero`` never ends: each is refused
-with one line, without blocking on it, and the file is opened once per read, checked on the very
-descriptor read from.
+Only regular files are read (compressed or not: :func:`hetsgd.readback.open_regular`). A parser
+reads its file more than once (a sniff of the first lines, the parse, the scan for the bad line
+an error names), which a FIFO or a pipe (``<(cat file)``) cannot give, and a device such as
+``/dev/zero`` never ends: each is refused with one line, and the file is opened once per read.
 
 Reads are bounded, so that a file that is not data fails with a line that names it instead of
 exhausting memory: a text line may be at most ``MAX_LINE_BYTES`` long, and a compressed file may
@@ -16,13 +15,11 @@ from __future__ import annotations
 
 import bz2
 import contextlib
-import errno
 import gzip
 import hashlib
 import io
 import lzma
 import os
-import stat
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +27,7 @@ from typing import IO
 
 from hetsgd.data.download_progress import report_read
 from hetsgd.errors import UserError
+from hetsgd.readback import NotRegular, open_regular
 
 COMPRESSIONS = (".xz", ".bz2", ".gz")
 # each opens a binary stream (LZMAFile, BZ2File, GzipFile), a BufferedIOBase
@@ -49,10 +47,6 @@ MAX_EXPANSION = 200
 # compresses a thousand times, and 64 MiB costs nothing to read
 EXPANSION_FREE_BYTES = 64 << 20
 _CHUNK_BYTES = 1 << 20  # what one read of the decompressed stream takes
-
-_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISCHR, "a character device"),
-                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
 
 @contextlib.contextmanager
 def open_data(path: Path, decompress: bool = True, text: bool = False) -> Iterator[IO[bytes]]:
@@ -82,29 +76,6 @@ def _data_file(path: Path) -> IO[bytes]:
     except NotRegular as exc:
         raise OSError(exc.errno, f"{exc.strerror}; hetsgd reads a data file more than once, so "
                                  "save the stream to a file") from exc
-
-
-class NotRegular(OSError):
-    """A path that names a FIFO, a device or a socket, not a regular file."""
-
-
-def open_regular(path: Path) -> IO[bytes]:
-    """``path`` opened for reading, or an OSError saying what else it is (a
-    :class:`NotRegular`). The open does not wait for a FIFO's writer (``O_NONBLOCK``), and the
-    check is of the descriptor opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        for test, kind in _NOT_REGULAR:
-            if test(mode):
-                raise NotRegular(errno.EINVAL, f"not a regular file but {kind}")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 class _Bounded(io.RawIOBase):

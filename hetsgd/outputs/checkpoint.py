@@ -25,17 +25,17 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hetsgd.atomic import remove_abandoned, replace_folder, writing_path
-from hetsgd.data.files import open_regular, reason
+from hetsgd.data.files import reason
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import CONFIG, OVERRIDES
 from hetsgd.outputs.run_directory import SNAPSHOTS, writing
+from hetsgd.readback import load_yaml, open_regular
 
 CHECKPOINT = "checkpoint"
 STATE = "state.pt"
@@ -216,13 +216,13 @@ def run_config(version: Path) -> tuple[DictConfig, list[str]]:
     unreadable one is a UserError naming its file."""
     overrides_file, config_file = version / "run_overrides.yaml", version / "run_config.yaml"
     try:
-        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise UserError(f"cannot read {overrides_file}: {err}".splitlines()[0]) from err
+        overrides = load_yaml(overrides_file) if overrides_file.is_file() else []
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read {overrides_file}: {reason(err)}".splitlines()[0]) from err
     try:
-        config = OmegaConf.load(config_file)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, OmegaConfBaseException) as err:
-        raise UserError(f"cannot read {config_file}: {err}".splitlines()[0]) from err
+        config = OmegaConf.create(load_yaml(config_file))
+    except (OSError, ValueError, OmegaConfBaseException) as err:
+        raise UserError(f"cannot read {config_file}: {reason(err)}".splitlines()[0]) from err
     if not isinstance(config, DictConfig) or not isinstance(overrides or [], list):
         raise UserError(f"cannot read the config in {version}: not a mapping and a list")
     return config, [str(o) for o in overrides or []]

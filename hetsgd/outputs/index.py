@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from hetsgd.config.checks import finite_or_none
 from hetsgd.config.group_names import by_group_name, group_name
+from hetsgd.data.files import reason
 from hetsgd.errors import UserError
 from hetsgd.liveness import is_alive, this_process
 from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY
+from hetsgd.readback import load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,8 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's ``config.yaml`` as data (never composed, nothing in it called): ``{}`` where it
     is missing, unreadable or not a mapping."""
     try:
-        config = yaml.safe_load((Path(run_dir) / CONFIG).read_text())
-    except (OSError, ValueError, yaml.YAMLError):
+        config = load_yaml(Path(run_dir) / CONFIG)
+    except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
 
@@ -269,9 +270,9 @@ def read_overrides(run_dir: Path) -> list[str]:
     if not file.exists():
         return []
     try:
-        overrides = yaml.safe_load(file.read_text()) or []
-    except (OSError, yaml.YAMLError) as err:
-        raise UserError(f"cannot read {file}: {err}".splitlines()[0]) from err
+        overrides = load_yaml(file) or []
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read {file}: {reason(err)}".splitlines()[0]) from err
     if not isinstance(overrides, list):
         raise UserError(f"cannot read {file}: expected a list of overrides")
     return [str(o) for o in overrides]

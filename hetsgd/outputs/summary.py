@@ -293,8 +293,9 @@ class RunSummary:
 
     def __post_init__(self) -> None:
         """``extra`` never stands for the run's own entries (a user's algorithm's go under
-        ``plugin``: :mod:`hetsgd.algorithms.watched`)."""
-        clash = set(self.extra) & {f.name for f in dataclasses.fields(self)}
+        ``plugin``: :mod:`hetsgd.algorithms.watched`); an entry named ``extra`` is one of them,
+        written back in its place."""
+        clash = set(self.extra) & {f.name for f in dataclasses.fields(self)} - {"extra"}
         if clash:
             raise ValueError(f"summary entries {sorted(clash)} would overwrite the run's own")
 
