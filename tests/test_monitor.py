@@ -122,6 +122,14 @@ def test_summarize_hand_made_rows():
                      cores_given=1) == {"workers_cpu_cores_mean": 0.5,
                                         "workers_cpu_share_mean": 0.5,
                                         "host_cpu_percent_mean": 10.0, "gpu_util_mean": None}
+    # sampled faster early on: each row weighs the seconds it covers, not one
+    uneven = [{"time_s": t, "host_cpu_percent": h, "workers_cpu_percent": w, "gpu0_util": g}
+              for t, h, w, g in ((0.1, 0.0, 0.0, 0.0), (0.2, 0.0, 0.0, 0.0), (1.2, 50.0, 200.0, 80.0))]
+    assert summarize(uneven, cores_given=2) == {
+        "workers_cpu_cores_mean": pytest.approx(2.0 * 1.0 / 1.2),
+        "workers_cpu_share_mean": pytest.approx(1.0 / 1.2),
+        "host_cpu_percent_mean": pytest.approx(50.0 / 1.2),
+        "gpu_util_mean": pytest.approx(80.0 / 1.2)}
     assert summarize([], cores_given=2) == dict.fromkeys(
         ("workers_cpu_cores_mean", "workers_cpu_share_mean", "host_cpu_percent_mean",
          "gpu_util_mean"))

@@ -46,8 +46,10 @@ def test_no_sample_is_kept_once_the_workers_are_gone(gone: list[int] | str) -> N
     rows = monitor.stop()
     assert len(rows) == 2  # the samples taken while the workers were there, none after
     assert all(r["workers_cpu_percent"] is not None for r in rows)
-    mean = summarize(rows, cores_given=1)["workers_cpu_cores_mean"]
-    assert mean == sum(r["workers_cpu_percent"] for r in rows) / 2 / 100
+    mean = summarize(rows, cores_given=1)["workers_cpu_cores_mean"]  # over the kept rows' time
+    assert mean == pytest.approx(sum(r["workers_cpu_percent"] * w for r, w in zip(
+        rows, (rows[0]["time_s"], rows[1]["time_s"] - rows[0]["time_s"]))) / rows[1]["time_s"]
+        / 100)
 
 
 def test_a_run_too_short_for_a_sample_keeps_its_closing_one_without_the_workers_cpu() -> None:

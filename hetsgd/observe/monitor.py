@@ -42,8 +42,14 @@ _CUDA = re.compile(r"cuda(?::(\d+))?")
 EARLY_SAMPLES, FASTEST = 20, 5
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+def _mean(pairs: list[tuple[float, float]]) -> float | None:
+    """The mean of (window, value) pairs weighted by their windows; evenly where none has one."""
+    if not pairs:
+        return None
+    total = sum(window for window, _ in pairs)
+    if total <= 0:
+        return sum(value for _, value in pairs) / len(pairs)
+    return sum(window * value for window, value in pairs) / total
 
 
 def summarize(rows: list[Row], cores_given: int) -> dict[str, float | None]:
@@ -53,13 +59,25 @@ def summarize(rows: list[Row], cores_given: int) -> dict[str, float | None]:
     ``workers_cpu_share_mean``: that over ``cores_given``, the cores the mix gave its workers;
     ``host_cpu_percent_mean``: host-wide CPU, other processes included;
     ``gpu_util_mean``: utilization over the run's own GPU columns (None without GPUs).
+
+    Each is a mean over time: a row's values cover the seconds since the row before it (since
+    0 for the first), and weigh that much. Sampling is faster early in a run
+    (:meth:`UtilizationMonitor.interval_at`), so a mean of rows would weigh its first seconds
+    several times over.
     """
-    def column(key: str) -> list[float]:
-        return [v for r in rows if (v := r.get(key)) is not None]
+    windows, previous = [], 0.0
+    for row in rows:
+        now = float(row["time_s"] or 0.0)
+        windows.append(max(now - previous, 0.0))
+        previous = now
+
+    def column(key: str) -> list[tuple[float, float]]:
+        return [(w, v) for w, r in zip(windows, rows) if (v := r.get(key)) is not None]
 
     workers = _mean(column("workers_cpu_percent"))
     cores = None if workers is None else workers / 100.0
-    gpu = [v for r in rows for k, v in r.items() if _GPU_UTIL.fullmatch(k) and v is not None]
+    gpu = [(w, v) for w, r in zip(windows, rows) for k, v in r.items()
+           if _GPU_UTIL.fullmatch(k) and v is not None]
     return {"workers_cpu_cores_mean": cores,
             "workers_cpu_share_mean": cores / cores_given if cores is not None and cores_given > 0
             else None,
