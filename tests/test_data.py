@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from conftest import W8A, W8A_NAME
 
 from hetsgd.config import DatasetConfig
-from hetsgd.config.problem import SCALINGS, SyntheticConfig
+from hetsgd.config.problem import SCALINGS, FilesConfig, SyntheticConfig
 from hetsgd.data import data_home, fetch, images, libsvm, list_sources, load_dataset, source_info
 from hetsgd.data.download import RemoteFile, download
 from hetsgd.data.images import CIFAR_MEAN, CIFAR_STD, read_idx
@@ -202,6 +202,17 @@ def test_libsvm_corrupt_line_is_named(tmp_path: Path) -> None:
     path = write(tmp_path / "bad.txt", "1 1:2 3:4\n-1 2:1\n1 2:1 x:3\n-1 1:1\n")
     with pytest.raises(UserError, match=rf"{path}: line 3 is not valid LIBSVM"):
         load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
+
+
+@pytest.mark.parametrize("empty", ["train", "test"])
+def test_a_libsvm_file_of_no_examples_is_refused_before_training(tmp_path: Path,
+                                                                  empty: str) -> None:
+    """An empty test file would fail only at the first evaluation, after training."""
+    files = {part: write(tmp_path / f"{part}.txt", "" if part == empty else
+                         libsvm_text(["-1", "+1"] * 10)) for part in ("train", "test")}
+    with pytest.raises(UserError, match=f"^{files[empty]} holds no examples$"):
+        load_dataset(FilesConfig(path=str(files["train"]), test_path=str(files["test"]),
+                                 format="libsvm"), seed=0, progress=False)
 
 
 def test_libsvm_path_is_required_and_must_exist() -> None:

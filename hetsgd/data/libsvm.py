@@ -56,8 +56,9 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
     paths = [train] + ([test] if test is not None else [])
     parts = [_parse(path, multilabel) for path in paths]
     xs, labels = [x for x, _ in parts], [y for _, y in parts]
-    if xs[0].shape[0] == 0:
-        raise UserError(f"{train} holds no examples")
+    for path, x in zip(paths, xs):  # an empty test file would end the run after training
+        if x.shape[0] == 0:
+            raise UserError(f"{path} holds no examples")
     if all(x.nnz and x.indices.min() > 0 for x in xs):  # no index 0 anywhere: 1-based
         for x in xs:
             x.indices -= 1
