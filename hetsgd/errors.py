@@ -15,6 +15,12 @@ class Diverged(Exception):
     """The training loss became NaN or infinite."""
 
 
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a tuned comparison's search: its message says how many trials
+    ran and where their table is, in place of a sweep's count of jobs. Here, not with the
+    search, so that the command's handler of a stop imports nothing while a signal may land."""
+
+
 def one_line(message: object) -> str:
     """``message`` (an exception's text, a parser's) on one line, its whitespace runs as one
     space: what every one-line error embeds of a library's message."""

@@ -32,7 +32,7 @@ from hetsgd.config.compose import hydra_arguments, quoted
 from hetsgd.config.hydra_private import run_hydra
 from hetsgd.config.keys import composition_error, missing_config
 from hetsgd.engines.ranks.torchrun import follower
-from hetsgd.errors import UserError, out_of_memory
+from hetsgd.errors import SearchInterrupted, UserError, out_of_memory
 from hetsgd.observe.contention import warning as contention_warning
 from hetsgd.outputs.safe_text import guard_logging, shown
 from hetsgd.outputs.terminal import console, err, print_error, summary_table
@@ -165,8 +165,6 @@ def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
     try:
         _launch(invocation, [*args, *_continue_in_place(args)])
     except KeyboardInterrupt as stop:
-        from hetsgd.tuning.phases import SearchInterrupted
-
         interrupted = True
         if isinstance(stop, SearchInterrupted):  # a tuned comparison's search: its trials
             err.print(str(stop), soft_wrap=True)

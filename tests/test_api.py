@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import hetsgd
+from hetsgd import invocation
 from hetsgd.errors import UserError
 from hetsgd.invocation import invoke
 from hetsgd.outputs.summary import GroupMix, Losses, Mix, RunSummary, TargetLosses
@@ -95,6 +96,18 @@ def test_each_invocation_reports_only_its_own_runs_and_errors(results: Path) -> 
     assert first.statuses == second.statuses == ["failed"]
     assert [e.split(" is ")[0] for e in first.errors + second.errors] == ["optim.lr=-1.0",
                                                                            "optim.lr=-2.0"]
+
+
+def test_a_stop_is_handled_without_importing_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM lands where it will: in a module's import, say pandas'. The handler of the stop
+    must import nothing, or it fails on the half-imported module and the command ends in a
+    traceback instead of its exit status. An import that fails stands in for one."""
+    def stopped(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(invocation, "_launch", stopped)
+    monkeypatch.setitem(sys.modules, "hetsgd.tuning.phases", None)  # importing it raises
+    assert invocation.invoke(["progress=false"]).code == 130
 
 
 def test_overrides_that_compose_no_run_raise_the_one_line_error(results: Path) -> None:

@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from hetsgd.errors import UserError
+from hetsgd.errors import SearchInterrupted, UserError
 from hetsgd.invocation import invoke
 from hetsgd.tuning.bracket import beyond, edges, report_edges
 from hetsgd.tuning.choice import choose
-from hetsgd.tuning.phases import CLAIM, SearchInterrupted, tune_then_compare
+from hetsgd.tuning.phases import CLAIM, tune_then_compare
 from tests.test_tuning import TINY, spec, trials, tuned_sweep
 
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hetsgd.config import compose_run
 from hetsgd.config.compose import quoted
-from hetsgd.errors import UserError
+from hetsgd.errors import SearchInterrupted, UserError
 from hetsgd.outputs.report import TRIALS_DIR, TUNED_GROUP, TUNING_CSV
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.tuning.bracket import beyond, edges, report_edges
@@ -33,11 +33,6 @@ from hetsgd.tuning.spec import NODE, Tuning
 Sweep = Callable[[list[str]], None]
 CLAIM = ".claimed"  # the marker that makes a search's folder its own (:func:`claim`)
 UNSET = f"{NODE}=null"  # the jobs are runs, not tuned sweeps
-
-
-class SearchInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or SIGTERM) during the search: its message says how many trials ran and where
-    their table is, in place of a sweep's count of jobs."""
 
 
 def check_knobs(tuning: Tuning, fixed: list[str]) -> None:
