@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import os
 import platform
 import sys
@@ -42,6 +43,15 @@ app.add_typer(data_app, name="data")
 def _fail(message: str, code: int = 1) -> NoReturn:
     print_error(message)
     raise typer.Exit(code)
+
+
+def _write_failed(exc: OSError, where: Path) -> NoReturn:
+    """A write that failed (a file where a folder goes, a read-only or full disk), in one line
+    naming the file, or ``where`` it was written when the OS names none."""
+    from hetsgd.outputs.run_directory import WriteError
+
+    _fail(str(exc if isinstance(exc, WriteError) else WriteError.of(Path(exc.filename or where),
+                                                                      exc)))
 
 
 def _version(shown: bool) -> None:
@@ -162,6 +172,8 @@ def report(paths: list[Path] = typer.Argument(
                       soft_wrap=True)
     except UserError as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _write_failed(exc, paths[0])
 
 
 @app.command("runs")
@@ -207,6 +219,8 @@ def plot(path: Path = typer.Argument(None, show_default=False, help=(
         written = plot_all(path, check_formats(format.split(",")))
     except UserError as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _write_failed(exc, path)
     console.print(f"{len(written)} figure file(s) written under {path}")
 
 
@@ -285,6 +299,8 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
     from hetsgd.engines.virtual.profiles import exchange_cost
     from hetsgd.runs.calibrate import calibrate, save
 
+    if not (math.isfinite(seconds) and seconds > 0):
+        _fail(f"--seconds must be a positive number of seconds, not {seconds}")
     cfg = _compose(overrides)
     try:
         rows = calibrate(cfg, seconds)
@@ -305,7 +321,10 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
                            for wait, cost in zip(exchange.waits_s, exchange.seconds))
         console.print(f"the mix's exchange of the model, a round beyond its slowest step: "
                       f"{points} (the earliest rank's)", soft_wrap=True)
-    path = save(rows, cfg)
+    try:
+        path = save(rows, cfg)
+    except OSError as exc:
+        _write_failed(exc, Path(cfg.results_dir))
     console.print(f"saved: {path}\nreplay it on the virtual clock, on any machine: hetsgd run "
                   f"devices={cfg.devices.name} devices.simulated=true devices.calibration={path}",
                   soft_wrap=True)
@@ -331,6 +350,9 @@ def machine(ctx: typer.Context,
     if calibrate:
         _print_calibration(ctx.args, seconds)
         return
+    if ctx.args:
+        _fail(f"hetsgd machine takes overrides only with --calibrate, not {ctx.args[0]} "
+              "(see hetsgd machine --help)")
     info = machine_facts()
     if as_json:
         console.print_json(json.dumps(info))

@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import typer
 from test_report import write_run
+from typer.testing import CliRunner
 
-from hetsgd.cli import _fail, _LastingStream
+from hetsgd.cli import _fail, _LastingStream, app
 
 SHORT = ("budget.epochs=null", "budget.seconds=1", "progress=false")
 TIMEOUT_S = 300  # a bound, so that a run that hangs fails the test instead of the suite
@@ -128,3 +129,33 @@ def test_a_report_warns_once_per_odd_summary_and_keeps_the_good_run(tmp_path: Pa
     assert f"{tmp_path / 'array' / 'summary.json'}: not a JSON object" in warnings[0]
     failed = (tmp_path / "report.md").read_text().split("## Failed runs", 1)[1]
     assert "`listed`" in failed and "`array`" in failed
+
+
+@pytest.mark.parametrize("command,blocked", [("report", "report.md"), ("plot", "figures")])
+def test_a_report_or_plot_that_cannot_write_is_one_line_naming_the_file(
+        tmp_path: Path, command: str, blocked: str) -> None:
+    """A folder where report.md goes, a file where the comparison's figures/ goes: as a
+    read-only or full disk, one line and exit 1, not a traceback."""
+    write_run(tmp_path / "sync", algo="sync", devices="gpu", seed=0)
+    write_run(tmp_path / "hogwild", algo="hogwild", devices="gpu", seed=0)
+    if command == "report":
+        (tmp_path / blocked).mkdir()
+    else:
+        (tmp_path / blocked).write_text("")
+    result = CliRunner().invoke(app, [command, str(tmp_path)])
+    assert result.exit_code == 1
+    why = "Is a directory" if command == "report" else "File exists"
+    assert result.stderr.splitlines() == [f"hetsgd: error: cannot write {tmp_path / blocked}: {why}"]
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--calibrate", "--seconds", "-1"], "--seconds must be a positive number of seconds, not -1.0"),
+    (["--calibrate", "--seconds", "nan"], "--seconds must be a positive number of seconds, not nan"),
+    (["--jsno"], "hetsgd machine takes overrides only with --calibrate, not --jsno (see hetsgd "
+                 "machine --help)"),
+    (["algo=sync"], "hetsgd machine takes overrides only with --calibrate, not algo=sync (see "
+                    "hetsgd machine --help)"),
+])
+def test_hetsgd_machine_refuses_what_it_would_ignore(args: list[str], line: str) -> None:
+    result = CliRunner().invoke(app, ["machine", *args])
+    assert result.exit_code == 1 and result.stderr.splitlines() == [f"hetsgd: error: {line}"]
