@@ -72,11 +72,13 @@ def test_the_tracker_is_fed_each_snapshot_before_the_run_has_evaluated_any(
     assert live._followed == {}  # the final log took what was fed
 
 
-def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    """The scalars of ``tag`` in the TensorBoard folder of a run (``folder``: its name, or
+    its sweep's and its name)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(Path(os.environ["HETSGD_RESULTS"]) / "tensorboard"
-                                  / run_dir.name))
+                                  / folder))
     events.Reload()
     return [(e.step, e.value) for e in events.Scalars(tag)]
 
@@ -86,11 +88,11 @@ def test_tensorboard_holds_every_snapshot_once_live_and_final_together(
     result = _run(*CENTRE, "logger=tensorboard")
     conv = result.convergence
     assert result.status == "completed" and conv is not None
-    steps = _steps(conv["time_s"])
-    assert _scalars(result.run_dir, "updates/total") == list(zip(steps, conv["updates"]))
-    assert [s for s, _ in _scalars(result.run_dir, "train/loss")] == steps  # the final log's
+    steps, folder = _steps(conv["time_s"]), Path(result.run_dir.name)
+    assert _scalars(folder, "updates/total") == list(zip(steps, conv["updates"]))
+    assert [s for s, _ in _scalars(folder, "train/loss")] == steps  # the final log's
     logged = conv["replica_distance"].notna()
-    distance = _scalars(result.run_dir, "method/replica_distance")
+    distance = _scalars(folder, "method/replica_distance")
     assert [s for s, _ in distance] == [s for s, k in zip(steps, logged) if k]
     assert [v for _, v in distance] == pytest.approx(conv["replica_distance"][logged].tolist())
 
@@ -121,9 +123,16 @@ def test_a_file_based_mlflow_store_holds_one_run_with_each_snapshot_once(
     assert holds_each_once("method/replica_distance", "replica_distance")
 
 
+@pytest.mark.parametrize("in_a_sweep", [False, True])
 def test_a_live_feed_that_fails_costs_a_warning_and_the_final_log_writes_what_it_missed(
         plugins: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], in_a_sweep: bool) -> None:
+    """In a sweep, the tracker is left out for the later jobs; this job's final log still
+    writes what its feed missed (and would end the MLflow run the feed opened)."""
+    runs = Path(os.environ["HETSGD_RESULTS"]) / "runs"
+    if in_a_sweep:  # the run's folder is then a job's, as the live feed and the final log see
+        runs.mkdir(parents=True)
+        (runs / "multirun.yaml").write_text("hydra: {overrides: {task: []}}\n")
     opened = _recording(monkeypatch, "tensorboard", fail_after=1)
     result = _run(*CENTRE, "logger=tensorboard")
     conv = result.convergence
@@ -131,9 +140,12 @@ def test_a_live_feed_that_fails_costs_a_warning_and_the_final_log_writes_what_it
     assert len(opened[0].calls) == 1  # the first snapshot, then it failed and was fed no more
     warnings = [line.partition(" - ")[2] for line in capsys.readouterr().out.splitlines()
                 if "could not follow the run live" in line]
-    assert warnings == ["tensorboard: could not follow the run live: OSError: disk full"]
+    assert warnings == ["tensorboard: could not follow the run live: OSError: disk full" +
+                        ("; tensorboard is left out for the rest of the sweep" if in_a_sweep
+                         else "")]
     steps = _steps(conv["time_s"])  # the real event files: all but the point the double took
-    assert _scalars(result.run_dir, "updates/total") == list(zip(steps, conv["updates"]))[1:]
+    folder = Path("runs", result.run_dir.name) if in_a_sweep else Path(result.run_dir.name)
+    assert _scalars(folder, "updates/total") == list(zip(steps, conv["updates"]))[1:]
 
 
 def test_the_final_log_writes_a_snapshot_the_feed_missed_at_a_step_it_fed(tmp_path: Path) -> None:

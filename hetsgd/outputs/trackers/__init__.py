@@ -63,6 +63,9 @@ def track(run_dir: Path, loggers: LoggersConfig | DictConfig) -> None:
 
 
 def _tried(sweep: Path | None, tracker: str, live: Followed) -> bool:
-    """Whether ``tracker`` logs the run: not where it failed in the run's sweep, nor where
-    its live feed could not open it (already said)."""
-    return tried(sweep, tracker) and tracker not in live.unopened
+    """Whether ``tracker`` logs the run: not where it had failed in the run's sweep before the
+    run started, nor where its live feed could not open it (already said). One whose live feed
+    failed during the run still logs it: the final log writes what the feed missed, and ends
+    the MLflow run the feed opened."""
+    started = tried(sweep, tracker) if live.tried is None else tracker in live.tried
+    return started and tracker not in live.unopened

@@ -92,6 +92,9 @@ class Followed:
     fed: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     mlflow_run: str | None = None
     unopened: set[str] = field(default_factory=set)  # failed to open: said, not tried again
+    # the trackers the run's sweep still tried as it started (None: a run not followed); one
+    # whose feed then failed is left out for the later jobs, not for this one's final log
+    tried: set[str] | None = None
 
 
 #: Runs whose trackers were fed live, by run folder, until the final log takes them.
@@ -189,12 +192,13 @@ def following(run_dir: Path, loggers: LoggersConfig, groups: list[str],
             from hetsgd.outputs.trackers.mlflow_runs import request_limits
 
             stack.enter_context(request_limits(loggers.mlflow))
+        chosen = [name for name in ("tensorboard", "mlflow") if getattr(loggers, name) is not None]
+        started = {name for name in chosen if tried(sweep, name)}
         feeds = _open(loggers, run_dir, sweep)
-        unopened = {name for name in ("tensorboard", "mlflow")
-                    if getattr(loggers, name) is not None and name not in feeds}
+        unopened = {name for name in chosen if name not in feeds}
         feed = LiveFeed(feeds,
                         lambda s: snapshot_points(s, groups, num_examples, time.time()), sweep)
         try:
             yield feed.snapshot
         finally:
-            _followed[run_dir] = replace(feed.close(), unopened=unopened)
+            _followed[run_dir] = replace(feed.close(), unopened=unopened, tried=started)
