@@ -16,7 +16,7 @@ from test_report import table_rows, write_run
 
 from hetsgd.engines.training import Training
 from hetsgd.outputs import paper_table
-from hetsgd.outputs.metrics import Reach, sustained, time_to_losses
+from hetsgd.outputs.metrics import Reach, snapshot_spacing, sustained, time_to_losses
 from hetsgd.outputs.report import write_report
 from hetsgd.outputs.summary import RunSummary, learnt_between
 from hetsgd.runs.evaluation import _results
@@ -49,6 +49,8 @@ def test_a_curve_that_stays_is_timed_where_it_last_crossed() -> None:
     assert sustained(range(3), [1.0, 1.0, 1.0], 0.9).time == 0.0
     # at the target is there: 0 + 0.9 / 0.9 = 1 s, and it stays
     assert sustained(range(3), [0.0, 0.9, 0.9], 0.9) == Reach(1.0, 1.0)
+    # snapshots 2 s and then 4 s apart: 12 + 4 x (0.9 - 0.5) / (1.0 - 0.5) = 15.2 s
+    assert sustained([10, 12, 16], [0.0, 0.5, 1.0], 0.9).time == pytest.approx(15.2)
 
 
 def test_absolute_losses_are_timed_for_good() -> None:
@@ -76,20 +78,23 @@ def test_the_summary_of_a_collapsed_run_marks_it_and_times_only_what_it_kept() -
     t = [0.0, 1.0, 2.0, 3.0, 4.0]
     convergence = pd.DataFrame({
         "time_s": t, "epoch": [x / 2 for x in t], "train_loss": [2.3, 0.5, 0.006, 2.0, 2.1],
-        # held out: 1.15 (half of 2.3) is kept from 0 + 1.15 / 1.7 s; 0.46 and 0.23 are left
-        "test_loss": [2.3, 0.6, 0.1, 1.0, 1.0], "test_acc": [0.1, 0.5, 0.9, 0.6, 0.6]})
+        # held out: 1.2 (half of the initial 2.4) is kept from 0 + 1.2 / 1.8 s; 0.48 and 0.24
+        # are left (the targets are of the test loss's start, not the training loss's)
+        "test_loss": [2.4, 0.6, 0.1, 1.0, 1.0], "test_acc": [0.1, 0.5, 0.9, 0.6, 0.6]})
     workers = [{"group": "cpu", "updates": 10, "examples": 100, "threads": 1}]
     summary = _results(RunSummary(status="completed", error=None, algo="hogwild",
                                   dataset="digits", model="mlp", devices="cpu", seed=0),
                        Training(time_s=4.0), convergence, workers, 100, [])
     assert summary.target_losses is not None and summary.target_losses.curve == "test_loss"
     assert summary.target_losses.reference == "0.5 / 0.2 / 0.1 x the initial test loss"
-    assert summary.time_to_loss == {"1.15": pytest.approx(1.15 / 1.7), "0.46": None,
-                                    "0.23": None}
-    assert summary.epochs_to_loss == {"1.15": pytest.approx(1.15 / 1.7 / 2), "0.46": None,
-                                      "0.23": None}
-    assert summary.unstable_losses == ["0.46", "0.23"]
+    assert summary.target_losses.losses == pytest.approx([1.2, 0.48, 0.24])
+    assert summary.time_to_loss == {"1.2": pytest.approx(1.2 / 1.8), "0.48": None,
+                                    "0.24": None}
+    assert summary.epochs_to_loss == {"1.2": pytest.approx(1.2 / 1.8 / 2), "0.48": None,
+                                      "0.24": None}
+    assert summary.unstable_losses == ["0.48", "0.24"]
     assert summary.snapshot_spacing_s == 1.0
+    assert snapshot_spacing([0.0, 1.0, 2.0, 10.0]) == 1.0  # the median: thinned runs space out
     assert summary.learnt is False  # 2.1 is far above its best, 0.006
 
 

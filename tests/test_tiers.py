@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import shlex
 
 import pytest
 from _pytest.mark.expression import Expression
@@ -37,6 +38,29 @@ def test_every_combination_of_markers_runs_in_exactly_one_tier_command(
             chosen = [expr for expr, compiled in selections.items()
                       if compiled.evaluate(marks.__contains__)]
             assert len(chosen) == 1, f"a test marked {set(marks)} runs under {chosen}"
+
+
+def _commands(target: str) -> list[list[str]]:
+    """The recipe lines of ``target``, each split into words as the shell would."""
+    recipe = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)",
+                       (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe is not None, f"no target {target} in the Makefile"
+    return [shlex.split(line.strip()) for line in recipe.group(1).splitlines()]
+
+
+def test_each_tier_command_selects_by_marker_alone_and_fails_the_target() -> None:
+    """A path, `-k`, `--deselect` or `--ignore` would leave tests out of both tiers (or run some
+    twice); a recipe line that make ignores (`-` before it, `|| true`) would let CI pass a
+    failing tier; the serial tests, which time the machine, run one at a time (no `-n`)."""
+    for target in TIERS:
+        for words in _commands(target):
+            assert words[:3] == ["$(BIN)/python", "-m", "pytest"], words
+            options = words[3:]
+            assert options.count("-m") == 1 and "||" not in options and ";" not in options
+            chosen = options[options.index("-m") + 1]
+            rest = options[:options.index("-m")] + options[options.index("-m") + 2:]
+            assert rest in (["-q", "-n", "2"], ["-q"]), f"{target}: {words}"
+            assert ("-n" in rest) is (chosen != "serial"), f"{target}: {words}"
 
 
 def test_ci_runs_both_tiers() -> None:

@@ -75,6 +75,9 @@ def test_lr_schedule_and_batch_scaling() -> None:
     assert sgd.lr(0.0, 32) == pytest.approx(0.1)
     assert sgd.lr(2.5, 32) == pytest.approx(0.01)
     assert sgd.lr(4.0, 64) == pytest.approx(0.002)
+    root = SGD(run_config("optim.lr=0.1", "optim.lr_scaling=sqrt", "optim.base_batch=32").optim,
+               FlatModel(_tiny_model()))
+    assert root.lr(0.0, 128) == pytest.approx(0.2)  # 4x the batch: 2x the rate
 
 
 def test_cursor_hands_out_each_epoch_exactly_once() -> None:
@@ -194,6 +197,10 @@ def test_snapshots_are_due_by_time_or_epoch_and_thin_out_past_their_cap() -> Non
     assert [s.time_s for s in snaps.items] == [0.0, 2.0, 4.0]  # the first and newest kept
     assert not snaps.due(5.0, 0.9)  # both spacings doubled: next at 6 s or at epoch 1.0
     assert snaps.due(6.0, 0.0) and snaps.due(5.0, 1.0)
+    # the memory cap: 10 bytes of 2-byte snapshots hold 5, however many the count allows;
+    # never fewer than 4 (the first, the newest, and room to thin)
+    assert Snapshots(1.0, None, max_count=80, max_bytes=10, snapshot_bytes=2).capacity == 5
+    assert Snapshots(1.0, None, max_count=80, max_bytes=1, snapshot_bytes=2).capacity == 4
 
 
 def test_a_worker_computes_a_steps_loss_only_when_it_reads_it(
