@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import psutil
@@ -16,7 +17,8 @@ import torch
 
 from hetsgd import machine
 from hetsgd.machine import cuda_devices, describe_gpus
-from hetsgd.observe.monitor import UtilizationMonitor, summarize, torch_indices
+from hetsgd.observe import monitor as monitor_module
+from hetsgd.observe.monitor import UtilizationMonitor, process_trees, summarize, torch_indices
 
 # busy until it has used 1 s of CPU, however long a loaded machine makes that take
 SPIN = "import time\nwhile time.process_time() < 1.0: pass\n"
@@ -133,6 +135,37 @@ def test_summarize_hand_made_rows():
     assert summarize([], cores_given=2) == dict.fromkeys(
         ("workers_cpu_cores_mean", "workers_cpu_share_mean", "host_cpu_percent_mean",
          "gpu_util_mean"))
+
+
+@pytest.mark.timeout(60)  # the old monitor waited forever for a thread that had ended
+def test_a_monitor_that_cannot_start_says_so_instead_of_waiting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    @contextmanager
+    def wedged() -> Iterator[list]:
+        raise RuntimeError("NVML wedged")
+        yield []
+
+    monkeypatch.setattr(monitor_module, "nvml", wedged)
+    mon = UtilizationMonitor(0.05, list)
+    with pytest.raises(RuntimeError, match="^the utilization monitor could not start: "
+                                           "RuntimeError: NVML wedged$"):
+        mon.start()
+    assert mon.stop() == []
+
+
+def test_a_process_ended_but_not_reaped_is_no_worker() -> None:
+    """A zombie is listed in /proc and psutil reads its CPU (0): counted, the workers would
+    never be gone, and their idle samples kept."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 60
+        while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        tree = process_trees([proc.pid, os.getpid()])  # as a root, and as this one's child
+        assert os.getpid() in tree and proc.pid not in tree
+    finally:
+        proc.wait()
 
 
 def test_torch_indices_of_worker_devices():

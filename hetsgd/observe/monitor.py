@@ -21,6 +21,7 @@ so that a run of a few seconds still has a curve to read.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -34,6 +35,7 @@ import psutil
 from hetsgd.machine import cuda_devices, nvml, pynvml
 
 Row = dict[str, float | None]
+log = logging.getLogger("hetsgd")
 
 _GPU_UTIL = re.compile(r"gpu\d+_util")
 _CUDA = re.compile(r"cuda(?::(\d+))?")
@@ -122,6 +124,7 @@ class UtilizationMonitor:
         self._seen_workers = False  # whether a worker process was ever read
         self._torch_indices = torch_indices(devices)
         self.gpus: dict[int, dict[str, Any]] = {}  # torch index -> cuda_devices() entry
+        self._failure: Exception | None = None  # what ended the sampling thread, if anything
 
     @staticmethod
     def _own_children() -> list[int]:
@@ -150,6 +153,11 @@ class UtilizationMonitor:
                                         daemon=True)
         self._thread.start()
         ready.wait()  # the GPUs are known and the CPU counters are primed when start returns
+        if self._failure is not None:
+            self._thread.join()
+            self._thread = None
+            raise RuntimeError(f"the utilization monitor could not start: "
+                               f"{type(self._failure).__name__}: {self._failure}")
         return self
 
     def stop(self) -> list[Row]:
@@ -183,8 +191,10 @@ class UtilizationMonitor:
         return {i: visible[i] for i in self._torch_indices if i < len(visible)}
 
     def _run(self, ready: threading.Event) -> None:
-        with nvml() as handles:
-            try:
+        """Sample until stopped. Whatever ends the thread is kept: raised by :meth:`start`
+        before the first sample (which would otherwise wait forever for it), said once after."""
+        try:
+            with nvml() as handles:
                 self.gpus = {i: gpu for i, gpu in self._run_gpus().items()
                              if gpu["nvml_index"] < len(handles)}
                 gpus = [(i, handles[gpu["nvml_index"]]) for i, gpu in self.gpus.items()]
@@ -192,11 +202,17 @@ class UtilizationMonitor:
                 psutil.cpu_percent()
                 psutil.cpu_percent(percpu=True)
                 self._workers_cpu()
-            finally:
                 ready.set()
-            while not self._stop.wait(self.interval_at(self._elapsed())):
-                self._keep(self._sample(gpus))
-            self._keep(self._sample(gpus), closing=True)  # the end, even of short runs
+                while not self._stop.wait(self.interval_at(self._elapsed())):
+                    self._keep(self._sample(gpus))
+                self._keep(self._sample(gpus), closing=True)  # the end, even of short runs
+        except Exception as exc:  # noqa: BLE001 - costs the samples, never the run
+            self._failure = exc
+            if ready.is_set():
+                log.warning("utilization: sampling stopped after %d sample(s): %s: %s",
+                            len(self._rows), type(exc).__name__, exc)
+        finally:
+            ready.set()
 
     def _keep(self, row: Row, closing: bool = False) -> None:
         """Keep ``row``, unless it was taken once the workers were gone (their CPU unknown,
@@ -259,7 +275,9 @@ def process_trees(roots: Iterable[int]) -> dict[int, psutil.Process]:
     machine of many workers and many processes pays for each)."""
     scanned: dict[int, psutil.Process] = {}
     children: dict[int, list[int]] = {}
-    for proc in psutil.process_iter(["ppid"]):
+    for proc in psutil.process_iter(["ppid", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:  # ended, not yet reaped: gone
+            continue
         scanned[proc.pid] = proc
         children.setdefault(proc.info["ppid"], []).append(proc.pid)
     tree: dict[int, psutil.Process] = {}

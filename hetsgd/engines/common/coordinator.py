@@ -223,8 +223,11 @@ class Coordinator(EngineBase):
         live.hung.update(self._start(live.procs) or self._await_ready(live.procs, live.finished))
         if live.hung:  # nobody trains: those still setting up are ended at once by run()
             live.stopped = time.perf_counter() - self.exit_s
-        monitor.start()
         resumed_s = self.resume.time_s if self.resume is not None else 0.0
+        # an origin before the monitor starts too: a sample it takes before the clock's start
+        # is set is dated in this run's time (a resumed run's), not from 0
+        monitor.set_time_origin(time.perf_counter() - resumed_s)
+        monitor.start()
         live.t0 = t0 = time.perf_counter() - resumed_s
         monitor.set_time_origin(t0)
         if self.resume is not None:
