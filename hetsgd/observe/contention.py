@@ -19,10 +19,11 @@ for the machine's. So each run records:
   flagged: a busy host slows the simulation's real seconds, never its virtual times.
 - ``coordinator_cpu_s``: the CPU time of the coordinator process (snapshots, the monitor, the
   progress display; in a simulated run, the simulation) over the engine's run.
-- the host over training: ``others_busy_share``, the share of all its cores' time that was busy
-  beyond this run's own process tree; ``steal_share``, the hypervisor's; ``cpu_pressure``, the
-  kernel's pressure stall information (``some``: the share of the time some task waited for a
-  CPU, over training and its ``avg10`` at the end). Each is null where the OS does not expose
+- the host over the engine's run (its workers' start and end included: the readings are taken
+  around it): ``others_busy_share``, the share of all its cores' time that was busy beyond this
+  run's own process tree; ``steal_share``, the hypervisor's; ``cpu_pressure``, the kernel's
+  pressure stall information (``some``: the share of the time some task waited for a CPU, and
+  its ``avg10`` at the end). Each is null where the OS does not expose
   it; under torchrun it is rank 0's machine, whose other ranks count as others.
 - ``flagged``: true when the share is below ``monitor.contention_threshold``; false also where
   the share is unknown, which its null says. The default, 0.7, was set under the earlier
