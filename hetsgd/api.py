@@ -64,9 +64,10 @@ def load(run_dir: str | Path) -> RunResult:
 
 def _invoke(arguments: list[str]) -> Invocation:
     """`hetsgd run ARGUMENTS` in this process. A refusal before any run directory exists (a bad
-    override, say) is raised as the one-line error the command prints."""
+    override, a refused resume, a sweep none of whose jobs could be composed) is raised as the
+    one-line error the command prints."""
     invocation = invoke(arguments)
-    if not invocation.runs and invocation.started_sweep is None:
+    if not invocation.runs and (invocation.started_sweep is None or invocation.errors):
         raise UserError(invocation.errors[-1] if invocation.errors else
                         f"hetsgd run {' '.join(arguments)} started no run "
                         f"(exit status {invocation.code})")

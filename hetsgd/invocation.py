@@ -121,7 +121,8 @@ class _Job:
         invocation.runs.append(Path(HydraConfig.get().runtime.output_dir))
         try:
             summary = train(cfg, started_at)
-        except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written
+        except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written, so no
+            invocation.runs.pop()  # run of this invocation's (RUN_DIR is another's)
             invocation.statuses.append("failed")
             invocation.error(exc)
             return math.nan

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_report import write_run
 
 import hetsgd
 from hetsgd import invocation
@@ -108,6 +109,17 @@ def test_a_stop_is_handled_without_importing_anything(monkeypatch: pytest.Monkey
     monkeypatch.setattr(invocation, "_launch", stopped)
     monkeypatch.setitem(sys.modules, "hetsgd.tuning.phases", None)  # importing it raises
     assert invocation.invoke(["progress=false"]).code == 130
+
+
+def test_a_refused_resume_or_sweep_is_raised_not_read_back_as_a_run(results: Path) -> None:
+    """A resume of a run that left no checkpoint trains nothing and writes nothing: the run
+    it names is not this call's result (it read as completed, with exit status 1); a sweep
+    none of whose jobs composes started no run."""
+    done = write_run(results / "done", algo="sync", devices="cpu", seed=0)
+    with pytest.raises(UserError, match=f"^resume={done}: the run left no checkpoint"):
+        hetsgd.run(f"resume={done}", "progress=false")
+    with pytest.raises(UserError, match="^the config has no key devices.groups.accel.batch_size"):
+        hetsgd.sweep("+method=sync,hogwild", "devices.groups.accel.batch_size=64")
 
 
 def test_overrides_that_compose_no_run_raise_the_one_line_error(results: Path) -> None:
