@@ -13,9 +13,11 @@ from typing import Any
 
 import psutil
 
-#: How far two readings of one process's start may differ: psutil reads it in clock ticks
-#: (1/100 s), and a write's name records it to the hundredth of a second.
-_SAME_START_S = 0.01
+#: How far two readings of one process's start may differ. psutil reads it in clock ticks (1/100
+#: s) after the boot time, which each process reads once, from the wall clock: a clock that
+#: NTP or a VM's resume stepped in between moves one reading and not the other. A pid reused
+#: within a second of its last owner's start would need the kernel's pids to wrap as fast.
+_SAME_START_S = 1.0
 
 
 def this_process() -> dict[str, Any]:
@@ -30,10 +32,13 @@ def is_alive(process: Any) -> bool:
     shared cache) cannot be asked: it reads as still running. A record that is not one (a
     damaged summary) reads as gone."""
     try:
-        if process["host"] != socket.gethostname():
+        host, pid, started = process["host"], process["pid"], process["started"]
+        if not (isinstance(host, str) and type(pid) is int and type(started) in (int, float)):
+            return False
+        if host != socket.gethostname():
             return True
-        proc = psutil.Process(process["pid"])
-        return (abs(proc.create_time() - process["started"]) < _SAME_START_S
+        proc = psutil.Process(pid)
+        return (abs(proc.create_time() - started) < _SAME_START_S
                 and proc.status() != psutil.STATUS_ZOMBIE)
     except (psutil.Error, KeyError, TypeError, ValueError):
         return False

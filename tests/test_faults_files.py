@@ -25,7 +25,7 @@ from hetsgd.config import compose_run, to_run_config
 from hetsgd.config.labels import dataset_label, model_label
 from hetsgd.engines.virtual.profiles import load_calibration
 from hetsgd.errors import UserError
-from hetsgd.liveness import this_process
+from hetsgd.liveness import is_alive, this_process
 from hetsgd.model.custom import check_token_ids
 from hetsgd.outputs import run_directory
 from hetsgd.outputs.index import CLAIM, CRASHED, RUNNING, read_summary
@@ -193,6 +193,20 @@ def test_the_job_a_sweep_is_starting_reads_as_running_not_crashed(tmp_path: Path
         other.kill()
         other.wait()
     assert read_summary(starting)["status"] == CRASHED  # its sweep is gone
+
+
+def test_a_process_record_is_alive_only_when_it_names_a_live_process_as_recorded() -> None:
+    me = this_process()
+    assert is_alive(me)
+    # a clock stepped between two processes' reads of the boot time moves one start reading
+    assert is_alive({**me, "started": me["started"] + 0.5})
+    assert not is_alive({**me, "started": me["started"] - 5.0})  # a reused pid: another start
+    # damaged records read as gone, never as a process of another host that still runs
+    for damaged in ({**me, "host": None}, {**me, "host": 7}, {**me, "pid": str(me["pid"])},
+                    {**me, "pid": True}, {**me, "started": None}, {**me, "started": "0"},
+                    {"host": me["host"]}, [], None):
+        assert not is_alive(damaged), damaged
+    assert is_alive({**me, "host": "another-host"})  # cannot be asked: still running
 
 
 def test_the_sweeps_own_process_reads_its_last_job_without_a_summary_as_crashed(
