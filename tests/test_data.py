@@ -10,6 +10,7 @@ import io
 import lzma
 import os
 import pickle
+import re
 import shutil
 import socket
 import struct
@@ -21,6 +22,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 from conftest import W8A, W8A_NAME
@@ -213,6 +215,23 @@ def test_a_libsvm_file_of_no_examples_is_refused_before_training(tmp_path: Path,
     with pytest.raises(UserError, match=f"^{files[empty]} holds no examples$"):
         load_dataset(FilesConfig(path=str(files["train"]), test_path=str(files["test"]),
                                  format="libsvm"), seed=0, progress=False)
+
+
+def test_a_test_file_labelled_otherwise_than_its_training_file_is_refused(tmp_path: Path) -> None:
+    """{-1, +1} for training and {0, 1} for test read as three classes, one never trained."""
+    train = write(tmp_path / "train.txt", libsvm_text(["-1", "+1"] * 10))
+    test = write(tmp_path / "test.txt", libsvm_text(["0", "1"] * 5))
+    with pytest.raises(UserError, match=re.escape(
+            f"{train} and {test}: the test part holds label 0.0 (1 such value(s)), which the "
+            "training part does not")):
+        load_dataset(FilesConfig(path=str(train), test_path=str(test), format="libsvm"),
+                     seed=0, progress=False)
+    names = pd.DataFrame({"f": range(20), "label": ["cat", "dog"] * 10})
+    names.to_csv(tmp_path / "train.csv", index=False)
+    names.assign(label=["cat", "dog", "cow", "cat"] * 5).to_csv(tmp_path / "test.csv", index=False)
+    with pytest.raises(UserError, match="the test part holds label 'cow' .1 such value.s..,"):
+        load_dataset(FilesConfig(path=str(tmp_path / "train.csv"),
+                                 test_path=str(tmp_path / "test.csv")), seed=0, progress=False)
 
 
 def test_libsvm_path_is_required_and_must_exist() -> None:
@@ -411,6 +430,15 @@ def test_first_download_is_trusted_then_checked(server: tuple[str, Path], home: 
         fetch("real_sim", progress=False)
 
 
+def test_a_recorded_checksum_of_an_unknown_hash_names_its_file(home: Path) -> None:
+    write(home / "real-sim.bz2", libsvm_text(["-1", "1"] * 20))
+    (home / "real-sim.bz2.sha256").write_text("md6:abc\n")
+    with pytest.raises(UserError, match=re.escape(
+            f"{home / 'real-sim.bz2.sha256'} holds no checksum hetsgd can compute (md6 is no hash "
+            "it knows): delete it, and the next download records one")):
+        load_dataset(cfg("real_sim"), seed=0, progress=False)
+
+
 def test_load_downloads_through_the_mirror(server: tuple[str, Path],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     base, root = server
@@ -420,6 +448,18 @@ def test_load_downloads_through_the_mirror(server: tuple[str, Path],
     data = load_dataset(cfg("covtype", scale="none"), seed=0, progress=False)
     assert data.num_features == 54 and data.num_classes == 7
     assert set(np.unique(data.y_train)) == set(range(7))
+
+
+@pytest.mark.parametrize("row,column,cell,said", [(2, 4, "", "column 5 is nan"),
+                                                  (1, 54, "inf", "the class is inf")])
+def test_a_covtype_cell_that_is_no_finite_number_is_named(tmp_path: Path, row: int, column: int,
+                                                          cell: str, said: str) -> None:
+    """An empty cell reads as NaN, which standard scaling would spread through its column."""
+    rows = [[str((i * j) % 7) for j in range(54)] + [str(1 + i % 7)] for i in range(35)]
+    rows[row][column] = cell
+    path = write(tmp_path / "covtype.data", "\n".join(map(",".join, rows)) + "\n")
+    with pytest.raises(UserError, match=f"^{path}: line {row + 1}, {said}, not a finite number$"):
+        load_dataset(cfg("covtype", path=str(path)), seed=0, progress=False)
 
 
 def test_offline_error_names_url_and_path(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -482,19 +522,28 @@ def test_fashion_mnist_idx_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     write(tmp_path / "junk.gz", b"not an idx file")
     with pytest.raises(UserError, match="not an IDX file"):
         read_idx(tmp_path / "junk.gz")
+    # four dimensions of 65536: 2**64 bytes, which numpy's int64 product makes 0, as the body
+    write(tmp_path / "huge.gz", bytes([0, 0, 0x08, 4]) + struct.pack(">4I", *[65536] * 4))
+    with pytest.raises(UserError, match=r"the IDX header says \(65536, 65536, 65536, 65536\) "
+                                        "but the file holds 0 bytes"):
+        read_idx(tmp_path / "huge.gz")
 
 
-def test_cifar10_tarball(tmp_path: Path) -> None:
+def _cifar_tarball(tar_path: Path, test_labels: list[int]) -> Path:
     rng = np.random.default_rng(0)
-    tar_path = tmp_path / "cifar.tar.gz"
     with tarfile.open(tar_path, "w:gz") as tar:
         for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
             batch = {b"data": rng.integers(0, 256, (4, 3072)).astype(np.uint8),
-                     b"labels": [0, 1, 2, 9]}
+                     b"labels": test_labels if name == "test_batch" else [0, 1, 2, 9]}
             raw = pickle.dumps(batch, protocol=2)
             info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
             info.size = len(raw)
             tar.addfile(info, io.BytesIO(raw))
+    return tar_path
+
+
+def test_cifar10_tarball(tmp_path: Path) -> None:
+    tar_path = _cifar_tarball(tmp_path / "cifar.tar.gz", [0, 1, 2, 9])
     data = load_dataset(cfg("cifar10", path=str(tar_path)), seed=0, progress=False)
     raw_data = load_dataset(cfg("cifar10", path=str(tar_path), scale="none"), seed=0,
                             progress=False)
@@ -517,6 +566,29 @@ def test_delicious_text_format_with_split_files(home: Path) -> None:
     # the train split is the first column (rows 1-6 in order), not the second (2-6, then 1)
     np.testing.assert_array_equal(data.y_train, [[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1],
                                                  [1, 0, 0, 1], [1, 1, 0, 0], [0, 1, 1, 0]])
+
+
+@pytest.mark.parametrize("labels,bad", [([0, 1, 57, 9], 57), ([0, -3, 2, 9], -3)])
+def test_a_cifar10_label_outside_its_ten_classes_is_named(tmp_path: Path, labels: list[int],
+                                                          bad: int) -> None:
+    tar_path = _cifar_tarball(tmp_path / "cifar.tar.gz", labels)
+    with pytest.raises(UserError, match=f"^{tar_path}: a CIFAR-10 label is {bad}, not one of"):
+        load_dataset(cfg("cifar10", path=str(tar_path)), seed=0, progress=False)
+
+
+@pytest.mark.parametrize("test_split,error", [
+    ("", "delicious_tstSplit.txt names no example"),
+    ("6 6\n8 8\n", r"delicious_tstSplit.txt names example 6 \(1 in all\) that "
+                    ".*delicious_trSplit.txt names too"),
+])
+def test_a_delicious_test_split_that_is_empty_or_trained_on_is_refused(
+        home: Path, test_split: str, error: str) -> None:
+    lines = ["8 5 4"] + [f"{i % 4},{(i + 1) % 4} 0:1 {1 + i % 4}:0.5" for i in range(8)]
+    write(home / "Delicious_data.txt", "\n".join(lines) + "\n")
+    write(home / "delicious_trSplit.txt", "1 2\n2 3\n3 4\n4 5\n5 6\n6 1\n")
+    write(home / "delicious_tstSplit.txt", test_split)
+    with pytest.raises(UserError, match=error):
+        load_dataset(cfg("delicious", scale="none"), seed=0, progress=False)
 
 
 def test_delicious_missing_names_the_repository_and_path(home: Path) -> None:

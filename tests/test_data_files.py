@@ -172,6 +172,17 @@ def test_a_missing_label_column_lists_the_columns(tmp_path: Path) -> None:
         f"{tmp_path / 't.csv'} has no column 'class' (dataset.label); its columns: p0, p1, label")
 
 
+@pytest.mark.parametrize("header", ["p0,label,label", "\ufeffp0,p0,label"])
+def test_a_csv_header_that_names_a_column_twice_is_refused(tmp_path: Path, header: str) -> None:
+    """pandas would read the second as `label.1`, a feature: the label trained on as an input."""
+    (tmp_path / "t.csv").write_text(header + "\n" + "".join(f"{i},{i % 2},{i % 2}\n"
+                                                             for i in range(20)))
+    repeated = header.split(",")[1]
+    assert load_error(FilesConfig(path=str(tmp_path / "t.csv"))) == (
+        f"{tmp_path / 't.csv'}: its header names column(s) {repeated} more than once; give each "
+        "column a name of its own")
+
+
 def test_a_missing_npz_array_lists_the_arrays(tmp_path: Path) -> None:
     np.savez(tmp_path / "d.npz", features=np.ones((4, 2)), y=np.arange(4))
     assert load_error(FilesConfig(path=str(tmp_path / "d.npz"))) == (

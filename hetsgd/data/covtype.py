@@ -32,6 +32,12 @@ def read_covtype(path: Path, source: str) -> Parsed:
     if table.ndim != 2 or table.shape[1] != NUM_FEATURES + 1:
         raise UserError(f"{path} has {table.shape[1] if table.ndim == 2 else 0} columns; the UCI "
                         f"covtype file has {NUM_FEATURES + 1} (54 features and the class)")
+    bad = ~np.isfinite(table)  # an empty cell reads as NaN: it would spread through scaling
+    if bad.any():
+        row, column = (int(i) for i in np.argwhere(bad)[0])
+        what = "the class" if column == NUM_FEATURES else f"column {column + 1}"
+        raise UserError(f"{path}: line {row + 1}, {what} is {table[row, column]}, not a finite "
+                        "number")
     _, num_classes, (y,) = encode([table[:, -1]], "multiclass", str(path))
     return Parsed("multiclass", num_classes, np.ascontiguousarray(table[:, :-1]), y, None, None,
                   source)

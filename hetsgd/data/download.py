@@ -13,6 +13,7 @@ machines behind a local mirror, and for the tests' server on 127.0.0.1.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -125,9 +126,11 @@ def _expected_hash(directory: Path, remote: RemoteFile) -> str | None:
             words = tofu.read_text().split()
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {tofu}: {reason(exc)}") from exc
-        if not words:
-            raise UserError(f"{tofu} holds no checksum: delete it, and the next download "
-                            "records one")
+        algorithm = words[0].rpartition(":")[0] if words else ""
+        if not words or (algorithm and algorithm not in hashlib.algorithms_available):
+            raise UserError(f"{tofu} holds no checksum hetsgd can compute"
+                            + (f" ({algorithm} is no hash it knows)" if words else "")
+                            + ": delete it, and the next download records one")
         return words[0]
     return remote.known_hash
 

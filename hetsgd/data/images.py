@@ -7,6 +7,7 @@ turns them into float32 and normalises them per channel.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import struct
 import tarfile
@@ -46,7 +47,7 @@ def read_idx(path: Path) -> np.ndarray:
     dims = struct.unpack(f">{rank}I", data[4:header])
     dtype = np.dtype(_IDX_TYPES[data[2]])
     body = data[header:]
-    if len(body) != int(np.prod(dims)) * dtype.itemsize:
+    if len(body) != math.prod(dims) * dtype.itemsize:  # numpy's product would overflow
         raise UserError(f"{path}: the IDX header says {dims} but the file holds {len(body)} "
                         "bytes of data")
     return np.frombuffer(body, dtype).reshape(dims).astype(dtype.newbyteorder("="))
@@ -177,6 +178,9 @@ def read_cifar10(path: Path, source: str) -> Parsed:
         if x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or len(y) != len(x):
             raise UserError(f"{path}: CIFAR-10 batches must hold 3072 bytes per image and one "
                             f"label each (got {x.shape}, {y.shape})")
+        if len(y) and not 0 <= y.min() <= y.max() <= 9:
+            bad = y.min() if y.min() < 0 else y.max()
+            raise UserError(f"{path}: a CIFAR-10 label is {bad}, not one of 0..9")
         return x, y
 
     x_train, y_train = stack(_CIFAR_TRAIN)

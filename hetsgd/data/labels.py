@@ -3,8 +3,10 @@
 Binary files label their classes {-1, +1}, {0, 1} or {1, 2}: the smaller value becomes 0, the
 larger 1. Multiclass labels become 0..C-1 in sorted order of their values. Text labels (a CSV's
 class names) are numbered the same way, in sorted order of the names, which are kept for the
-run's summary. Train and test are encoded together, so a class missing from one part keeps its
-index.
+run's summary. Train and test are encoded together, so a class missing from the test part keeps
+its index; a label of the test part that the training part lacks is refused, as no model learns a
+class it never sees, and two files labelled differently ({-1, +1} and {0, 1}) would otherwise
+read as three classes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ def encode(parts: Sequence[np.ndarray], task: str, where: str) -> tuple[str, int
 
     Returns the task, the number of classes and the encoded parts.
     """
+    _check_test_labels(parts, where)
     values = np.unique(np.concatenate([np.asarray(p) for p in parts]))
     if len(values) < 2:
         raise UserError(f"{where} has {len(values)} distinct label value(s); a classifier needs "
@@ -49,9 +52,22 @@ def encode_named(parts: Sequence[np.ndarray], task: str,
         return (*encode([a.astype(np.float64) if a.dtype.kind == "b" else a for a in arrays],
                         task, where), None)
     texts = [a.astype(str) for a in arrays]
+    _check_test_labels(texts, where)
     names = np.unique(np.concatenate(texts))
     task, num_classes, encoded = encode([np.searchsorted(names, t) for t in texts], task, where)
     return task, num_classes, encoded, tuple(str(name) for name in names)
+
+
+def _check_test_labels(parts: Sequence[np.ndarray], where: str) -> None:
+    """Refuse a test part (the second of ``parts``) holding a label the training part lacks."""
+    if len(parts) < 2:
+        return
+    unseen = np.setdiff1d(np.asarray(parts[1]), np.asarray(parts[0]))
+    if len(unseen):
+        value = unseen[0].item() if isinstance(unseen[0], np.generic) else unseen[0]
+        raise UserError(f"{where}: the test part holds label {value!r} ({len(unseen)} such "
+                        "value(s)), which the training part does not: a model cannot learn a "
+                        "class it never sees (are both labelled alike?)")
 
 
 def multi_hot(parts: Sequence[Sequence[Sequence[float]]], where: str,

@@ -31,7 +31,10 @@ size on disk (100,000 columns by 400 rows, 80 MB of CSV, about 0.8 GB).
 
 from __future__ import annotations
 
+import csv
+import io
 import zipfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,6 +266,7 @@ def read_frame(path: Path, fmt: str) -> pd.DataFrame:
     parser (its first line the header), a Parquet file through pyarrow."""
     check_table_memory(path, fmt)
     if fmt == "csv":
+        _check_header(path)
         with open_data(path, text=True) as f:
             try:
                 # the whole file at once: pandas' default reads it in chunks, each with arrays of
@@ -276,6 +280,19 @@ def read_frame(path: Path, fmt: str) -> pd.DataFrame:
             return pd.read_parquet(f, engine="pyarrow")
         except (ValueError, pyarrow.ArrowException) as exc:
             raise UserError(f"cannot read {path} as Parquet: {one_line(exc)}") from exc
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a CSV header that names a column twice. pandas reads the second ``label`` as
+    ``label.1``, a feature column: the label would be trained on as an input (Parquet refuses
+    such a file itself)."""
+    with open_data(path, text=True) as f:
+        lines = io.TextIOWrapper(f, encoding="utf-8-sig", errors="replace", newline="")
+        header = next(csv.reader(lines), [])
+    repeated = [name for name, count in Counter(header).items() if count > 1]
+    if repeated:
+        raise UserError(f"{path}: its header names column(s) {listing(repeated)} more than "
+                        "once; give each column a name of its own")
 
 
 @dataclass(frozen=True)

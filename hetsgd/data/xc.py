@@ -10,6 +10,7 @@ published split; the first column is used. Without them a seeded test part is sp
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,9 @@ def read_xc(path: Path, splits: tuple[Path, Path] | None, source: str) -> Parsed
     if splits is None:
         return Parsed("multilabel", num_labels, features, labels, None, None, source)
     train, test = (_split_rows(p, n) for p in splits)
+    if len(shared := np.intersect1d(train, test)):
+        raise UserError(f"{splits[1]} names example {shared[0] + 1} ({len(shared)} in all) that "
+                        f"{splits[0]} names too: a test example must not be trained on")
     return Parsed("multilabel", num_labels, features[train], labels[train], features[test],
                   labels[test], source)
 
@@ -69,11 +73,14 @@ def read_xc(path: Path, splits: tuple[Path, Path] | None, source: str) -> Parsed
 def _split_rows(path: Path, n: int) -> np.ndarray:
     """0-based row numbers of the first split in a split file."""
     try:
-        with open_data(path, text=True) as f:
+        with open_data(path, text=True) as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # an empty file: said below
             rows = np.loadtxt(f, dtype=np.int64, ndmin=2)[:, 0] - 1
     except ValueError as exc:
         raise UserError(f"{path} is not a split file of example numbers: {exc}") from exc
-    if len(rows) and (rows.min() < 0 or rows.max() >= n):
+    if not len(rows):
+        raise UserError(f"{path} names no example")
+    if rows.min() < 0 or rows.max() >= n:
         raise UserError(f"{path} names examples outside 1..{n}")
     return rows
 
