@@ -274,6 +274,13 @@ def test_second_load_reads_the_parsed_cache(tmp_path: Path, home: Path,
     path.write_text(libsvm_text(["-1", "1"] * 21))  # a changed file is parsed again
     with pytest.raises(AssertionError, match="parsed again"):
         load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
+    # rewritten in place with its size and modification time set back: parsed again too
+    before = path.stat()
+    path.write_text(libsvm_text(["1", "-1"] * 21))
+    assert path.stat().st_size == before.st_size
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(AssertionError, match="parsed again"):
+        load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
 
 
 def test_sparse_set_stays_sparse_and_test_file_is_widened(home: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from rich.console import Console
 
 from hetsgd.atomic import writing_path
 from hetsgd.config import DatasetConfig
+from hetsgd.config.problem import FilesConfig
 from hetsgd.data import download_progress, files, load_dataset
 from hetsgd.data.dataset import Dataset
 from hetsgd.data.download import RemoteFile, download
@@ -92,6 +94,34 @@ def test_a_damaged_cached_array_is_parsed_again_with_one_warning(
     capsys.readouterr()
     load(path)  # rebuilt whole: no warning the next time
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("edit", ["fields", "files"])
+def test_a_cache_record_edited_by_hand_is_parsed_again(tmp_path: Path, home: Path,
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       edit: str) -> None:
+    """meta.json says what the arrays are (a binary task, which test part): one that says
+    otherwise than was written (5 classes; no test arrays, so a split of the training file)
+    is not believed."""
+    path = tmp_path / "f.svm"
+    path.write_text(DENSE)
+    test = tmp_path / "f.t"
+    test.write_text(DENSE)
+    given = FilesConfig(path=str(path), test_path=str(test), format="libsvm")
+    first = load_dataset(given, seed=0, progress=False)
+    meta_file = entry(home) / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    if edit == "fields":
+        meta["fields"].update(task="multiclass", num_classes=5)
+    else:
+        meta["files"] = {k: v for k, v in meta["files"].items() if not k.endswith("_test.npy")}
+    meta_file.write_text(json.dumps(meta))
+    capsys.readouterr()
+    again = load_dataset(given, seed=0, progress=False)
+    assert capsys.readouterr().err.startswith(f"the parsed cache's {meta_file} is unreadable "
+                                              "(its fields are not as written)")
+    assert (again.task, again.num_classes) == (first.task, first.num_classes) == ("binary", 2)
+    assert (again.num_train, again.num_test) == (first.num_train, first.num_test)
 
 
 def test_a_killed_writers_leftovers_are_removed_and_a_live_ones_kept(tmp_path: Path,

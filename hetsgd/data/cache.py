@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import shutil
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -38,8 +39,10 @@ from hetsgd.data.dataset import Parsed
 from hetsgd.data.download_progress import console
 from hetsgd.data.files import COMPRESSIONS, content_hash, open_data, reason
 from hetsgd.errors import UserError
+from hetsgd.readback import open_regular
 
-PARSED_FORMAT = 3  # bump when the layout of the cached arrays changes
+PARSED_FORMAT = 4  # bump when the layout of the cached arrays changes
+_META_BYTES = 1 << 20  # a meta.json lists a dozen arrays and a source line
 
 
 def data_home() -> Path:
@@ -125,7 +128,10 @@ class NpyRows:
 
 def parsed_path(name: str, files: list[Path], params: dict[str, Any]) -> Path:
     """The folder where the arrays parsed from ``files`` with ``params`` are cached."""
-    stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    # the inode and its change time too: a file rewritten in place with its size and mtime set
+    # back (`touch -r`) keeps both of those, never its ctime
+    stamp = [(str(p.resolve()), (s := p.stat()).st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns)
+             for p in files]
     key = json.dumps({"format": PARSED_FORMAT, "name": name, "files": stamp, "params": params},
                      sort_keys=True)
     return data_home() / "parsed" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
@@ -182,8 +188,9 @@ def _write(path: Path, parsed: Parsed) -> None:
             elif value is not None:
                 save(f"{key}.npy", np.asarray(value))
         values = {f.name: getattr(parsed, f.name) for f in fields(Parsed) if f.name not in _ARRAYS}
+        meta = {"fields": values, "files": listed}
         # written last: marks a whole entry
-        (folder / "meta.json").write_text(json.dumps({"fields": values, "files": listed}))
+        (folder / "meta.json").write_text(json.dumps({**meta, "crc32": _crc(meta)}))
 
     replace_folder(path, fill)
 
@@ -192,7 +199,10 @@ def _read(path: Path) -> Parsed:
     """The entry at ``path``, each listed file checked against its size and CRC-32 first."""
     meta_file = path / "meta.json"
     try:
-        meta = json.loads(meta_file.read_text())
+        with open_regular(meta_file) as handle:
+            meta = json.loads(handle.read(_META_BYTES + 1)[:_META_BYTES])
+        if meta.pop("crc32") != _crc(meta):  # its fields, and which arrays it holds
+            raise ValueError("its fields are not as written")
         values = dict(meta["fields"])
         listed = {str(name): (int(size), str(crc)) for name, (size, crc) in meta["files"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -219,6 +229,11 @@ def _read(path: Path) -> Parsed:
         return Parsed(**arrays, **values)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # a file swapped since its check
         raise _Unusable(f"the parsed cache at {path} is unreadable ({reason(exc)})") from exc
+
+
+def _crc(meta: dict[str, Any]) -> str:
+    """The CRC-32 of an entry's record, as JSON with sorted keys."""
+    return f"{zlib.crc32(json.dumps(meta, sort_keys=True).encode()):08x}"
 
 
 def _check(file: Path, size: int, crc: str) -> None:
