@@ -23,12 +23,11 @@ from hetsgd.completion import complete_override
 from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments
 from hetsgd.config.keys import composition_error
-from hetsgd.config.labels import dataset_label, model_label
 from hetsgd.errors import UserError
 from hetsgd.invocation import invoke
 from hetsgd.machine import machine_facts, process_started_at
 from hetsgd.outputs.safe_text import guard_logging, shown
-from hetsgd.outputs.terminal import console, err, print_error, summary_table
+from hetsgd.outputs.terminal import calibration_report, console, err, print_error, summary_table
 
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
@@ -296,7 +295,6 @@ def _compose(overrides: list[str]) -> RunConfig:
 
 
 def _print_calibration(overrides: list[str], seconds: float) -> None:
-    from hetsgd.engines.virtual.profiles import exchange_cost
     from hetsgd.runs.calibrate import calibrate, save
 
     if not (math.isfinite(seconds) and seconds > 0):
@@ -306,21 +304,8 @@ def _print_calibration(overrides: list[str], seconds: float) -> None:
         rows = calibrate(cfg, seconds)
     except (UserError, RuntimeError) as exc:
         _fail(str(exc))
-    table = Table("group", "device", "label", "threads", "batch", "examples/s", "ms/step",
-                  "comm ms/step",
-                  title=shown(f"{model_label(cfg.model)} on {dataset_label(cfg.dataset)}, "
-                              f"devices={cfg.devices.name}"))
-    for row in rows:
-        table.add_row(row["group"], row["device"], row["label"], str(row["threads"]),
-                      str(row["batch_size"]), f"{row['examples_per_s']:,.0f}",
-                      f"{row['ms_per_step']:.3f}", f"{row['comm_ms_per_step']:.3f}")
-    console.print(table)
-    exchange = exchange_cost(rows[0])
-    if exchange is not None:
-        points = ", ".join(f"{1000 * cost:.3f} ms at a wait of {1000 * wait:.3f} ms"
-                           for wait, cost in zip(exchange.waits_s, exchange.seconds))
-        console.print(f"the mix's exchange of the model, a round beyond its slowest step: "
-                      f"{points} (the earliest rank's)", soft_wrap=True)
+    for part in calibration_report(rows, cfg):
+        console.print(part, soft_wrap=isinstance(part, str))
     try:
         path = save(rows, cfg)
     except OSError as exc:

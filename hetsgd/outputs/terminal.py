@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from hetsgd.config.labels import dataset_label, model_label
 from hetsgd.errors import UserError
 from hetsgd.outputs.safe_text import redacted, shown
+
+if TYPE_CHECKING:
+    from hetsgd.config import RunConfig
 
 # Markup off: what is printed holds paths, overrides and exception text, where `[/x]` is no tag.
 console = Console(markup=False)
@@ -86,3 +90,25 @@ def summary_table(summary: Mapping[str, Any]) -> Table:
         if value is not None:
             table.add_row(shown(key), shown(value))
     return table
+
+
+def calibration_report(rows: list[dict[str, Any]], cfg: RunConfig) -> list[Table | str]:
+    """`hetsgd machine --calibrate`'s measurements: a row per group and batch size, then the
+    mix's exchange of the model where its ranks measured one."""
+    from hetsgd.engines.virtual.profiles import exchange_cost  # loaded by calibrate already
+
+    table = Table("group", "device", "label", "threads", "batch", "examples/s", "ms/step",
+                  "comm ms/step",
+                  title=shown(f"{model_label(cfg.model)} on {dataset_label(cfg.dataset)}, "
+                              f"devices={cfg.devices.name}"))
+    for row in rows:
+        table.add_row(row["group"], row["device"], row["label"], str(row["threads"]),
+                      str(row["batch_size"]), f"{row['examples_per_s']:,.0f}",
+                      f"{row['ms_per_step']:.3f}", f"{row['comm_ms_per_step']:.3f}")
+    exchange = exchange_cost(rows[0])
+    if exchange is None:
+        return [table]
+    points = ", ".join(f"{1000 * cost:.3f} ms at a wait of {1000 * wait:.3f} ms"
+                       for wait, cost in zip(exchange.waits_s, exchange.seconds))
+    return [table, f"the mix's exchange of the model, a round beyond its slowest step: "
+                   f"{points} (the earliest rank's)"]
