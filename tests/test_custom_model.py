@@ -313,3 +313,38 @@ def test_a_users_own_model_yaml_gives_the_factory_its_arguments(nets: object, tm
     assert result.exit_code != 0
     assert f"model._target_={PACKAGE}.raises: building it raised ValueError: width 5 must be " \
            "even" in result.output
+
+
+def _global_draws(seed: int, rank: int, results: object) -> None:
+    """What a worker process's model draws from the global streams (dropout's, a user's numpy
+    or random), its math set up as a run sets it up."""
+    import random
+
+    import numpy as np
+
+    from hetsgd.engines.common.worker import set_up_math
+
+    cfg = to_run_config(compose_config("devices=cpu", "devices.groups.cpu.count=2",
+                                       f"seed={seed}"))
+    set_up_math(expand(cfg.devices)[rank], cfg)
+    results.put((torch.rand(4).tolist(), np.random.rand(2).tolist(), random.random()))  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_each_worker_and_seed_draws_its_own_dropout_masks() -> None:
+    """A worker starts (forkserver) with torch's fixed default seed: without seeding, dropout
+    masked the same units in every worker of a run and in every seed of a sweep."""
+    from hetsgd.engines import processes
+
+    ctx = processes.context("forkserver")  # where a run's workers come from
+    results = ctx.Queue()
+    draws = []
+    for seed, rank in [(1, 0), (1, 1), (2, 0), (1, 0)]:
+        child = ctx.Process(target=_global_draws, args=(seed, rank, results))
+        child.start()
+        draws.append(results.get(timeout=120))
+        child.join()
+    first, other_rank, other_seed, again = draws
+    assert again == first  # reproducible: the same seed and rank draw the same
+    for stream in range(3):
+        assert other_rank[stream] != first[stream] and other_seed[stream] != first[stream]

@@ -22,11 +22,13 @@ worker's step layer by layer while it computes.
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from hetsgd.config import RunConfig
@@ -53,6 +55,8 @@ from hetsgd.workers import WorkerSpec
 # How often a worker reads its latest mini-batch loss: reading it waits for a GPU to finish the
 # step, so it is not read every step.
 LOSS_READ_S = 0.1
+# the key of a worker's global random streams among its run's seeded streams
+GLOBAL_STREAMS = 0x610B
 
 
 @dataclass
@@ -190,8 +194,14 @@ class Worker:
 
 def set_up_math(spec: WorkerSpec, cfg: RunConfig) -> None:
     """A worker or rank process's float mode, then its threads: torch's intra-op threads, which
-    start later, inherit the mode (``devices.flush_denormal``; :mod:`hetsgd.engines.denormals`)."""
+    start later, inherit the mode (``devices.flush_denormal``; :mod:`hetsgd.engines.denormals`).
+    Then its global random streams, which a researcher's model draws from (dropout): a process
+    starts them at torch's fixed default seed, the same mask in every worker and every seed."""
     flush_denormals(cfg.devices.flush_denormal)
     device_ops.set_tf32(torch.device(spec.device), cfg.devices.tf32)
     torch.set_num_threads(spec.threads)
+    seeds = np.random.SeedSequence([cfg.seed, spec.rank, GLOBAL_STREAMS]).generate_state(3)
+    torch.manual_seed(int(seeds[0]))
+    np.random.seed(int(seeds[1]))
+    random.seed(int(seeds[2]))
 
