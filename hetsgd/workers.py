@@ -46,16 +46,20 @@ class WorkerSpec:
         """A CPU worker standing in for an accelerator, or one slowed down on purpose."""
         return not self.simulated and (self.slowdown > 1.0 or (self.accel and self.kind == "cpu"))
 
-    def emulate(self, compute_s: float, stopped: Callable[[], bool] | None = None) -> None:
+    def emulate(self, compute_s: float, stopped: Callable[[], bool] | None = None) -> float:
         """An emulated slow device: sleep (slowdown - 1) x the compute time just spent, in
-        slices, so that a long sleep ends as soon as ``stopped()`` says training has."""
+        slices, so that a long sleep ends as soon as ``stopped()`` says training has. Returns
+        the seconds slept: the slow device's step took them too, and its time split counts them
+        where the simulated device's counts its slowdown."""
         if not self.emulated or self.slowdown <= 1.0:
-            return
-        deadline = time.perf_counter() + (self.slowdown - 1.0) * compute_s
+            return 0.0
+        began = time.perf_counter()
+        deadline = began + (self.slowdown - 1.0) * compute_s
         while (left := deadline - time.perf_counter()) > 0:
             if stopped is not None and stopped():
-                return
+                break
             time.sleep(min(left, EMULATION_SLICE_S))
+        return time.perf_counter() - began
 
     @property
     def label(self) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing as mp
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -163,6 +165,48 @@ def test_an_emulated_slow_device_stops_sleeping_when_training_stops() -> None:
     sleeper.start()
     sleeper.join(timeout=5)
     assert not sleeper.is_alive() and len(asked) == 2
+
+
+
+class _Slept(WorkerSpec):
+    """An emulated device whose every sleep reads as SLEPT_S seconds, without sleeping."""
+
+    SLEPT_S = 0.5
+
+    def emulate(self, compute_s: float, stopped: object = None) -> float:
+        return self.SLEPT_S
+
+
+def test_an_emulated_device_s_sleep_is_part_of_its_step_in_the_time_split() -> None:
+    """The sleep that makes a device slowdown x slower is its step's time, as the simulated
+    device's slowdown is: left out, compute, copy and merge covered a tenth of a 10x slower
+    device's time, and the split called its steps ten times faster than they ran."""
+    from hetsgd.engines.common.worker import Worker
+    from hetsgd.model.step import Pending
+    from hetsgd.runs.setup import load_run_data
+
+    cfg = run_config("algo=hogwild", "dataset=digits", "model=logreg", "devices=single_cpu",
+                     "devices.groups.cpu.batch_size=1", "devices.groups.cpu.slowdown=10")
+    data = load_run_data(cfg, progress=False)
+    master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
+    state = SharedState.create(data.train, master, cfg.budget.epochs, 1, mp.get_context("spawn"))
+    spec = _Slept(**{f.name: getattr(expand(cfg.devices)[0], f.name)
+                     for f in dataclasses.fields(WorkerSpec)})
+    worker = Worker(spec, cfg, data.problem, state)
+    steps = 4
+
+    def step(epoch: int, start: int, size: int) -> tuple[Pending, float, float]:
+        if state.cursor.claims >= steps:
+            state.signals.stop.set()
+        return Pending(lambda: torch.zeros(()), None, 0.0), 0.0, 0.0  # landed, copy_s, merge_s
+
+    worker.step = step  # type: ignore[method-assign]
+    began = time.perf_counter()
+    worker.run()
+    elapsed = time.perf_counter() - began
+    row = state.counters.row(0)
+    assert row["updates"] == steps
+    assert steps * _Slept.SLEPT_S <= row["busy_s"] <= steps * _Slept.SLEPT_S + elapsed
 
 
 def _run(tmp_path: Path, *overrides: str) -> tuple[dict, Path]:

@@ -161,7 +161,7 @@ class SyncLoop(RankLoop):
         else:
             self.pending = self.step.on_no_examples(epoch + start / n, size)
         self.busy = rank.clock.now() - started
-        rank.spec.emulate(self.busy, rank.waiting)
+        self.busy += rank.spec.emulate(self.busy, rank.waiting)
         return True
 
     def aggregate(self) -> Verdict:

@@ -136,9 +136,13 @@ class Worker:
                 break
             epoch, start, size, number = claim
             last, copy, merge = self.step(epoch, start, size)
+            stepped = time.perf_counter() - started
+            # an emulated device is slowdown x slower at its whole step, copies included, as
+            # the simulated device's profile is
+            slowed = 1.0 + emulate(stepped, waiting) / stepped if stepped > 0 else 1.0
             finished = time.perf_counter()
-            counters.step(size, finished - started - copy - merge, started - waited,
-                          copy + merge, copy)
+            counters.step(size, (stepped - copy - merge) * slowed, started - waited,
+                          (copy + merge) * slowed, copy * slowed)
             stale = cursor.claims - number
             stale_sum += stale
             if stale > stale_max:
@@ -150,7 +154,6 @@ class Worker:
                 counters.count_cpu()
                 self.read_loss(last.loss, counters, epoch + start / self.batches.n)
                 next_read = finished + LOSS_READ_S
-            emulate(finished - started, waiting)
             if checkpoints is not None and checkpoints.checkpoint_asked(rank):
                 assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
                 counters.add("comm_s", self.link.publish())  # the master holds every step

@@ -159,8 +159,8 @@ class RankLoop(ABC):
         rank.clock.computed(size)
         value = rank.read_loss(mean) if read or rank.loss_due() else None
         busy = rank.clock.now() - started
+        busy += rank.spec.emulate(busy, rank.waiting)
         rank.ledger.step(size, busy)
-        rank.spec.emulate(busy, rank.waiting)
         if value is not None:
             self.loss = value
             rank.ledger.record_loss(value)
