@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -57,17 +58,28 @@ def test_the_virtual_clock_counts_the_updates_landed_while_a_step_ran() -> None:
         0.8, 2, {"accel": pytest.approx(1 / 3), "cpu": 1.5})
 
 
-def test_a_worker_counts_the_claims_other_workers_made_while_it_stepped() -> None:
+@pytest.mark.parametrize(("pipelined", "before", "after"), [
+    (False, (0, 0), (0 + 3 + 1 + 2, 3)),
+    # a replica's delta lands a step at the end of the next one (the last one at the end)
+    (True, (0, 0), ((0 + 3) + (3 + 1) + (1 + 2) + 2, 4)),
+    (True, (5, 7), (5 + 12, 7)),  # a resumed run's row keeps the staleness counted before it
+], ids=["landed_at_once", "pipelined", "resumed"])
+def test_a_worker_counts_the_claims_other_workers_made_until_its_step_landed(
+        pipelined: bool, before: tuple[int, int], after: tuple[int, int]) -> None:
     """A worker process's measurement, on a constructed sequence: during each of its steps the
     'other workers' claim 0, 3, 1 and 2 chunks of the same cursor; its claims are not counted
-    (and the largest, 3, is not the last)."""
+    (and the largest, 3, is not the last). A step is stale until it lands: at once, or for a
+    pipelined link in the next step."""
     cfg = run_config("algo=hogwild", "dataset=digits", "model=logreg", "devices=single_cpu",
                      "devices.groups.cpu.batch_size=1", "budget.epochs=1")
     data = load_run_data(cfg, progress=False)
     master = SharedMaster.initial(cfg.model, data.problem, cfg.seed)
     state = SharedState.create(data.train, master, cfg.budget.epochs, 1, mp.get_context("spawn"))
+    state.counters.column("stale_sum")[0], state.counters.column("stale_max")[0] = before
     spec, = expand(cfg.devices)
     worker = Worker(spec, cfg, data.problem, state)
+    if pipelined:
+        worker.link = SimpleNamespace(in_flight=True, finish=lambda: 0.0)  # type: ignore[assignment]
     others = [0, 3, 1, 2]
 
     def step(epoch: int, start: int, size: int) -> tuple[Pending, float, float]:
@@ -81,7 +93,7 @@ def test_a_worker_counts_the_claims_other_workers_made_while_it_stepped() -> Non
     worker.run()
     row = state.counters.row(0)
     assert row["updates"] == 4
-    assert (row["stale_sum"], row["stale_max"]) == (6, 3)
+    assert (row["stale_sum"], row["stale_max"]) == after
     assert state.cursor.claims == 4 + 6
 
 

@@ -59,6 +59,9 @@ class Link(Protocol):
       lands (the virtual clock calls it at each step's virtual end; the shared-memory engine,
       through ``after_step``, and the worker before a checkpoint).
     - ``finish()``: the worker's last word: the master holds all its steps afterwards.
+    - ``in_flight`` (optional, read after ``after_step()``): True while the step just taken has
+      not landed; the worker then counts its staleness when it lands (the next step, a
+      publish, the end) instead of at once.
     """
 
     COPIES_PER_STEP: int  # a class constant

@@ -60,6 +60,27 @@ GLOBAL_STREAMS = 0x610B
 
 
 @dataclass
+class Stale:
+    """A worker's staleness so far: the sum and most of its landed steps' (the other workers'
+    claims between a step's and its landing), and the claim number of a step its link has not
+    landed yet (``flying``)."""
+
+    total: int = 0
+    most: int = 0
+    flying: int | None = None
+
+    def add(self, stale: int) -> None:
+        self.total += stale
+        self.most = max(self.most, stale)
+
+    def landed(self, claims: int) -> None:
+        """The step in flight has landed (a publish, the end) with ``claims`` made so far."""
+        if self.flying is not None:
+            self.add(claims - self.flying)
+            self.flying = None
+
+
+@dataclass
 class StepRecord:
     """What one step did; handed to an optional observer (tests, traces)."""
 
@@ -126,7 +147,9 @@ class Worker:
         checkpoints = state.signals if state.checkpointing and on_checkpoint else None
         last: Pending | None = None
         next_read = 0.0
-        stale_sum = stale_max = 0  # kept here, written to the shared row a few times a second
+        # kept here, written to the shared row a few times a second; a resumed run's row holds
+        # the staleness before it
+        stale = Stale(int(counters["stale_sum"]), int(counters["stale_max"]))
         counters.start_cpu()
         while not stop.is_set():
             waited = time.perf_counter()
@@ -143,29 +166,35 @@ class Worker:
             finished = time.perf_counter()
             counters.step(size, (stepped - copy - merge) * slowed, started - waited,
                           (copy + merge) * slowed, copy * slowed)
-            stale = cursor.claims - number
-            stale_sum += stale
-            if stale > stale_max:
-                stale_max = stale
+            # a pipelined link (a replica's delta) lands a step in the next one: its staleness
+            # is read there, less this step's own claim
+            if stale.flying is not None:
+                stale.add(cursor.claims - stale.flying - 1)
+            stale.flying = number if getattr(self.link, "in_flight", False) else None
+            if stale.flying is None:
+                stale.add(cursor.claims - number)
             if observe is not None:
                 observe(StepRecord(epoch, start, size, float(last.loss)))
             if finished >= next_read:
-                counters.staleness(stale_sum, stale_max)
+                counters.staleness(stale.total, stale.most)
                 counters.count_cpu()
                 self.read_loss(last.loss, counters, epoch + start / self.batches.n)
                 next_read = finished + LOSS_READ_S
             if checkpoints is not None and checkpoints.checkpoint_asked(rank):
                 assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
                 counters.add("comm_s", self.link.publish())  # the master holds every step
+                stale.landed(cursor.claims)
                 on_checkpoint(self.checkpoint(counters))
                 checkpoints.answer_checkpoint(rank)
-        counters.staleness(stale_sum, stale_max)
+        counters.staleness(stale.total, stale.most)
         if last is not None:
             self.read_loss(last.loss, counters, counters["examples"] / self.batches.n)
         if checkpoints is not None:
             assert on_checkpoint is not None  # checkpoints is set only with on_checkpoint
             on_checkpoint(self.checkpoint(counters))
         counters.add("comm_s", self.link.finish())
+        stale.landed(cursor.claims)
+        counters.staleness(stale.total, stale.most)
         counters.count_cpu()
 
     def checkpoint(self, counters: CounterRow) -> WorkerState:
