@@ -45,6 +45,7 @@ from hetsgd.outputs.journal import INDEX, RunJournal, read_snapshots
 from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, WriteError, writing
 from hetsgd.runs import runner
 from hetsgd.runs.recover import recover
+from hetsgd.runs.resume import resume
 from hetsgd.workers import WorkerSpec
 from tests.conftest import CHECKPOINTED_RUN, as_crashed, compose_config
 
@@ -105,6 +106,19 @@ def test_a_resume_from_a_corrupt_checkpoint_names_the_file(run_dir: Path) -> Non
     state = version / STATE
     state.write_bytes(state.read_bytes()[:len(state.read_bytes()) // 2])
     assert f"cannot read {state}: " in _refused(run_dir, "budget.seconds=2")
+
+
+@pytest.mark.integration
+def test_one_process_at_a_time_resumes_a_run(run_dir: Path) -> None:
+    """Two resumes of one crashed run both read it as crashed; the second one is refused while
+    the first holds it (both wrote into it), and the run is free again once the first ends."""
+    as_crashed(run_dir)
+    held = resume(run_dir, [])
+    assert "another process is resuming the run" in _refused(run_dir, "budget.seconds=0.6")
+    held.release()
+    done = hetsgd.run(f"resume={run_dir}", "budget.seconds=0.6", "progress=false")
+    assert done.exit_code == 0, done.summary.error
+    resume(run_dir, []).release()  # the resumed run let go of it at its end
 
 
 @pytest.mark.integration

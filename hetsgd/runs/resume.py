@@ -8,11 +8,15 @@ counters and snapshots continue the checkpoint's: what the run measured after th
 left out, so the resumed run's curves continue the old ones as one run's. A custom model's
 factory, which the checkpoint names, is called only when this command names it too
 (``model=custom model._target_=...``, :mod:`hetsgd.runs.trust`); a run folder holding a
-symbolic link is not resumed (its writes would follow it).
+symbolic link is not resumed (its writes would follow it). One run is resumed by one process at
+a time: a resumption holds an exclusive lock on the run's folder until :meth:`Resumption.release`
+(or its process's end), and a second is refused while it does.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +52,13 @@ class Resumption:
     overrides: list[str]  # those it is composed from
     checkpoint: Checkpoint
     source: Path  # the run directory it continues
+    claim: int  # a descriptor of ``source`` holding its exclusive lock while the run resumes
+
+    def release(self) -> None:
+        """The run has ended: another process may resume it."""
+        if self.claim >= 0:
+            os.close(self.claim)
+            self.claim = -1
 
     def summary(self) -> dict:
         """summary.json's ``resumed_from``."""
@@ -103,6 +114,30 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
     if not is_run_dir(source):
         raise UserError(f"resume={source} is not a run directory")
     check_no_links(source, f"resume={source}")  # before anything is read through one
+    claim = _claimed(source)
+    try:
+        return _resumption(source, overrides, claim)
+    except BaseException:
+        os.close(claim)
+        raise
+
+
+def _claimed(source: Path) -> int:
+    """A descriptor of ``source`` holding an exclusive lock on it; a UserError where another
+    process holds it: two resumes of one run, both told it crashed, would both write into it."""
+    claim = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(claim)
+        raise UserError(f"resume={source}: another process is resuming the run: resume it once "
+                        "that one has ended") from None
+    except OSError:  # a file system without locks (some NFS mounts): docs/faults.md says so
+        pass
+    return claim
+
+
+def _resumption(source: Path, overrides: Sequence[str], claim: int) -> Resumption:
     summary = read_summary(source)
     if summary.get("status") == RUNNING:  # read_summary says crashed once its process is gone
         process = summary.get("coordinator") or {}
@@ -125,4 +160,4 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
         checkpoint = read_checkpoint(version)
     except (ConfigError, UserError) as err:
         raise UserError(f"resume={source}: {err}") from err
-    return Resumption(cfg, [*recorded, *now], checkpoint, source)
+    return Resumption(cfg, [*recorded, *now], checkpoint, source, claim)

@@ -318,8 +318,12 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         attempt.note(status="failed", error=out_of_memory(exc) or f"{type(exc).__name__}: {exc}")
         _keep_traceback(run_dir, traceback.format_exc())
     finally:
-        _left_running(attempt, cfg, threads)
-        _end(attempt, cfg, started_at)
+        try:
+            _left_running(attempt, cfg, threads)
+            _end(attempt, cfg, started_at)
+        finally:
+            if resumption is not None:
+                resumption.release()
     return attempt.summary
 
 
