@@ -250,6 +250,10 @@ def test_runs_lists_and_filters_run_folders_escaping_them(tmp_path: Path) -> Non
     missing = hetsgd("runs", str(tmp_path / "nothing"))
     assert missing.returncode == 1 and errors(missing.stderr) == [
         f"hetsgd: error: no such results folder: {tmp_path / 'nothing'}"]
+    typo = hetsgd("runs", str(root), "--status", "complete")  # listed nothing, and said 0
+    assert typo.returncode == 1 and errors(typo.stderr) == [
+        "hetsgd: error: --status complete is no run's status: one of completed, diverged, "
+        "failed, interrupted, crashed, running"]
 
 
 # -- typos ---------------------------------------------------------------------------------------

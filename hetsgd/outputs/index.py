@@ -43,6 +43,8 @@ RUNNING = "running"
 CRASHED = "crashed"
 #: The status of a completed run whose files the report or the figures cannot read.
 UNUSABLE = "unusable"
+#: The statuses a run's summary.json says it ended with, or is in.
+STATUSES = ("completed", "diverged", "failed", "interrupted", CRASHED, RUNNING)
 
 #: Overrides that do not make a run a variant of its setting: those saying which row, comparison
 #: or seed it belongs to, and those that change only where or how it reports.

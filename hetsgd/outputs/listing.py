@@ -15,7 +15,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from hetsgd.outputs.index import index_runs
+from hetsgd.errors import UserError
+from hetsgd.outputs.index import STATUSES, index_runs
 from hetsgd.outputs.report import mix_label
 from hetsgd.outputs.safe_text import shown
 
@@ -36,7 +37,10 @@ def results_folder() -> Path:
 
 def select_runs(path: Path, wanted: Mapping[str, str | None]) -> pd.DataFrame:
     """The index of the runs under ``path`` whose fields equal every value given in
-    ``wanted`` (keys of :data:`FILTERS`; None: any); a path without runs is a UserError."""
+    ``wanted`` (keys of :data:`FILTERS`; None: any); a path without runs, or a status no run
+    can have (a typo, which would select none), is a UserError."""
+    if (status := wanted.get("status")) is not None and status not in STATUSES:
+        raise UserError(f"--status {status} is no run's status: one of {', '.join(STATUSES)}")
     runs = index_runs(path)
     for field, value in wanted.items():
         if value is not None:
