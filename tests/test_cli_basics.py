@@ -141,6 +141,24 @@ def test_dry_run_of_a_tuned_comparison_checks_its_comparisons_jobs(results_dir: 
     assert not results_dir.exists()
 
 
+def test_dry_run_checks_the_run_a_resume_continues_and_a_tuning_that_is_no_node(
+        results_dir: Path, tmp_path: Path, checkpointed_run: Path) -> None:
+    """A resume's run folder and checkpoint were not looked at (a missing one passed), and a
+    `tuning=5` ended in a traceback."""
+    code, _, stderr = dry_run(f"resume={tmp_path / 'nowhere'}")
+    assert code == 1 and errors(stderr) == [
+        f"hetsgd: error: the run would fail: resume={tmp_path / 'nowhere'}: no such directory"]
+    code, _, stderr = dry_run(f"resume={checkpointed_run}", "optim.lr=0.5")
+    assert code == 1 and "optim cannot change" in stderr and len(errors(stderr)) == 1
+    code, stdout, stderr = dry_run(f"resume={checkpointed_run}", "budget.seconds=9")
+    assert code == 0 and errors(stderr) == [] and "1 job(s) composed and checked" in stdout
+    code, _, stderr = dry_run("-m", "tuning=5")
+    assert code == 1 and errors(stderr) == [
+        "hetsgd: error: tuning=5: a tuned comparison's node is a mapping (methods, search, "
+        "objective, trials)"]
+    assert not results_dir.exists()
+
+
 def test_dry_run_refuses_a_sweep_folder_in_use(results_dir: Path, tmp_path: Path) -> None:
     used = tmp_path / "sweep"
     (used / "0").mkdir(parents=True)

@@ -3,7 +3,8 @@ with ``-m``), composed and checked as far as it goes without training, so that a
 does not fail on its device mix after the first ones trained for hours.
 
 The checks are the ones a run makes before its first step: the sweep's folder (checked, not
-claimed) and tuning (:mod:`hetsgd.runs.sweep_dir`), composition, the schemas' ranges, the device
+claimed) and tuning (:mod:`hetsgd.runs.sweep_dir`), composition, the run a ``resume=`` continues
+(:mod:`hetsgd.runs.resume`: its checkpoint read, nothing written), the schemas' ranges, the device
 mix (CUDA GPUs present), the algorithm's plan for that mix, and the dataset: a known source, its task, a
 ``dataset.path`` that exists. Nothing is downloaded, loaded, trained or written; data that is
 not cached yet is said, not fetched.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from hydra.errors import MissingConfigException
 
@@ -29,6 +31,7 @@ from hetsgd.data.synthetic import Synthetic
 from hetsgd.data.tables import Files
 from hetsgd.engines.factory import check_optimizer_for
 from hetsgd.errors import UserError
+from hetsgd.runs.resume import resume
 from hetsgd.runs.sweep_dir import settle_sweep_dir
 from hetsgd.tuning.spec import NODE
 from hetsgd.workers import expand
@@ -72,6 +75,10 @@ def _checked(number: int, overrides: Sequence[str]) -> Job:
     """One job, composed and checked: :class:`Job` with the first failure, if any."""
     try:
         cfg = to_run_config(compose_run(overrides))
+        if cfg.resume is not None:  # the run it continues, checked as the run would check it
+            resumption = resume(Path(cfg.resume), overrides)
+            resumption.release()
+            cfg = to_run_config(resumption.cfg)
         note = check_job(cfg)
     except (UserError, ConfigError) as exc:
         return Job(number, tuple(overrides), str(exc))

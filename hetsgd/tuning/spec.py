@@ -75,7 +75,8 @@ class Tuning:
         node = OmegaConf.select(config, NODE)
         if node is None:
             return None
-        given = OmegaConf.to_container(node, resolve=True)
+        # `tuning=5` on the command line: a value, not a node
+        given = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
         if not isinstance(given, dict):
             raise UserError(f"{NODE}={given!r}: a tuned comparison's node is a mapping (methods, "
                             "search, objective, trials)")
