@@ -12,6 +12,7 @@ import os
 import typer
 from click.shell_completion import split_arg_string
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from hetsgd.config.keys import GROUPS, composed, config_keys, group_choices
 
@@ -50,6 +51,10 @@ def _values(key: str, typed: list[str]) -> list[str]:
     if choices := group_choices(key):
         return choices
     config = composed(typed)
-    if config is not None and isinstance(OmegaConf.select(config, key.lstrip("+~")), bool):
-        return list(BOOLEANS)
-    return []
+    if config is None:
+        return []
+    try:
+        value = OmegaConf.select(config, key.lstrip("+~"))
+    except OmegaConfBaseException:  # no key at all (`..=`): nothing to complete, no traceback
+        return []
+    return list(BOOLEANS) if isinstance(value, bool) else []

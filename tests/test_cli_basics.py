@@ -61,6 +61,8 @@ def test_completion_offers_choices_and_the_composed_configs_keys() -> None:
     assert complete(["algo=local_sgd"], "algo.ta") == ["algo.tau=", "algo.tau_min="]
     assert complete([], "algo.ta") == []
     assert {"algo=", "devices=", "+method=", "+experiment="} <= set(complete([], ""))
+    # what is no key completes to nothing, without a traceback in the user's shell
+    assert complete([], "..=") == complete([], "a..b=") == []
 
 
 def test_completion_through_the_shells_protocol() -> None:
