@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from hetsgd.errors import UserError
-from hetsgd.invocation import Invocation, invoke
+from hetsgd.invocation import EXIT_CODES, Invocation, invoke
 from hetsgd.outputs.index import load_csv
 from hetsgd.outputs.summary import RunSummary
 from hetsgd.outputs.sweep import job_dirs
@@ -65,8 +65,14 @@ def load(run_dir: str | Path) -> RunResult:
 def _invoke(arguments: list[str]) -> Invocation:
     """`hetsgd run ARGUMENTS` in this process. A refusal before any run directory exists (a bad
     override, a refused resume, a sweep none of whose jobs could be composed) is raised as the
-    one-line error the command prints."""
+    one-line error the command prints. A run or sweep stopped by Ctrl-C (or SIGTERM) raises
+    KeyboardInterrupt once its folders say so, as a stop does in any Python code: a notebook's
+    loop of runs stops too, instead of going on to the next one."""
     invocation = invoke(arguments)
+    if invocation.code >= EXIT_CODES["interrupted"]:  # 128 + the signal that stopped it
+        where = invocation.started_sweep or (invocation.runs[-1] if invocation.runs else None)
+        raise KeyboardInterrupt(f"hetsgd run {' '.join(arguments)} was interrupted"
+                                + (f"; what it wrote is in {where}" if where else ""))
     if not invocation.runs and (invocation.started_sweep is None or invocation.errors):
         raise UserError(invocation.errors[-1] if invocation.errors else
                         f"hetsgd run {' '.join(arguments)} started no run "

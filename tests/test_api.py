@@ -111,6 +111,19 @@ def test_a_stop_is_handled_without_importing_anything(monkeypatch: pytest.Monkey
     assert invocation.invoke(["progress=false"]).code == 130
 
 
+def test_a_stopped_call_raises_the_stop(monkeypatch: pytest.MonkeyPatch, results: Path) -> None:
+    """Ctrl-C in a notebook's loop of runs stops the loop: the call raises it, after the run
+    said so in its folder (it returned the run as interrupted, and the loop went on)."""
+    def stopped(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(invocation, "_launch", stopped)
+    with pytest.raises(KeyboardInterrupt, match="^hetsgd run progress=false was interrupted$"):
+        hetsgd.run("progress=false")
+    with pytest.raises(KeyboardInterrupt, match="^hetsgd run -m seed=0,1 was interrupted$"):
+        hetsgd.sweep("seed=0,1")
+
+
 def test_a_refused_resume_or_sweep_is_raised_not_read_back_as_a_run(results: Path) -> None:
     """A resume of a run that left no checkpoint trains nothing and writes nothing: the run
     it names is not this call's result (it read as completed, with exit status 1); a sweep
