@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from hetsgd.errors import UserError
-from hetsgd.invocation import EXIT_CODES, Invocation, invoke
+from hetsgd.invocation import Invocation, invoke
 from hetsgd.outputs.index import load_csv
 from hetsgd.outputs.summary import RunSummary
 from hetsgd.outputs.sweep import job_dirs
@@ -69,7 +69,7 @@ def _invoke(arguments: list[str]) -> Invocation:
     KeyboardInterrupt once its folders say so, as a stop does in any Python code: a notebook's
     loop of runs stops too, instead of going on to the next one."""
     invocation = invoke(arguments)
-    if invocation.code >= EXIT_CODES["interrupted"]:  # 128 + the signal that stopped it
+    if invocation.code > 128:  # 128 + the number of the signal that stopped it (SIGHUP: 129)
         where = invocation.started_sweep or (invocation.runs[-1] if invocation.runs else None)
         raise KeyboardInterrupt(f"hetsgd run {' '.join(arguments)} was interrupted"
                                 + (f"; what it wrote is in {where}" if where else ""))
