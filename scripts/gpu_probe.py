@@ -55,8 +55,7 @@ def ours(proc: psutil.Process) -> bool:
 def probe(out: Path, interval: float) -> None:
     """Sample until SIGTERM (a row per sample, flushed, so a killed probe loses nothing)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    me = psutil.Process().pid
-    last: dict[int, tuple[float, int, int]] = {}
+    last: dict[int, tuple[float, float, int, int]] = {}
     steal_before = psutil.cpu_times()
     with out.open("w", newline="") as file:
         writer = csv.writer(file)
@@ -70,28 +69,37 @@ def probe(out: Path, interval: float) -> None:
             steal = 100 * (getattr(now, "steal", 0.0) - getattr(steal_before, "steal", 0.0)) / (
                 total or 1.0)
             steal_before = now
-            rows = []
-            for proc in psutil.process_iter(["pid", "name"]):
-                if proc.pid == me:
-                    continue
-                try:
-                    cpu = proc.cpu_times()
-                    switches = proc.num_ctx_switches()
-                except (psutil.Error, OSError):
-                    continue
-                seconds = cpu.user + cpu.system
-                before = last.get(proc.pid)
-                last[proc.pid] = (seconds, switches.voluntary, switches.involuntary)
-                if before is None:
-                    continue
-                rows.append([proc.pid, proc.info["name"], 100 * (seconds - before[0]) / interval,
-                             switches.voluntary - before[1], switches.involuntary - before[2],
-                             ours(proc)])
+            rows = processes(last)
             others = sorted((r for r in rows if not r[5]), key=lambda r: -r[2])[:TOP_OTHERS]
             at = round(time.monotonic() - started, 3)
             for row in [r for r in rows if r[5]] + others:
                 writer.writerow([at, round(steal, 2), _pressure(), *row])
             file.flush()
+
+
+def processes(last: dict[int, tuple[float, float, int, int]]) -> list[list]:
+    """Every other process seen at the last sample too: pid, name, its CPU % and context
+    switches since, whether it is hetsgd's. Its CPU % is over the time between its own two
+    readings, not the nominal interval, which the scan of every process itself lengthens.
+    ``last`` (pid: when, CPU seconds, switches) is updated."""
+    me, rows = psutil.Process().pid, []
+    for proc in psutil.process_iter(["pid", "name"]):
+        if proc.pid == me:
+            continue
+        try:
+            cpu = proc.cpu_times()
+            switches = proc.num_ctx_switches()
+        except (psutil.Error, OSError):
+            continue
+        at, seconds = time.monotonic(), cpu.user + cpu.system
+        before = last.get(proc.pid)
+        last[proc.pid] = (at, seconds, switches.voluntary, switches.involuntary)
+        if before is None or at <= before[0]:
+            continue
+        rows.append([proc.pid, proc.info["name"], 100 * (seconds - before[1]) / (at - before[0]),
+                     switches.voluntary - before[2], switches.involuntary - before[3],
+                     ours(proc)])
+    return rows
 
 
 def rates(sweep: Path, warmup: float) -> pd.DataFrame:

@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
+from scripts import gpu_probe
 from scripts.gpu_probe import ours, rates, replayed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,3 +83,32 @@ def test_the_probe_counts_hetsgds_processes_not_the_checks_own_script() -> None:
     assert not ours(Proc("bash", "/opt/hetsgd/scripts/gpu_check.sh"))
     assert not ours(Proc("/opt/hetsgd/.venv/bin/python", "-m", "scripts.gpu_probe", "probe"))
     assert not ours(Proc("/usr/bin/python3", "other.py"))
+
+
+def test_a_process_s_cpu_share_is_over_the_time_between_its_own_readings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process read 2 s apart that used 1 s of CPU ran at 50 %, whatever the nominal
+    interval: the scan of every process lengthens each sample (it read about a fifth high)."""
+    class Proc:
+        pid = 4242
+        info = {"pid": 4242, "name": "worker"}
+
+        def __init__(self) -> None:
+            self.reads = 0
+
+        def cpu_times(self) -> SimpleNamespace:
+            self.reads += 1
+            return SimpleNamespace(user=0.75 * self.reads, system=0.25 * self.reads)
+
+        def num_ctx_switches(self) -> SimpleNamespace:
+            return SimpleNamespace(voluntary=10 * self.reads, involuntary=self.reads)
+
+        def cmdline(self) -> list[str]:
+            return ["python", "-m", "hetsgd", "run"]
+
+    proc, clock = Proc(), iter([100.0, 102.0])
+    monkeypatch.setattr(gpu_probe.psutil, "process_iter", lambda attrs: [proc])
+    monkeypatch.setattr(gpu_probe.time, "monotonic", lambda: next(clock))
+    last: dict = {}
+    assert gpu_probe.processes(last) == []  # first seen: nothing to compare with yet
+    assert gpu_probe.processes(last) == [[4242, "worker", 50.0, 10, 1, True]]
