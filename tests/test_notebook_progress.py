@@ -46,3 +46,20 @@ def test_in_a_notebook_progress_is_one_line_at_the_end_without_warnings(
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and f"epoch {3 * len(specs):.2f}" in lines[0]
     assert "\x1b[" not in lines[0]  # plain text: no terminal codes
+
+
+def test_a_group_s_loss_is_the_mean_of_the_workers_that_have_stepped(
+        notebook: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """A worker not yet started has no loss: its 0 halved the group's mean at the start."""
+    cfg = run_config("progress=true", "devices=cpu", "devices.groups.cpu.count=2",
+                     "devices.simulated=false")
+    specs = expand(cfg.devices)
+    counters = WorkerCounters(len(specs))
+    counters.column("loss")[0], counters.column("updates")[0] = 0.8, 3
+    with TrainingProgress(cfg, specs, num_examples=100) as progress:
+        progress.update(0.5, counters)
+    assert "cpu: loss 0.8000 " in capsys.readouterr().err
+    counters.column("loss")[0] = counters.column("updates")[0] = 0
+    with TrainingProgress(cfg, specs, num_examples=100) as progress:
+        progress.update(0.5, counters)
+    assert "cpu: loss — " in capsys.readouterr().err

@@ -53,7 +53,7 @@ class TrainingProgress:
         if self.deferred and not self.progress.live.is_started:
             self.progress.start()
         examples = counters.column("examples").tolist()
-        losses = counters.column("loss").tolist()
+        losses, updates = counters.column("loss").tolist(), counters.column("updates").tolist()
         epoch = sum(examples) / self.num_examples
         done = [epoch / self.epochs if self.epochs else 0.0,
                 elapsed_s / self.seconds if self.seconds else 0.0]
@@ -61,7 +61,9 @@ class TrainingProgress:
         for group in dict.fromkeys(s.group for s in self.specs):
             ranks = [s.rank for s in self.specs if s.group == group]
             rate = sum(examples[r] for r in ranks) / max(elapsed_s, 1e-9)
-            loss = sum(losses[r] for r in ranks) / len(ranks)
-            parts.append(f"{group}: loss {loss:.4f} {rate:,.0f} ex/s")
+            # a worker that has not stepped yet has no loss: its 0 is no reading
+            read = [losses[r] for r in ranks if updates[r] > 0]
+            loss = f"{sum(read) / len(read):.4f}" if read else "—"
+            parts.append(f"{group}: loss {loss} {rate:,.0f} ex/s")
         self.progress.update(self.task, completed=100.0 * min(1.0, max(done)),
                              stats=" | ".join(parts))
