@@ -99,6 +99,19 @@ def test_calibrate_measures_every_group(results_dir: Path) -> None:
             f"wait of {waits[0]:.3f} ms" in output)
 
 
+@pytest.mark.integration
+@pytest.mark.wall
+def test_a_batch_size_measured_for_longer_than_the_stall_window_is_no_hang(
+        results_dir: Path) -> None:
+    """--seconds past 4 x workers.stall_s read as a hung worker: the wait for each batch
+    size's report did not count the seconds it is measured for."""
+    result = CliRunner().invoke(app, ["machine", "--calibrate", "devices=single_cpu",
+                                      "dataset.limit=5", "workers.stall_s=1", "progress=false",
+                                      "--seconds", "4.5"])
+    assert result.exit_code == 0, result.output
+    saved, = (results_dir / "calibration").glob("*.csv")
+    assert pd.read_csv(saved)["batch_size"].tolist() == [1, 4]
+
 
 @pytest.mark.serial
 def test_calibration_times_the_exchange() -> None:

@@ -236,7 +236,8 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
                   for s in specs if s is not spec]
         for p in [*others, proc]:
             p.start()
-        wait_s = FIRST_STEP_FACTOR * cfg.workers.stall_s  # a start, then one batch size's steps
+        # a start or a first step, then one batch size's steps: measured for ``seconds``
+        wait_s = FIRST_STEP_FACTOR * cfg.workers.stall_s + seconds
         try:
             while (item := _next(results, wait_s)) is not None:
                 if isinstance(item, str):
