@@ -320,3 +320,25 @@ def test_an_npz_that_is_no_zip_archive_is_one_line(tmp_path: Path, home: Path) -
     path.write_bytes(b"PK\x03\x04 and then no zip archive")
     assert _error(FilesConfig(path=str(path))) == (
         f"cannot read {path} as .npz: File is not a zip file")
+
+
+def test_an_array_header_no_memory_holds_names_its_file(tmp_path: Path, home: Path) -> None:
+    """A damaged (or crafted) header that promises 8 PiB (past any address space) ended as 'out
+    of memory', naming no file: the labels' .npy and an .npz member alike."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False,
+                                                  "shape": (10**15,)})
+    huge = header.getvalue() + bytes(80)
+    labels, features, archive = tmp_path / "y.npy", tmp_path / "x.npy", tmp_path / "big.npz"
+    labels.write_bytes(huge)
+    np.save(features, np.zeros((10, 3), np.float32))
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("X.npy", huge)
+        zipped.writestr("y.npy", huge)
+    assert _error(FilesConfig(path=str(features), labels_path=str(labels))).startswith(
+        f"cannot read {labels} as .npy: ")
+    assert _error(FilesConfig(path=str(archive))).startswith(
+        f"cannot read {archive} as .npz: ")

@@ -164,7 +164,8 @@ def read_npz(path: Path, x_name: str, y_name: str) -> _Part:
                         raise UserError(f"{path} has no array {name!r} (dataset.{key}); it "
                                         f"holds: {listing(archive.files) or 'nothing'}")
                 x, y = archive[x_name], archive[y_name]
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, MemoryError) as exc:
+            # MemoryError: an array header whose shape no memory holds (a damaged file)
             raise UserError(f"cannot read {path} as .npz: {one_line(exc)}") from exc
     return _array_part(x, y, str(path), x_name, y_name)
 
@@ -195,7 +196,7 @@ def load_npy(path: Path) -> np.ndarray:
             np.lib.format.read_magic(f)  # else np.load takes any other file for a pickle
             f.seek(0)
             return np.load(f, allow_pickle=False)
-        except (ValueError, EOFError) as exc:
+        except (ValueError, EOFError, MemoryError) as exc:  # a shape no memory holds, too
             raise UserError(f"cannot read {path} as .npy: {one_line(exc)}") from exc
 
 
