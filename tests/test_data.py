@@ -117,6 +117,19 @@ def test_digits_standardised_with_training_statistics() -> None:
     np.testing.assert_array_equal(data.y_test, raw.y_test)
 
 
+@pytest.mark.parametrize("rows", [7, 40, 101, 1797])
+@pytest.mark.parametrize("sizes", [{"test_size": 0.1}, {"test_size": 0.25}, {"test_size": 1 / 3},
+                                   {"test_size": 0.77}, {"train_size": 5}])
+def test_the_split_cache_expects_as_many_kept_rows_as_scikit_learn_keeps(rows: int,
+                                                                         sizes: dict) -> None:
+    """The count a cached entry is checked against is the draw's own, at every rounding."""
+    from hetsgd.data.splits import _draw, _kept_count
+
+    y = np.arange(rows) % 2
+    flags, _ = _draw(y, "binary", 0, sizes.get("test_size"), sizes.get("train_size"))
+    assert int(flags.sum()) == _kept_count(rows, sizes.get("test_size"), sizes.get("train_size"))
+
+
 def test_split_is_seeded_and_stratified() -> None:
     """``dataset.split_seed`` draws the split, whatever the run's seed; null leaves it to that."""
     a = load_dataset(cfg("digits", scale="none", split_seed=1), seed=1, progress=False)

@@ -99,8 +99,10 @@ def _npz_with_object_array(path: Path) -> None:
     lambda path: np.savez(path, kept=np.ones(40, bool) & (np.arange(40) % 2 == 0),
                           how=np.array("os.system")),
     _npz_with_object_array,
+    # half the rows kept, a test fraction of 0.5 instead of 0.25: an entry edited by hand
+    lambda path: np.savez(path, kept=np.arange(40) % 2 == 0, how=np.array("stratified")),
 ], ids=["not-zip", "truncated", "other-rows", "empty-part", "nothing-kept", "not-flags",
-        "bad-how", "objects"])
+        "bad-how", "objects", "other-count"])
 def test_a_damaged_split_is_drawn_again_with_one_warning(
         home: Path, capsys: pytest.CaptureFixture[str], damage) -> None:
     y = np.repeat(np.arange(4), 10)

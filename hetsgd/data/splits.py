@@ -5,14 +5,16 @@ or importing scikit-learn. An entry is plain arrays, never a pickle: an ``.npz``
 ``splits/``, named by a hash of all the draw depends on (the labels' bytes, the task, the seed,
 the sizes, scikit-learn's version), read with ``allow_pickle=False``, written atomically. What
 it holds is one flag per row (kept, or the rest), so an entry of the right length is a split of
-these rows whatever it holds; one that is not (unreadable, of another length, crafted) costs a
-warning line naming it, and the split is drawn again and the entry rewritten.
+these rows if it keeps as many as the draw does; one that is not (unreadable, of another length
+or count, crafted) costs a warning line naming it, and the split is drawn again and the entry
+rewritten.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import zipfile
 from importlib.metadata import version
 from pathlib import Path
@@ -36,7 +38,7 @@ def split_rows(y: np.ndarray, task: str, seed: int, *, test_size: float | None =
     not for multilabel sets, nor where a part is too small to hold every class; and how it was
     drawn (``stratified`` or ``random``)."""
     entry = _entry(y, task, seed, test_size, train_size)
-    cached = _read(entry, len(y))
+    cached = _read(entry, len(y), _kept_count(len(y), test_size, train_size))
     if cached is not None:
         kept, how = cached
     else:
@@ -65,9 +67,19 @@ def _entry(y: np.ndarray, task: str, seed: int, test_size: float | None,
     return data_home() / "splits" / f"{digest.hexdigest()[:32]}.npz"
 
 
-def _read(entry: Path, rows: int) -> tuple[np.ndarray, str] | None:
+def _kept_count(rows: int, test_size: float | None, train_size: int | None) -> int:
+    """How many of ``rows`` rows the draw keeps: ``train_size``, else all but
+    ceil(``test_size`` x rows), scikit-learn's rounding (a test part rounds up)."""
+    if train_size is not None:
+        return train_size
+    assert test_size is not None, "a split is given one of its sizes"
+    return rows - math.ceil(test_size * rows)
+
+
+def _read(entry: Path, rows: int, kept_count: int) -> tuple[np.ndarray, str] | None:
     """The entry's (kept flags, how), or None where there is none or it is not a split of
-    ``rows`` rows (then with a warning line naming it)."""
+    ``rows`` rows keeping ``kept_count`` (then with a warning line naming it): an entry edited
+    by hand would change the test fraction unseen."""
     if not entry.exists():
         return None
     try:
@@ -75,8 +87,8 @@ def _read(entry: Path, rows: int) -> tuple[np.ndarray, str] | None:
             kept, how = archive["kept"], str(archive["how"])
         if kept.dtype != np.bool_ or kept.shape != (rows,) or how not in _HOWS:
             raise ValueError(f"it holds no split of {rows} rows")
-        if kept.all() or not kept.any():
-            raise ValueError("a part of it is empty")
+        if (count := int(kept.sum())) != kept_count:
+            raise ValueError(f"it keeps {count} of {rows} rows, not {kept_count}")
     except (UserError, OSError, ValueError, KeyError, TypeError, AttributeError, EOFError,
             MemoryError, zipfile.BadZipFile) as exc:  # what np.load of a file no .npz raises
         console.print(f"the split cache's {entry} is unusable ({reason(exc)}): drawing the split "
