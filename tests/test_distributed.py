@@ -291,6 +291,20 @@ def test_two_torchrun_nodes_on_one_machine_leave_one_run_directory(tmp_path: Pat
 
 @pytest.mark.integration
 @pytest.mark.wall
+def test_a_run_that_diverges_under_torchrun_says_so_in_its_directory(tmp_path: Path) -> None:
+    """Every rank sees the divergence at the same exchange; a follower that left at once with
+    an error had torchrun stop rank 0 while it wrote the run's end."""
+    args = ["algo=sync", *TWO_RANKS, "budget.epochs=3", "optim.lr=1e30"]
+    codes, output = _torchrun_nodes(tmp_path, {0: args, 1: args})
+    assert codes[0] != 0, output  # torchrun's own code for a rank that exited 3
+    run_dir, = (tmp_path / "results" / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "diverged", output
+    assert "rank 1 diverged" in output, output
+
+
+@pytest.mark.integration
+@pytest.mark.wall
 @pytest.mark.parametrize("checkpoints", ["checkpoint.every_s=1", "resume=results/runs/x"])
 def test_checkpoints_under_torchrun_are_a_one_line_error_on_every_node(
         tmp_path: Path, checkpoints: str) -> None:

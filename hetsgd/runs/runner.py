@@ -293,6 +293,16 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
                 raise
             return refuse(run_dir, cfg, resolved_config, str(exc))
         cfg = resolved_config = resumption.cfg
+    try:
+        return _attempted(cfg, run_dir, resolved_config, resumption, started_at)
+    finally:
+        if resumption is not None:  # another process may resume the run now
+            resumption.release()
+
+
+def _attempted(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
+               resumption: Resumption | None, started_at: float) -> RunSummary:
+    """:func:`run`'s pipeline, each way it can end turned into the run's status."""
     attempt = _Attempt(RunDirectory(run_dir), replace(
         RunSummary.starting(cfg),
         resumed_from=resumption.summary() if resumption is not None else None))
@@ -318,12 +328,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         attempt.note(status="failed", error=out_of_memory(exc) or f"{type(exc).__name__}: {exc}")
         _keep_traceback(run_dir, traceback.format_exc())
     finally:
-        try:
-            _left_running(attempt, cfg, threads)
-            _end(attempt, cfg, started_at)
-        finally:
-            if resumption is not None:
-                resumption.release()
+        _left_running(attempt, cfg, threads)
+        _end(attempt, cfg, started_at)
     return attempt.summary
 
 

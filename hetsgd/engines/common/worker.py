@@ -73,6 +73,16 @@ class Stale:
         self.total += stale
         self.most = max(self.most, stale)
 
+    def stepped(self, number: int, claims: int, in_flight: bool) -> None:
+        """A step of claim ``number`` was taken, ``claims`` made so far. A pipelined link (a
+        replica's delta) lands a step in the next one: its staleness is read there, less that
+        step's own claim."""
+        if self.flying is not None:
+            self.add(claims - self.flying - 1)
+        self.flying = number if in_flight else None
+        if self.flying is None:
+            self.add(claims - number)
+
     def landed(self, claims: int) -> None:
         """The step in flight has landed (a publish, the end) with ``claims`` made so far."""
         if self.flying is not None:
@@ -166,13 +176,7 @@ class Worker:
             finished = time.perf_counter()
             counters.step(size, (stepped - copy - merge) * slowed, started - waited,
                           (copy + merge) * slowed, copy * slowed)
-            # a pipelined link (a replica's delta) lands a step in the next one: its staleness
-            # is read there, less this step's own claim
-            if stale.flying is not None:
-                stale.add(cursor.claims - stale.flying - 1)
-            stale.flying = number if getattr(self.link, "in_flight", False) else None
-            if stale.flying is None:
-                stale.add(cursor.claims - number)
+            stale.stepped(number, cursor.claims, getattr(self.link, "in_flight", False))
             if observe is not None:
                 observe(StepRecord(epoch, start, size, float(last.loss)))
             if finished >= next_read:
