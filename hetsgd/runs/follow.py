@@ -31,10 +31,9 @@ from hetsgd.runs.trust import check_targets, named_targets, override_targets
 
 def follow(overrides: Sequence[str]) -> int:
     """Train this rank with rank 0's plan; returns the process exit code (1 when the rank
-    failed, the error on stderr; 0 when it diverged with every rank, which rank 0 says). The
-    plan comes from the torch.distributed store, which anyone who reaches its port can write:
-    it may name only the model factories this rank's own command line (``overrides``, the same
-    for every rank) names."""
+    failed, the error on stderr). The plan comes from the torch.distributed store, which anyone
+    who reaches its port can write: it may name only the model factories this rank's own
+    command line (``overrides``, the same for every rank) names."""
     launch = torchrun()
     assert launch is not None, "follow() runs under torchrun only"
     handoff = Handoff.from_plain(receive())
@@ -56,16 +55,12 @@ def follow(overrides: Sequence[str]) -> int:
     setup = torch.zeros(len(plan.workers), len(hooks.loop.SETUP_COLUMNS), dtype=torch.float64)
     rank_process(plan.workers[launch.rank], plan.cfg, data.problem, state, reports,
                  world=plan.workers, loop_type=hooks.loop, setup=setup)  # setup: rank 0's to keep
-    code = 0
     while not reports.empty():
         topic, rank, message = reports.get()
         if topic in ("failed", "diverged"):
             print(f"hetsgd: rank {rank} {topic}: {message}", file=sys.stderr)
-            # every rank stopped at the exchange that saw the divergence, and rank 0 gives the
-            # run's verdict (exit 3): a rank that exits non-zero first has torchrun stop rank 0
-            # while it evaluates and writes the run's end
-            code = 1 if topic == "failed" else code
-    return code
+            return 1
+    return 0
 
 
 def _named_here(args: Sequence[str]) -> list[str]:
