@@ -228,6 +228,32 @@ def test_a_run_record_reads_the_run_directory(tracked: Path) -> None:
     assert not any(name.startswith("utilization/cpu0") for name in record.series)
 
 
+@pytest.mark.parametrize(("status", "ended_as"), [
+    ("completed", "FINISHED"), ("interrupted", "KILLED"), ("failed", "FAILED"),
+    ("diverged", "FAILED"), ("crashed", "FAILED")])
+def test_an_mlflow_run_ends_as_the_run_did_at_its_own_times_in_the_named_experiment(
+        tmp_path: Path, status: str, ended_as: str) -> None:
+    """A run that failed or was stopped is not FINISHED in MLflow; its start and end are the
+    run's own (absolute, in ms), not the logging's; ``logger.mlflow.experiment`` names it."""
+    from mlflow import MlflowClient
+
+    from hetsgd.outputs.trackers.mlflow_runs import log_run
+    from hetsgd.outputs.trackers.record import RunRecord
+
+    record = RunRecord(run_dir=tmp_path / "x", sweep=None, status=status, started=1_700_000_000.25,
+                       ended=1_700_000_060.5, params={"optim.lr": "0.1"},
+                       tags={"status": status, "seed": "3"}, series={}, figures=[])
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    run_id = log_run(record, MlflowConfig(tracking_uri=uri, artifact_dir=str(tmp_path / "a"),
+                                          experiment="mine"))
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    assert run.info.status == ended_as
+    assert (run.info.start_time, run.info.end_time) == (1_700_000_000_250, 1_700_000_060_500)
+    assert run.data.tags["status"] == status and run.data.tags["seed"] == "3"
+    assert run.data.params == {"optim.lr": "0.1"}
+    assert MlflowClient(tracking_uri=uri).get_experiment(run.info.experiment_id).name == "mine"
+
+
 def test_a_failed_sweep_job_is_logged_in_its_sweeps_folder(tmp_path: Path,
                                                            caplog: pytest.LogCaptureFixture
                                                            ) -> None:
