@@ -48,13 +48,26 @@ FENCED = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 
 
-def relative_links(page: Path) -> list[str]:
-    """The link targets of a markdown page that name a file: not a web address, not an anchor
-    in the page itself, not inside code."""
+def relative_links(page: Path, *, anchors_here: bool = False) -> list[str]:
+    """The link targets of a markdown page that name a file: not a web address, not inside
+    code, not an anchor in the page itself unless ``anchors_here``."""
     text = INLINE_CODE.sub("", FENCED.sub("", page.read_text(encoding="utf-8")))
     return [target for target in LINK.findall(text)
             if not re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE)
-            and not target.startswith("#")]
+            and (anchors_here or not target.startswith("#"))]
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lowercased, punctuation other than - and _
+    dropped, spaces made -, a repeated one suffixed -1, -2, ..."""
+    anchors: set[str] = set()
+    counts: dict[str, int] = {}
+    for line in FENCED.sub("", page.read_text(encoding="utf-8")).splitlines():
+        if (heading := re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)) is not None:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+            repeats = counts[slug] = counts.get(slug, 0) + 1
+            anchors.add(slug if repeats == 1 else f"{slug}-{repeats - 1}")
+    return anchors
 
 
 def test_the_readme_is_short() -> None:
@@ -63,14 +76,18 @@ def test_the_readme_is_short() -> None:
 
 
 def broken_links(page: Path, root: Path) -> list[str]:
-    """The relative links of `page` that leave the repository at `root` or name no file."""
+    """The relative links of `page` that leave the repository at `root`, name no file, or name
+    a heading their page does not have."""
     broken = []
-    for target in relative_links(page):
-        path = (page.parent / target.split("#", 1)[0]).resolve()
+    for target in relative_links(page, anchors_here=True):
+        file, _, anchor = target.partition("#")
+        path = (page.parent / file).resolve() if file else page
         if not path.is_relative_to(root):
             broken.append(f"{target} (outside the repository)")
         elif not path.exists():
             broken.append(f"{target} (no such file)")
+        elif anchor and path.suffix == ".md" and anchor not in heading_anchors(path):
+            broken.append(f"{target} (no such heading)")
     return broken
 
 
@@ -90,10 +107,18 @@ def test_the_link_check_finds_links_out_of_the_repository_and_to_nothing(tmp_pat
     (root / "docs").mkdir(parents=True)
     (root / "docs" / "here.md").write_text("here")
     (tmp_path / "beside.md").write_text("outside, but it exists")
+    (root / "docs" / "there.md").write_text("# Where it goes\n## The `run`: 2 steps\n## Notes\n"
+                                           "## Notes\n```\n# not a heading\n```\n")
     page = root / "docs" / "page.md"
-    page.write_text("[ok](here.md) [out](../../beside.md) [gone](../missing.md#part)\n")
+    page.write_text("[ok](here.md) [out](../../beside.md) [gone](../missing.md#part)\n"
+                    "[a](there.md#where-it-goes) [b](there.md#the-run-2-steps) [c](there.md#notes-1)"
+                    " [d](there.md#notes-2) [e](there.md#not-a-heading) [f](#top) [g](#own)\n"
+                    "## Own\n")
     assert broken_links(page, root) == ["../../beside.md (outside the repository)",
-                                        "../missing.md#part (no such file)"]
+                                        "../missing.md#part (no such file)",
+                                        "there.md#notes-2 (no such heading)",
+                                        "there.md#not-a-heading (no such heading)",
+                                        "#top (no such heading)"]
 
 
 def test_the_link_check_sees_links(tmp_path: Path) -> None:
