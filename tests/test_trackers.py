@@ -283,3 +283,18 @@ def test_a_tracker_dropped_in_a_sweep_is_left_out_however_its_folder_is_spelt(
     assert not tried(tmp_path / "sweep", "mlflow")
     assert not tried(tmp_path / "sweep" / ".." / "sweep", "mlflow")
     assert tried(tmp_path / "sweep", "tensorboard") and tried(None, "mlflow")
+
+
+def test_mlflow_s_request_limits_hold_while_a_run_is_logged_and_are_put_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's own settings come back (a notebook's later MLflow calls keep theirs), and a
+    variable the user had not set is unset again."""
+    from hetsgd.outputs.trackers.mlflow_runs import request_limits
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "77")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    with request_limits(MlflowConfig(timeout_s=2.5, retries=3)):
+        assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "3"  # whole seconds, rounded up
+        assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "3"
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "77"
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
