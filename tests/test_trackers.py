@@ -254,6 +254,34 @@ def test_an_mlflow_run_ends_as_the_run_did_at_its_own_times_in_the_named_experim
     assert MlflowClient(tracking_uri=uri).get_experiment(run.info.experiment_id).name == "mine"
 
 
+def test_a_run_past_mlflow_s_batch_limits_is_logged_whole(tmp_path: Path) -> None:
+    """More params and metric points than one MLflow call takes go in several calls (a long
+    run's curve, a wide config), and a value past MLflow's length limit is cut to it."""
+    from mlflow import MlflowClient
+
+    from hetsgd.outputs.trackers.mlflow_runs import (
+        METRICS_PER_CALL,
+        PARAM_LENGTH,
+        PARAMS_PER_CALL,
+        log_run,
+    )
+    from hetsgd.outputs.trackers.record import Point, RunRecord
+
+    params = {f"key{i}": str(i) for i in range(2 * PARAMS_PER_CALL + 1)}
+    params["long"] = "x" * (PARAM_LENGTH + 10)
+    points = [Point(step, 1.0 + step / 1000, float(step)) for step in range(2 * METRICS_PER_CALL + 1)]
+    record = RunRecord(run_dir=tmp_path / "x", sweep=None, status="completed", started=1.0,
+                       ended=9.0, params=params, tags={}, series={"train/loss": points},
+                       figures=[])
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    run_id = log_run(record, MlflowConfig(tracking_uri=uri, artifact_dir=str(tmp_path / "a")))
+    logged = client.get_run(run_id).data.params
+    assert logged == {**params, "long": "x" * PARAM_LENGTH}
+    history = client.get_metric_history(run_id, "train/loss")
+    assert sorted(m.step for m in history) == list(range(2 * METRICS_PER_CALL + 1))
+
+
 def test_a_failed_sweep_job_is_logged_in_its_sweeps_folder(tmp_path: Path,
                                                            caplog: pytest.LogCaptureFixture
                                                            ) -> None:
