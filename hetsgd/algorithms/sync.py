@@ -122,6 +122,8 @@ class SyncLoop(RankLoop):
             self.step_times = (saved["step_times"].tolist() if "step_times" in saved
                                else rank.step_times(self.batches, "autograd"))
             self.shares = [s.batch_size / t for s, t in zip(world, self.step_times)]
+        # what this rank's steps take of a whole global batch (workers.csv's batch sizes)
+        rank.ledger.starts_at(split(self.global_batch, self.shares)[rank.spec.rank])
         # Every rank walks the same cursor, so all agree on every step and on the last one.
         self.cursor = EpochCursor(rank.num_examples, cfg.budget.epochs, threading.Lock())
         self.cursor.handed_out = self.position

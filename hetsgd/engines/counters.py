@@ -42,12 +42,17 @@ class CounterRow:
     def __init__(self, row: torch.Tensor, batch_size: int) -> None:
         self.row = row
         self.values = row.numpy()
-        self.values[self.COLUMN["batch_size"]] = self.values[self.COLUMN["first_batch"]] = batch_size
+        self.starts_at(batch_size)
         self._cpu_mark: float | None = None
         self._waits: dict[str, int] | None = None
 
     def __getitem__(self, column: str) -> float:
         return float(self.values[self.COLUMN[column]])
+
+    def starts_at(self, batch_size: int) -> None:
+        """The batch size the worker's steps take from the first on (``first_batch``): its
+        spec's, or a sync rank's shard of the global batch."""
+        self.values[self.COLUMN["batch_size"]] = self.values[self.COLUMN["first_batch"]] = batch_size
 
     @property
     def batch_size(self) -> int:
