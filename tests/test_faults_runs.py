@@ -121,6 +121,17 @@ def test_one_process_at_a_time_resumes_a_run(run_dir: Path) -> None:
     resume(run_dir, []).release()  # the resumed run let go of it at its end
 
 
+def test_a_run_folder_this_user_cannot_open_is_a_one_line_refusal(
+        run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*args: object) -> int:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(run_dir))
+
+    monkeypatch.setattr("hetsgd.runs.resume.os.open", refused)  # root reads a mode-000 folder
+    with pytest.raises(UserError, match=f"^resume={re.escape(str(run_dir))}: cannot open it: "
+                                        "Permission denied$"):
+        resume(run_dir, [])
+
+
 @pytest.mark.integration
 def test_recover_works_after_a_refused_resume(run_dir: Path) -> None:
     as_crashed(run_dir)

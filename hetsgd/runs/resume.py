@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.compose import changed_keys, rebuild_config, recomposable
+from hetsgd.data.files import reason
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.counters import COUNTERS
 from hetsgd.errors import UserError
@@ -125,7 +126,10 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
 def _claimed(source: Path) -> int:
     """A descriptor of ``source`` holding an exclusive lock on it; a UserError where another
     process holds it: two resumes of one run, both told it crashed, would both write into it."""
-    claim = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        claim = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:  # a folder this user may not read
+        raise UserError(f"resume={source}: cannot open it: {reason(exc)}") from None
     try:
         fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
