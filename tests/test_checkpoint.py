@@ -174,3 +174,35 @@ def test_a_checkpoint_from_before_the_staleness_counters_restores_them_from_zero
     assert part.counters.tolist() == [*old.tolist(), *[0.0] * (len(COUNTERS) - 8)]
     assert COUNTERS[:8] == ("updates", "examples", "busy_s", "wait_s", "comm_s", "batch_size",
                             "first_batch", "loss")
+
+
+def test_a_checkpoint_s_streams_include_numpy_s_and_python_s() -> None:
+    """A researcher's model that draws from numpy's or Python's global stream continues it on
+    resume, as torch's does (it began again from the run's start); a checkpoint written
+    before these streams were kept restores torch's alone."""
+    import random
+
+    import numpy as np
+
+    from hetsgd.engines.checkpoint import restore_rng, rng_state
+
+    def draws() -> tuple:
+        return (torch.rand(2).tolist(), np.random.rand(2).tolist(), np.random.randn(),
+                random.random(), random.gauss(0, 1))
+
+    with torch.random.fork_rng(devices=[]):
+        saved_numpy, saved_random = np.random.get_state(), random.getstate()
+        try:
+            np.random.seed(3)
+            random.seed(4)
+            np.random.randn(), random.gauss(0, 1)  # each keeps a second normal for later
+            state = rng_state(torch.device("cpu"), None)
+            first = draws()
+            restore_rng(state, torch.device("cpu"), None)
+            assert draws() == first
+            older = {"cpu": state["cpu"]}
+            restore_rng(older, torch.device("cpu"), None)
+            assert draws()[0] == first[0]
+        finally:
+            np.random.set_state(saved_numpy)
+            random.setstate(saved_random)

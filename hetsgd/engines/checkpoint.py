@@ -14,9 +14,12 @@ before the clock starts.
 from __future__ import annotations
 
 import io
+import math
+import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from hetsgd.engines import device_ops
@@ -91,23 +94,41 @@ class Checkpoint:
 
 
 def rng_state(device: torch.device, augment: torch.Generator | None) -> dict[str, torch.Tensor]:
-    """Every random stream a worker draws from: torch's CPU stream, its CUDA device's, and the
-    generator of its training-batch augmentation."""
+    """Every random stream a worker draws from: torch's CPU stream, its CUDA device's, the
+    generator of its training-batch augmentation, and numpy's and Python's global streams (a
+    researcher's model may draw from them), as tensors."""
     state = {"cpu": torch.get_rng_state()}
     if (device_state := device_ops.rng_state(device)) is not None:
         state["device"] = device_state
     if augment is not None:
         state["augment"] = augment.get_state()
+    _, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)
+    state["numpy"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    state["numpy_at"] = torch.tensor([position, has_gauss, gauss], dtype=torch.float64)
+    version, internal, gauss_next = random.getstate()
+    state["random"] = torch.tensor([version, *internal], dtype=torch.int64)
+    state["random_gauss"] = torch.tensor([math.nan if gauss_next is None else gauss_next],
+                                         dtype=torch.float64)
     return state
 
 
 def restore_rng(state: dict[str, torch.Tensor], device: torch.device,
                 augment: torch.Generator | None) -> None:
+    """Every stream of :func:`rng_state` put back; numpy's and Python's where the checkpoint
+    holds them (one written before holds neither)."""
     torch.set_rng_state(state["cpu"])
     if "device" in state:
         device_ops.set_rng_state(device, state["device"])
     if augment is not None:
         augment.set_state(state["augment"])
+    if "numpy" in state:
+        position, has_gauss, gauss = state["numpy_at"].tolist()
+        np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), int(position),
+                             int(has_gauss), gauss))
+    if "random" in state:
+        version, *internal = state["random"].tolist()
+        gauss_next = float(state["random_gauss"][0])
+        random.setstate((version, tuple(internal), None if math.isnan(gauss_next) else gauss_next))
 
 
 def augment_generator(augment: object) -> torch.Generator | None:
