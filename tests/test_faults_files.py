@@ -70,6 +70,27 @@ def test_of_sweeps_claiming_one_folder_at_once_one_alone_gets_it(tmp_path: Path)
     assert json.loads((folder / CLAIM).read_text())["pid"] in [p.pid for p in procs]
 
 
+def test_a_folder_that_cannot_be_made_or_claimed_is_one_line_leaving_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file where the folder goes, and a full disk while the claim is written: one line
+    naming the setting and the folder (an OSError reached the user whole), and no half-written
+    claim left behind."""
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(UserError, match=f"^hydra.sweep.dir {tmp_path / 'taken'}: cannot create "
+                                        "it: File exists$"):
+        claim_folder(tmp_path / "taken")
+
+    def full(self: Path, *args: object, **kwargs: object) -> int:
+        self.write_bytes(b"{")  # the disk filled part way
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(UserError, match=f"^hydra.sweep.dir {tmp_path / 'sweep'}: cannot claim "
+                                        "it: No space left on device$"):
+        claim_folder(tmp_path / "sweep")
+    assert list((tmp_path / "sweep").iterdir()) == []
+
+
 @pytest.mark.integration
 def test_a_sweep_into_a_claimed_folder_is_refused_before_any_job(results_dir: Path,
                                                                   tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from hetsgd.atomic import writing_path
+from hetsgd.data.files import reason
 from hetsgd.errors import UserError
 from hetsgd.liveness import is_alive, this_process
 from hetsgd.outputs.figure_formats import check_formats
@@ -95,16 +96,21 @@ def claim_folder(folder: Path, what: str = "hydra.sweep.dir") -> None:
     being lost. The claim names this process, so
     the refusal can say whose it is; a folder whose claimant is gone stays claimed (its jobs may
     be there) until it is moved away. ``what`` names the folder's setting in the refusal."""
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file of that name, a read-only or missing parent
+        raise UserError(f"{what} {shown(folder)}: cannot create it: {reason(exc)}") from None
     claim = folder / CLAIM
     written = writing_path(claim)  # whole before it is linked: a rival reads the claimant
-    written.write_text(json.dumps(this_process()))
     try:
+        written.write_text(json.dumps(this_process()))
         os.link(written, claim)  # the exclusive create: it fails where the claim exists
     except FileExistsError:
         raise _claimed(folder, what) from None
+    except OSError as exc:  # a full disk, a file system without hard links
+        raise UserError(f"{what} {shown(folder)}: cannot claim it: {reason(exc)}") from None
     finally:
-        written.unlink()
+        written.unlink(missing_ok=True)
 
 
 def check_unclaimed(folder: Path, what: str = "hydra.sweep.dir") -> None:
