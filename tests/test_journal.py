@@ -16,7 +16,7 @@ from hetsgd.observe.monitor import UtilizationMonitor
 from hetsgd.outputs.checkpoint import snapshot_file
 from hetsgd.outputs.index import CRASHED, RUNNING, read_summary
 from hetsgd.outputs.journal import RunJournal, read_snapshots
-from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory
+from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, WriteError
 from hetsgd.workers import WorkerSpec
 
 SPECS = [WorkerSpec(rank, "cpu", "cpu", "cpu", 1, 8, 1.0, False) for rank in range(2)]
@@ -66,6 +66,22 @@ def test_the_journal_keeps_what_snapshots_keep_and_indexes_every_snapshot(tmp_pa
     utilization = pd.read_csv(out.path / "utilization.csv")
     assert utilization["host_cpu_percent"].tolist() == [50.0, 60.0]
     assert utilization["gpu0_util"].isna().tolist() == [True, False]
+
+
+def test_a_thinned_snapshot_already_gone_costs_nothing_and_another_failure_names_it(
+        tmp_path: Path) -> None:
+    """A snapshot file removed meanwhile (a user's clean-up) failed the whole run at its end
+    with a bare FileNotFoundError; one that cannot be removed is a WriteError naming it."""
+    out = RunDirectory(tmp_path / "run")
+    with RunJournal(out, SPECS) as journal:
+        journal.snapshot(_snapshot(1.0), _counters(updates=1.0))
+        journal.drop(_snapshot(5.0))  # never written
+    blocked = out.path / SNAPSHOTS / snapshot_file(_snapshot(2.0))
+    blocked.mkdir(parents=True)  # a folder where the file is: unlink fails
+    (blocked / "x").write_text("x")
+    with pytest.raises(WriteError, match=f"^cannot write {blocked}: "):
+        with RunJournal(out, SPECS) as journal:
+            journal.drop(_snapshot(2.0))
 
 
 def test_the_monitor_hands_over_each_row_as_it_is_taken() -> None:

@@ -38,7 +38,13 @@ from hetsgd.outputs.checkpoint import (
     snapshot_file,
     write_checkpoint,
 )
-from hetsgd.outputs.run_directory import SNAPSHOTS, RunDirectory, append_rows, replace_file
+from hetsgd.outputs.run_directory import (
+    SNAPSHOTS,
+    RunDirectory,
+    append_rows,
+    replace_file,
+    writing,
+)
 from hetsgd.workers import WorkerSpec
 
 INDEX = "index.csv"
@@ -61,6 +67,13 @@ def workers_table(specs: list[WorkerSpec], counters: list[dict[str, float]]
              "cpu_s": None if s.simulated else c["cpu_s"],
              "cpu_wait_s": None if s.simulated else c["cpu_wait_s"]}
             for s, c in zip(specs, counters)]
+
+
+def _remove(path: Path) -> None:
+    """A thinned snapshot's file gone: one already gone (a user's clean-up) costs nothing, and
+    another failure names the file as a write's does."""
+    with writing(path):
+        path.unlink(missing_ok=True)
 
 
 class RunJournal:
@@ -88,7 +101,7 @@ class RunJournal:
             self.on_snapshot(snapshot)
 
     def drop(self, snapshot: Snapshot) -> None:
-        self._writer.submit(self._write, (self.folder / snapshot_file(snapshot)).unlink)
+        self._writer.submit(self._write, _remove, self.folder / snapshot_file(snapshot))
 
     def checkpoint(self, checkpoint: Checkpoint) -> None:
         """Never raises: the coordinator also checkpoints while it stops its workers, which a
