@@ -427,3 +427,30 @@ def test_sync_on_ranks_is_costed_as_the_autograd_step_it_takes() -> None:
     algorithm, hogwild = algorithms.choose(run_config("algo=hogwild", "devices=cpu"))
     workers = algorithm.hooks(algorithm.plan(hogwild, expand(hogwild.devices)))
     assert step_choice(hogwild, workers) == "auto"  # workers take optim.step
+
+
+def test_simulated_workers_draw_from_streams_seeded_by_the_run_and_give_the_caller_s_back(
+) -> None:
+    """A researcher's dropout on the virtual clock drew from whatever the caller's global
+    streams held (the same masks in every seed of a sweep, and a caller's stream moved)."""
+    import random
+
+    import numpy as np
+
+    from hetsgd.engines.virtual.mix import simulated_math
+
+    def draws(seed: int) -> tuple:
+        cfg = run_config("devices=cpu", "devices.simulated=true", f"seed={seed}")
+        with simulated_math(cfg, expand(cfg.devices)):
+            return torch.rand(2).tolist(), np.random.rand(), random.random()
+
+    torch.manual_seed(123)
+    np.random.seed(123)
+    random.seed(123)
+    mine = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+    first = draws(1)
+    assert draws(1) == first  # the same seed, the same draws, wherever the caller's were
+    other = draws(2)
+    assert all(a != b for a, b in zip(first, other))
+    assert torch.equal(torch.get_rng_state(), mine[0])
+    assert np.array_equal(np.random.get_state()[1], mine[1]) and random.getstate() == mine[2]

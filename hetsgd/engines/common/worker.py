@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -236,8 +237,28 @@ def set_up_math(spec: WorkerSpec, cfg: RunConfig) -> None:
     flush_denormals(cfg.devices.flush_denormal)
     device_ops.set_tf32(torch.device(spec.device), cfg.devices.tf32)
     torch.set_num_threads(spec.threads)
-    seeds = np.random.SeedSequence([cfg.seed, spec.rank, GLOBAL_STREAMS]).generate_state(3)
+    seed_global_streams(cfg.seed, spec.rank)
+
+
+def seed_global_streams(*key: int) -> None:
+    """torch's, numpy's and Python's global random streams, seeded from ``key`` (the run's
+    seed, a worker's rank)."""
+    seeds = np.random.SeedSequence([*key, GLOBAL_STREAMS]).generate_state(3)
     torch.manual_seed(int(seeds[0]))
     np.random.seed(int(seeds[1]))
     random.seed(int(seeds[2]))
+
+
+@contextmanager
+def seeded_global_streams(*key: int) -> Iterator[None]:
+    """:func:`seed_global_streams` meanwhile, in a process that is not the run's own (the
+    virtual clock's workers compute in the caller's): the caller's streams are put back after."""
+    numpy_state, random_state = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            seed_global_streams(*key)
+            yield
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(random_state)
 

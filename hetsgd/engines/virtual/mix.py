@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from hetsgd.config import RunConfig
+from hetsgd.engines.common.worker import seeded_global_streams
 from hetsgd.engines.denormals import flushed
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.engines.virtual.profiles import (
@@ -63,12 +64,13 @@ def math_threads(specs: list[WorkerSpec]) -> int:
 @contextmanager
 def simulated_math(cfg: RunConfig, specs: list[WorkerSpec]) -> Iterator[None]:
     """This process computes the simulated workers' steps meanwhile: on :func:`math_threads`
-    threads, flushing denormals as a worker process does (``devices.flush_denormal``); both
-    restored after."""
+    threads, flushing denormals as a worker process does (``devices.flush_denormal``), its
+    global random streams seeded from the run's seed (a researcher's dropout draws there, one
+    stream for every simulated worker); all restored after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(math_threads(specs))
     try:
-        with flushed(cfg.devices.flush_denormal):
+        with flushed(cfg.devices.flush_denormal), seeded_global_streams(cfg.seed):
             yield
     finally:
         torch.set_num_threads(threads)
