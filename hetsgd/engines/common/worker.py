@@ -240,11 +240,11 @@ def set_up_math(spec: WorkerSpec, cfg: RunConfig) -> None:
     seed_global_streams(cfg.seed, spec.rank)
 
 
-def seed_global_streams(*key: int) -> None:
-    """torch's, numpy's and Python's global random streams, seeded from ``key`` (the run's
-    seed, a worker's rank)."""
+def seed_global_streams(*key: int, cuda: bool = True) -> None:
+    """torch's (its CUDA devices' too, with ``cuda``), numpy's and Python's global random
+    streams, seeded from ``key`` (the run's seed, a worker's rank)."""
     seeds = np.random.SeedSequence([*key, GLOBAL_STREAMS]).generate_state(3)
-    torch.manual_seed(int(seeds[0]))
+    (torch.manual_seed if cuda else torch.random.default_generator.manual_seed)(int(seeds[0]))
     np.random.seed(int(seeds[1]))
     random.seed(int(seeds[2]))
 
@@ -252,11 +252,12 @@ def seed_global_streams(*key: int) -> None:
 @contextmanager
 def seeded_global_streams(*key: int) -> Iterator[None]:
     """:func:`seed_global_streams` meanwhile, in a process that is not the run's own (the
-    virtual clock's workers compute in the caller's): the caller's streams are put back after."""
+    virtual clock's workers compute in the caller's, on its CPU): the caller's streams are put
+    back after, and its CUDA devices' are left alone."""
     numpy_state, random_state = np.random.get_state(), random.getstate()
     try:
         with torch.random.fork_rng(devices=[]):
-            seed_global_streams(*key)
+            seed_global_streams(*key, cuda=False)
             yield
     finally:
         np.random.set_state(numpy_state)
