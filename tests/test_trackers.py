@@ -326,3 +326,36 @@ def test_mlflow_s_request_limits_hold_while_a_run_is_logged_and_are_put_back(
         assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "3"
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "77"
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+
+
+def test_tensorboard_s_hparams_are_the_run_s_tags_beside_its_final_results(
+        tmp_path: Path) -> None:
+    """The HParams tab groups runs by method and seed and shows their final losses: the tags
+    as hparams, each result's last point as its metric."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    from hetsgd.outputs.trackers.record import Point, RunRecord
+    from hetsgd.outputs.trackers.tensorboard_events import write_events
+
+    series = {"train/loss": [Point(0, 1.0, 2.0), Point(500, 1.5, 0.25)],
+              "test/accuracy": [Point(500, 1.5, 0.75)]}
+    record = RunRecord(run_dir=tmp_path / "x", sweep=None, status="completed", started=1.0,
+                       ended=2.0, params={"optim.lr": "0.1"},
+                       tags={"algo": "hogwild", "seed": "3"}, series=series, figures=[])
+    folder = write_events(record, TensorBoardConfig(dir=str(tmp_path / "tb")))
+    events = EventAccumulator(str(folder))
+    events.Reload()
+
+    def plugin(tag: str) -> plugin_data_pb2.HParamsPluginData:
+        return plugin_data_pb2.HParamsPluginData.FromString(
+            events.SummaryMetadata(tag).plugin_data.content)
+
+    started = plugin("_hparams_/session_start_info").session_start_info
+    assert {k: v.string_value for k, v in started.hparams.items()} == {"algo": "hogwild",
+                                                                         "seed": "3"}
+    metrics = {m.name.tag for m in plugin("_hparams_/experiment").experiment.metric_infos}
+    assert metrics == {"train/loss", "test/accuracy"}  # no test/loss was logged
+    # what the tab shows for each: the scalar series' last value
+    assert {tag: events.Scalars(tag)[-1].value for tag in metrics} == {"train/loss": 0.25,
+                                                                       "test/accuracy": 0.75}
