@@ -3,6 +3,7 @@ whichever entry started it (:mod:`hetsgd.invocation`)."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +30,19 @@ def train(cfg: DictConfig, started_at: float | None = None) -> RunSummary:
     in place raises :class:`~hetsgd.errors.UserError`, with nothing written over it."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    _redact_hydra_files(hydra_cfg)
+    try:
+        _redact_hydra_files(hydra_cfg)
+        summary = _run(cfg, run_dir, hydra_cfg, started_at)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before the run wrote its summary, if it did
+        _interrupted_before_start(run_dir, cfg)
+        raise
+    _log_to_trackers(run_dir, cfg)
+    return replace(summary, run_dir=str(run_dir))
+
+
+def _run(cfg: DictConfig, run_dir: Path, hydra_cfg: HydraConf, started_at: float | None
+         ) -> RunSummary:
+    """:func:`train`'s run: refused, failed to load, or run; then a single run's figures."""
     refusal = _refusal(cfg)
     if refusal is None and not cfg.devices.simulated:  # its imports overlap this process's own
         warm_up(cfg.workers.start)
@@ -40,21 +53,35 @@ def train(cfg: DictConfig, started_at: float | None = None) -> RunSummary:
     if refusal is not None and cfg.resume is None and torchrun() is None:
         # a value the checks refuse: its failed run directory, without the training stack (a
         # resume's config is the checkpoint's; torchrun's other ranks wait for rank 0's word)
-        summary = refuse(run_dir, cfg, cfg, refusal)
-    else:
-        try:
-            from hetsgd.runs import runner  # the training stack loads only when a run starts
-        except Exception as exc:  # noqa: BLE001 - e.g. torch's libraries not mapped: said, in the run
-            summary = refuse(run_dir, cfg, cfg, out_of_memory(exc) or
-                             f"loading the training stack raised {type(exc).__name__}: {exc}")
-        else:
-            summary = runner.run(cfg, run_dir, cfg, hydra_cfg.overrides.task, started_at)
-            if hydra_cfg.mode != RunMode.MULTIRUN:
-                from hetsgd.outputs.drawing import draw_figures  # loaded by the run
+        return refuse(run_dir, cfg, cfg, refusal)
+    try:
+        from hetsgd.runs import runner  # the training stack loads only when a run starts
+    except Exception as exc:  # noqa: BLE001 - e.g. torch's libraries not mapped: said, in the run
+        return refuse(run_dir, cfg, cfg, out_of_memory(exc) or
+                      f"loading the training stack raised {type(exc).__name__}: {exc}")
+    summary = runner.run(cfg, run_dir, cfg, hydra_cfg.overrides.task, started_at)
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        from hetsgd.outputs.drawing import draw_figures  # loaded by the run
 
-                draw_figures(run_dir)
-    _log_to_trackers(run_dir, cfg)
-    return replace(summary, run_dir=str(run_dir))
+        draw_figures(run_dir)
+    return summary
+
+
+def _interrupted_before_start(run_dir: Path, cfg: DictConfig) -> None:
+    """A run stopped before it wrote its summary (starting its workers' server, loading torch)
+    says so, as every other stopped run does, instead of reading as crashed. Nothing is
+    written where a summary is (the run's own, or the one a resume in place continues), and a
+    write that fails (the stop landed inside the very import it needs) leaves the stop as it
+    is."""
+    if cfg.resume is not None or torchrun() is not None:
+        return
+    with suppress(Exception):
+        from hetsgd.outputs.run_directory import SUMMARY
+        from hetsgd.runs.refused import refuse
+
+        if not (run_dir / SUMMARY).exists():
+            refuse(run_dir, cfg, cfg, "interrupted by the user as the run started",
+                   status="interrupted")
 
 
 def _redact_hydra_files(hydra_cfg: HydraConf) -> None:

@@ -9,10 +9,12 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 from processes import await_snapshots, gone, start, workers
 
@@ -65,6 +67,33 @@ def test_ctrl_c_while_the_workers_start_ends_quietly_as_interrupted(results_dir:
     run_dir, = (results_dir / "runs").iterdir()
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     assert gone(pids, timeout_s=10)
+
+
+def _children(proc: subprocess.Popen) -> list[psutil.Process]:
+    try:
+        return psutil.Process(proc.pid).children()
+    except psutil.Error:  # it ended meanwhile
+        return []
+
+
+def test_ctrl_c_as_the_run_starts_writes_it_interrupted(results_dir: Path) -> None:
+    """Ctrl-C while the run starts its workers' server and loads torch, before its summary
+    existed: the folder held only Hydra's files and read as crashed."""
+    proc = start(results_dir, *LONG_RUN)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(  # the forkserver: the run has begun
+            "forkserver" in " ".join(child.cmdline()) for child in _children(proc)):
+        time.sleep(0.005)
+    # to the command alone: the forkserver, itself starting, would print Python's own report of
+    # a KeyboardInterrupt during its interpreter's start-up
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output, output
+    run_dir, = (results_dir / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["error"].startswith("interrupted by the user"), summary["error"]
 
 
 def test_ctrl_c_in_a_sweep_stops_it_and_summarises_the_jobs_that_ran(results_dir: Path) -> None:

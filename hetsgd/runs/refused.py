@@ -15,11 +15,12 @@ from hetsgd.outputs.run_directory import RunDirectory
 from hetsgd.outputs.summary import RunSummary
 
 
-def refuse(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, error: str
-           ) -> RunSummary:
-    """Write the directory of a run that failed before it could start; its summary."""
+def refuse(run_dir: Path, cfg: RunConfig | DictConfig, resolved_config: Any, error: str,
+           status: str = "failed") -> RunSummary:
+    """Write the directory of a run that failed (or was stopped: ``status``) before it could
+    start; its summary."""
     out = RunDirectory(run_dir)
     out.write_config(resolved_config)
-    summary = replace(RunSummary.starting(cfg), status="failed", error=error)
+    summary = replace(RunSummary.starting(cfg), status=status, error=error)
     out.write_summary(summary.to_dict())
     return summary
