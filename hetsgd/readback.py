@@ -7,7 +7,7 @@ very descriptor it read from. A YAML file a run wrote (its ``config.yaml``, its 
 sweep's ``multirun.yaml``) holds a few kilobytes of plain values; one that holds anchors and
 aliases can expand a few hundred bytes into gigabytes, and one nested thousands of levels deep
 exhausts Python's stack: :func:`load_yaml` refuses both, and reads at most
-``MAX_YAML_BYTES``.
+``MAX_YAML_BYTES`` (:func:`read_bounded`, which a small JSON record is read with too).
 """
 
 from __future__ import annotations
@@ -61,14 +61,21 @@ class _PlainLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def read_bounded(path: Path, limit: int = MAX_YAML_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_regular`), a ValueError where it
+    holds more than ``limit``: what a run wrote is small, and what is not was not written so."""
+    with open_regular(path) as handle:
+        raw = handle.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"larger than {limit >> 20} MiB")
+    return raw
+
+
 def load_yaml(path: Path) -> Any:
     """The plain data in the YAML file ``path``: an OSError where it cannot be read (or is no
     regular file), a ValueError saying why it is not such a file (larger than
     ``MAX_YAML_BYTES``, not UTF-8, not YAML, an alias, nested too deep)."""
-    with open_regular(path) as handle:
-        raw = handle.read(MAX_YAML_BYTES + 1)
-    if len(raw) > MAX_YAML_BYTES:
-        raise ValueError(f"larger than {MAX_YAML_BYTES >> 20} MiB")
+    raw = read_bounded(path)
     try:
         return yaml.load(raw.decode("utf-8"), Loader=_PlainLoader)  # noqa: S506 (safe loader)
     except yaml.MarkedYAMLError as err:  # its problem and line, without the text it quotes

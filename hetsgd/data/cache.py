@@ -39,10 +39,9 @@ from hetsgd.data.dataset import Parsed
 from hetsgd.data.download_progress import console
 from hetsgd.data.files import COMPRESSIONS, content_hash, open_data, reason
 from hetsgd.errors import UserError
-from hetsgd.readback import open_regular
+from hetsgd.readback import read_bounded
 
 PARSED_FORMAT = 4  # bump when the layout of the cached arrays changes
-_META_BYTES = 1 << 20  # a meta.json lists a dozen arrays and a source line
 
 
 def data_home() -> Path:
@@ -199,8 +198,7 @@ def _read(path: Path) -> Parsed:
     """The entry at ``path``, each listed file checked against its size and CRC-32 first."""
     meta_file = path / "meta.json"
     try:
-        with open_regular(meta_file) as handle:
-            meta = json.loads(handle.read(_META_BYTES + 1)[:_META_BYTES])
+        meta = json.loads(read_bounded(meta_file))  # a dozen arrays and a source line
         if meta.pop("crc32") != _crc(meta):  # its fields, and which arrays it holds
             raise ValueError("its fields are not as written")
         values = dict(meta["fields"])
