@@ -161,6 +161,7 @@ class Worker:
         # kept here, written to the shared row a few times a second; a resumed run's row holds
         # the staleness before it
         stale = Stale(int(counters["stale_sum"]), int(counters["stale_max"]))
+        pipelined = hasattr(self.link, "in_flight")  # asked once, not in every step
         counters.start_cpu()
         while not stop.is_set():
             waited = time.perf_counter()
@@ -173,11 +174,13 @@ class Worker:
             stepped = time.perf_counter() - started
             # an emulated device is slowdown x slower at its whole step, copies included, as
             # the simulated device's profile is
-            slowed = 1.0 + emulate(stepped, waiting) / stepped if stepped > 0 else 1.0
-            finished = time.perf_counter()
+            slept = emulate(stepped, waiting)
+            slowed = 1.0 + slept / stepped if slept and stepped > 0 else 1.0
+            finished = started + stepped + slept
             counters.step(size, (stepped - copy - merge) * slowed, started - waited,
                           (copy + merge) * slowed, copy * slowed)
-            stale.stepped(number, cursor.claims, getattr(self.link, "in_flight", False))
+            stale.stepped(number, cursor.claims,
+                          pipelined and getattr(self.link, "in_flight", False))
             if observe is not None:
                 observe(StepRecord(epoch, start, size, float(last.loss)))
             if finished >= next_read:
