@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from hetsgd import invocation
 from hetsgd.errors import UserError
 from hetsgd.invocation import invoke
 from hetsgd.outputs.summary import GroupMix, Losses, Mix, RunSummary, TargetLosses
+from hetsgd.runs import runner
 
 # seeded and bounded in epochs, so two runs of it take the same steps and end the same
 SEEDED = ("algo=sync", "dataset=digits", "model=logreg", "budget.epochs=1", "budget.seconds=null",
@@ -113,7 +115,20 @@ def test_a_stop_is_handled_without_importing_anything(monkeypatch: pytest.Monkey
 
 def test_a_stopped_call_raises_the_stop(monkeypatch: pytest.MonkeyPatch, results: Path) -> None:
     """Ctrl-C in a notebook's loop of runs stops the loop: the call raises it, after the run
-    said so in its folder (it returned the run as interrupted, and the loop went on)."""
+    said so in its folder (it returned the run as interrupted, and the loop went on). A run
+    that failed is returned, not raised."""
+    assert hetsgd.run("optim.lr=-1", "progress=false").exit_code == 1
+
+    def ctrl_c(*args: object) -> None:
+        signal.raise_signal(signal.SIGINT)  # as a Ctrl-C arrives, while the run trains
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "_train", ctrl_c)
+        with pytest.raises(KeyboardInterrupt, match="was interrupted; what it wrote is in ") as got:
+            hetsgd.run("progress=false")
+    run_dir = Path(str(got.value).rsplit(" is in ", 1)[1])
+    assert hetsgd.load(run_dir).status == "interrupted"
+
     def stopped(*args: object) -> None:
         raise KeyboardInterrupt
 

@@ -444,13 +444,20 @@ def test_simulated_workers_draw_from_streams_seeded_by_the_run_and_give_the_call
         with simulated_math(cfg, expand(cfg.devices)):
             return torch.rand(2).tolist(), np.random.rand(), random.random()
 
-    torch.manual_seed(123)
-    np.random.seed(123)
-    random.seed(123)
-    mine = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
-    first = draws(1)
-    assert draws(1) == first  # the same seed, the same draws, wherever the caller's were
-    other = draws(2)
-    assert all(a != b for a, b in zip(first, other))
-    assert torch.equal(torch.get_rng_state(), mine[0])
-    assert np.array_equal(np.random.get_state()[1], mine[1]) and random.getstate() == mine[2]
+    saved = np.random.get_state(), random.getstate()  # this test process's, put back after
+    with torch.random.fork_rng(devices=[]):
+        try:
+            torch.manual_seed(123)
+            np.random.seed(123)
+            random.seed(123)
+            mine = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+            first = draws(1)
+            assert draws(1) == first  # the same seed, the same draws, wherever the caller's were
+            other = draws(2)
+            assert all(a != b for a, b in zip(first, other))
+            assert torch.equal(torch.get_rng_state(), mine[0])
+            assert np.array_equal(np.random.get_state()[1], mine[1])
+            assert random.getstate() == mine[2]
+        finally:
+            np.random.set_state(saved[0])
+            random.setstate(saved[1])
