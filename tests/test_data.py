@@ -230,6 +230,18 @@ def test_a_libsvm_file_of_no_examples_is_refused_before_training(tmp_path: Path,
                                  format="libsvm"), seed=0, progress=False)
 
 
+def test_a_libsvm_test_file_of_labels_alone_leaves_the_training_files_columns(
+        tmp_path: Path) -> None:
+    """Its missing indices say nothing of the base: the training file's 1-based ones still are."""
+    train = write(tmp_path / "train.txt", "1 1:1 2:1\n0 2:2\n" * 5)
+    test = write(tmp_path / "test.txt", "1\n0\n")
+    data = load_dataset(FilesConfig(path=str(train), test_path=str(test), format="libsvm",
+                                    scale="none"), seed=0, progress=False)
+    assert data.num_features == 2
+    np.testing.assert_array_equal(data.x_train[:2], [[1, 1], [0, 2]])
+    assert not data.x_test.any()
+
+
 def test_a_test_file_labelled_otherwise_than_its_training_file_is_refused(tmp_path: Path) -> None:
     """{-1, +1} for training and {0, 1} for test read as three classes, one never trained."""
     train = write(tmp_path / "train.txt", libsvm_text(["-1", "+1"] * 10))

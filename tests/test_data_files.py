@@ -208,6 +208,34 @@ def test_an_infinite_npy_feature_is_named(tmp_path: Path) -> None:
                                "finite number")
 
 
+def test_a_float64_feature_past_float32s_range_is_named(tmp_path: Path) -> None:
+    """Finite in the file, infinite in the float32 a model trains on (NaN once scaled)."""
+    x = np.ones((10, 3))
+    x[6, 1] = -1e39
+    cfg = write_digits(tmp_path, "npz", x, np.arange(10) % 2)
+    assert load_error(cfg) == (f"{cfg.path}: X[6, 1] is -1e+39, past float32's range "
+                               "(±3.4e+38) that training computes in")
+
+
+@pytest.mark.parametrize("fmt", ["npz", "csv"])
+def test_a_timestamp_feature_keeps_its_seconds_through_standard_scaling(tmp_path: Path,
+                                                                         fmt: str) -> None:
+    """Rounded to float32 before it is centred, 1.7e9 + s keeps a step of 128 s: the 1000
+    times in 0..100 s became two values."""
+    rng = np.random.default_rng(0)
+    seconds = rng.uniform(0, 100, 1000)
+    stamps = np.stack([1.7e9 + seconds, seconds * 1e20], axis=1)  # squares past float32's range
+    cfg = write_digits(tmp_path, fmt, stamps, (seconds > 50).astype(int))
+    data = load_dataset(cfg, seed=0, progress=False)
+    x = np.concatenate([data.x_train, data.x_test])
+    assert len(np.unique(x[:, 0])) == 1000
+    train = data.x_train.astype(np.float64)
+    np.testing.assert_allclose(train.mean(axis=0), 0, atol=1e-6)
+    np.testing.assert_allclose(train.std(axis=0), 1, rtol=1e-6)
+    # the two columns are one quantity, offset and scaled: standardised, they are equal
+    np.testing.assert_allclose(x[:, 0], x[:, 1], atol=1e-5)
+
+
 def test_a_row_without_a_label_is_named(tmp_path: Path) -> None:
     frame = table(np.ones((10, 2)), [0.0, 1.0] * 5)
     frame.loc[3, "label"] = np.nan

@@ -90,6 +90,17 @@ def test_text_columns_are_one_hot_and_missing_rows_dropped(tmp_path: Path, suffi
     assert (island.sum(1) == 1).all() and (sex.sum(1) == 1).all()
 
 
+def test_a_categorical_of_number_codes_is_one_hot_not_a_quantity(tmp_path: Path) -> None:
+    """Region codes "10", "20", "30" name categories: as one standardised number, 30 would sit
+    twice as far from 10 as 20 does."""
+    frame = penguins().drop(columns="id").dropna()
+    frame["code"] = pd.Categorical(np.array(["10", "20", "30"])[np.arange(len(frame)) % 3])
+    data = load(path=write(frame, tmp_path / "p.parquet"), features=["bill", "code"])
+    assert data.table == {"columns": 2, "one_hot": {"code": 3}, "rows_dropped": 0}
+    x = np.concatenate([data.x_train, data.x_test])
+    assert set(np.unique(x[:, 1:])) == {0.0, 1.0} and (x[:, 1:].sum(axis=1) == 1).all()
+
+
 def test_the_features_chosen_are_the_only_ones_read(tmp_path: Path) -> None:
     data = load(path=write(penguins(), tmp_path / "p.csv"), features=["island", "bill"])
     assert data.table == {"columns": 2, "one_hot": {"island": 3}, "rows_dropped": 0}

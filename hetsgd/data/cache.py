@@ -41,7 +41,7 @@ from hetsgd.data.files import COMPRESSIONS, content_hash, open_data, reason
 from hetsgd.errors import UserError
 from hetsgd.readback import read_bounded
 
-PARSED_FORMAT = 4  # bump when the layout of the cached arrays changes
+PARSED_FORMAT = 5  # bump when the cached arrays change (5: float64 tables and digits; LIBSVM bases)
 
 
 def data_home() -> Path:

@@ -120,10 +120,10 @@ def _coerced(column: pd.Series) -> tuple[pd.Series, np.ndarray]:
     return numbers, (numbers.isna() & values.notna()).to_numpy()
 
 
-def _numbers(column: pd.Series) -> pd.Series | None:
-    """A column as numbers; None where it holds text that is no number."""
-    numbers, text = _coerced(column)
-    return None if text.any() else numbers
+def _is_text(column: pd.Series) -> bool:
+    """A column to one-hot encode: text that is no number, or a categorical whatever its values
+    (codes such as "10", "20" name categories, not quantities)."""
+    return isinstance(column.dtype, pd.CategoricalDtype) or bool(_coerced(column)[1].any())
 
 
 def _check_text(column: pd.Series, path: Path, cfg: FilesConfig) -> None:
@@ -159,7 +159,7 @@ class Encoding:
     def fit(cls, frame: pd.DataFrame, columns: tuple[str, ...], cfg: FilesConfig,
             path: Path) -> Encoding:
         """The encoding of ``frame``'s ``columns`` (its complete rows only)."""
-        text = tuple(name for name in columns if _numbers(frame[name]) is None)
+        text = tuple(name for name in columns if _is_text(frame[name]))
         if not text:
             return cls(columns, text)
         for name in text:
@@ -187,16 +187,17 @@ class Encoding:
         return tuple(name for name in self.columns for _ in range(widths.get(name, 1)))
 
     def features(self, frame: pd.DataFrame, path: Path, label: str) -> np.ndarray:
-        """``frame``'s features, float32 [rows, :attr:`num_features`], written column by column:
+        """``frame``'s features, float64 [rows, :attr:`num_features`], written column by column:
         numbers as they are, text one-hot; a cell of a number column that is not one is a
-        UserError naming it."""
+        UserError naming it. Float64, as pandas read them: rounded to float32 only after they
+        are centred (:mod:`hetsgd.data.prepare`), a timestamp's seconds survive."""
         rows = len(frame)
-        need, free = 4 * rows * self.num_features, available_memory()
+        need, free = 8 * rows * self.num_features, available_memory()
         if need > free:
             raise UserError(f"{path}: {rows:,} rows of {self.num_features:,} features (text "
                             f"one-hot encoded) take {need / 2**20:,.0f} MiB, more than the "
                             f"{free / 2**20:,.0f} MiB of memory available")
-        x = np.empty((rows, self.num_features), np.float32)
+        x = np.empty((rows, self.num_features), np.float64)
         widths = self.widths()
         encoded = (self.encoder.transform(frame[list(self.text)].astype(str))
                    if self.encoder is not None else None)

@@ -1,6 +1,8 @@
 """scikit-learn's bundled digits (1,797 8x8 images, 10 classes): the default, needs no network.
 
-Pixels are counts 0..16 and are scaled like any other dense set; there is no test split.
+Pixels are counts 0..16, kept as scikit-learn gives them (float64), and are scaled like any
+other dense set (so exactly as the same numbers in a file of the user's are); there is no test
+split.
 
 The arrays go into the parsed cache like any file's, keyed by scikit-learn's version (the set
 ships with it), so only a machine's first run imports scikit-learn to read them: about 2 s of a
@@ -27,7 +29,7 @@ def _read_digits() -> Parsed:
         from sklearn.datasets import load_digits  # scikit-learn loads only to read the set
 
     x, y = load_digits(return_X_y=True)
-    return Parsed("multiclass", 10, x.astype(np.float32), y.astype(np.int64), None, None,
+    return Parsed("multiclass", 10, x, y.astype(np.int64), None, None,
                   "scikit-learn's bundled digits (sklearn.datasets.load_digits)")
 
 

@@ -59,7 +59,8 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
     for path, x in zip(paths, xs):  # an empty test file would end the run after training
         if x.shape[0] == 0:
             raise UserError(f"{path} holds no examples")
-    if all(x.nnz and x.indices.min() > 0 for x in xs):  # no index 0 anywhere: 1-based
+    valued = [x for x in xs if x.nnz]  # a file of labels alone says nothing of the base
+    if valued and all(x.indices.min() > 0 for x in valued):  # no index 0 anywhere: 1-based
         for x in xs:
             x.indices -= 1
         width = max(x.shape[1] for x in xs) - 1

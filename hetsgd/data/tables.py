@@ -7,11 +7,11 @@ CSV or LIBSVM file may be compressed (``.gz``, ``.bz2``, ``.xz``); binary format
 place, uncompressed. ``dataset.test_path`` is a test file of the same format whose rows are the
 test part; without it, :mod:`hetsgd.data.prepare` splits a seeded stratified part off.
 
-Features are numbers: a value that is NaN or infinite is one UserError naming the file, the row
-(a table's counted from 1 after its header; an array's by its index) and the column. A table's
-feature columns are chosen, its rows with missing values refused or dropped, and its text
-columns one-hot encoded by :mod:`hetsgd.data.columns` (``Parsed.table`` says what was done); a
-table's features are float32. An array's integer features (token ids) keep their integers
+Features are numbers: a value that is NaN, infinite or past float32's range is one UserError naming
+the file, the row (a table's counted from 1 after its header; an array's by its index) and the
+column. A table's feature columns are chosen, its rows with missing values refused or dropped,
+and its text columns one-hot encoded by :mod:`hetsgd.data.columns` (``Parsed.table`` says what was done); a
+table's features are float64 until scaled. An array's integer features (token ids) keep their integers
 (:mod:`hetsgd.data.prepare` says when). Labels are numbers, encoded as every source encodes
 them, or text, the classes then numbered 0..C-1 in sorted order of their names, which are kept
 (``Parsed.class_names``).
@@ -71,6 +71,9 @@ def file_format(path: Path, wanted: str) -> str:
     return _SUFFIXES.get(Path(strip_compression(path.name)).suffix.lower(), "libsvm")
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 @dataclass(frozen=True)
 class _Part:
     """One file's features and raw labels, and how errors name its cells."""
@@ -82,17 +85,20 @@ class _Part:
 
 
 def check_finite(part: _Part) -> None:
-    """Every feature a finite number, checked a block of rows at a time (a memory-mapped
-    ``.npy`` is never read whole); the first that is not is named."""
+    """Every feature a finite number within float32's range (a model trains on float32, where a
+    larger float64 is infinite), checked a block of rows at a time (a memory-mapped ``.npy`` is
+    never read whole); the first that is not is named."""
     if part.x.dtype.kind != "f":
         return
     for start, stop in row_blocks(part.x):
         block = part.x[start:stop]
-        bad = ~np.isfinite(block)
+        bad = ~(np.abs(block) <= FLOAT32_MAX)  # NaN compares false: it is bad too
         if bad.any():
             row, column = (int(i) for i in np.argwhere(bad)[0])
-            raise UserError(f"{part.where}: {part.cell(start + row, column)} is "
-                            f"{block[row, column]}, not a finite number")
+            value = block[row, column]
+            what = ("not a finite number" if not np.isfinite(value) else
+                    f"past float32's range (±{FLOAT32_MAX:.3g}) that training computes in")
+            raise UserError(f"{part.where}: {part.cell(start + row, column)} is {value}, {what}")
 
 
 def _labels(values: np.ndarray, where: str, cell: Callable[[int], str]) -> np.ndarray:
@@ -211,10 +217,11 @@ def read_npy_pair(features: Path, labels: Path) -> _Part:
 
 
 # What reading a table takes at its peak, per column and per cell (the parser's arrays, the
-# frame, the float32 features), measured with pandas 2.2 and pyarrow 18 on tables of 100 to
-# 100,000 columns and 40 to 200,000 rows, rounded up: a CSV about 1.2 KB and 18 bytes, a
-# Parquet file (each column its own chunk, with its metadata) about 12 KB and 25 bytes.
-_TABLE_BYTES = {"csv": (1536, 20), "parquet": (16384, 32)}  # (per column, per cell)
+# frame, the features), measured with pandas 2.2 and pyarrow 18 on tables of 100 to 100,000
+# columns and 40 to 200,000 rows, rounded up: a CSV about 1.2 KB and 18 bytes, a Parquet file
+# (each column its own chunk, with its metadata) about 12 KB and 25 bytes, with float32
+# features; the float64 features they are now take 4 bytes a cell more.
+_TABLE_BYTES = {"csv": (1536, 24), "parquet": (16384, 32)}  # (per column, per cell)
 
 
 def table_shape(path: Path, fmt: str) -> tuple[int, int]:
@@ -307,7 +314,7 @@ class _Table:
 
 def read_table(path: Path, fmt: str, cfg: FilesConfig, encoding: Encoding | None = None) -> _Table:
     """A table's ``dataset.label`` column as the labels and its feature columns (see
-    :mod:`hetsgd.data.columns`) as float32 features, in the training file's ``encoding`` where
+    :mod:`hetsgd.data.columns`) as float64 features, in the training file's ``encoding`` where
     given, else in one fitted on this file."""
     frame = read_frame(path, fmt)
     frame.columns = [str(name) for name in frame.columns]
