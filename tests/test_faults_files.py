@@ -299,3 +299,14 @@ def test_a_custom_model_and_a_file_are_named_by_their_target_and_stem(tmp_path: 
     assert model_label(named.model) == "mine"  # a name the user gave wins
     assert (model_label(compose_run([]).model), dataset_label(compose_run([]).dataset)) == (
         "mlp", "digits")
+
+
+@pytest.mark.parametrize(("reader", "path", "label"), [("libsvm", "/d/a9a.svm.xz", "a9a"),
+                                                        ("folder", "/d/cats/", "cats")])
+def test_every_generic_readers_file_is_named_by_its_stem(reader: str, path: str,
+                                                          label: str) -> None:
+    """Named `libsvm` or `folder`, runs on a9a and on w8a would share one comparison: one best
+    loss (a9a's runs never reaching w8a's target) and one sync baseline for both."""
+    cfg = compose_run([f"dataset={reader}", f"dataset.path={path}"])
+    assert dataset_label(cfg.dataset) == label
+    assert dataset_label(compose_run(["dataset=w8a"]).dataset) == "w8a"

@@ -195,6 +195,16 @@ def test_one_row_per_algo_and_devices_with_mean_and_std(tmp_path: Path) -> None:
             "speedup", "speedup_low", "speedup_high", "verdict", "clock"} <= set(numbers)
 
 
+def test_a_run_under_two_of_the_paths_is_counted_once(tmp_path: Path) -> None:
+    """`hetsgd report results results/sweeps/X`: counted twice, each seed would be two, and
+    every interval narrower than its runs allow."""
+    sweep = write_sweep(tmp_path / "sweep")
+    alone = table_rows(write_report(sweep))
+    both = write_report([tmp_path, sweep, sweep / ".." / "sweep"])
+    assert table_rows(both) == alone
+    assert all(row[2] != "4" for row in table_rows(both))
+
+
 def test_utilization_is_the_runs_own_and_the_host_is_labelled_apart(tmp_path: Path) -> None:
     sweep = write_sweep(tmp_path / "sweep", failed=False)
     markdown = write_report(sweep)

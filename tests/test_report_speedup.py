@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_comparable_rows import edit_summary
 from test_report import table_rows, write_run
 
 from hetsgd.outputs.report import write_report
@@ -104,3 +105,21 @@ def test_the_default_baseline_is_sync_on_the_mix_named_gpu_as_in_the_papers(
     assert numbers.at["gpu", "baseline"] and not numbers.at["cpu", "baseline"]
     assert numbers.at["cpu", "speedup"] == pytest.approx(1.8 / 3.6)
     assert "baseline: sync · gpu (default" in markdown
+
+
+def test_a_sync_row_whose_runs_were_all_flagged_is_named_not_called_missing(
+        tmp_path: Path) -> None:
+    """It is there, untimed: the sentence that said the comparison had no sync run sent the
+    reader looking for one."""
+    for seed in (0, 1):
+        run_dir = write_run(tmp_path / f"sync{seed}", algo="sync", devices="gpu", seed=seed,
+                            train_loss=SLOW)
+        edit_summary(run_dir, contention={"flagged": True, "workers_cpu_share": 0.4})
+        write_run(tmp_path / f"hogbatch{seed}", algo="hogbatch", devices="cpu+gpu", seed=seed,
+                  train_loss=FAST)
+    markdown, cells, _ = speedups(tmp_path)
+    assert ("Baseline sync · gpu (default: the comparison's sync run) has no timed run (2 flagged "
+            "as contended: --keep-flagged times them): no speedups.") in markdown
+    assert "No baseline" not in markdown and cells["hogbatch"] == ["—", "—"]
+    kept = write_report(tmp_path, keep_flagged=True)
+    assert "faster" in kept and "no timed run" not in kept

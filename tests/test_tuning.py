@@ -213,3 +213,22 @@ def test_an_extensions_trials_are_measured_on_their_methods_scale(tmp_path: Path
     times = dict(zip(table["set.optim.lr"], table["objective.time_to_0.9"], strict=True))
     assert math.isnan(times["0.9"]) and times["0.3"] < times["0.1"]
     assert choose(table, maximized=False) == {"hogbatch": {"optim.lr": "0.3"}}
+
+
+def test_a_trial_flagged_for_contention_is_timed_not_read_as_never_reaching(
+        tmp_path: Path) -> None:
+    """lr 0.1 reaches the target in half the time of lr 0.01 on both seeds; one of its seeds ran
+    on a busy machine. Untimed, that seed read as a target never reached, and lr 0.01 won."""
+    fast, slow = [2.3, 1.2, 0.3, 0.3, 0.3, 0.3], [2.3, 1.8, 1.2, 0.8, 0.3, 0.3]
+    grid = tmp_path / "grid"
+    for job, (lr, seed, loss) in enumerate([("0.01", 0, slow), ("0.01", 1, slow),
+                                            ("0.1", 0, fast), ("0.1", 1, fast)]):
+        run_dir = edit_summary(write_run(grid / f"{job}_lr={lr}", algo="sync", devices="cpu",
+                                         seed=seed, train_loss=loss), learnt=True)
+        if (lr, seed) == ("0.1", 1):
+            edit_summary(run_dir, contention={"flagged": True, "workers_cpu_share": 0.4})
+        write_overrides(run_dir, ["+method=sync", f"optim.lr={lr}", f"seed={seed}"])
+    table = trial_table([(0, grid)], ["optim.lr"], "time_to_0.9")
+    assert table["flagged"].tolist() == [False, False, False, True]
+    assert table[OBJECTIVE].notna().all()
+    assert choose(table, maximized=False) == {"sync": {"optim.lr": "0.1"}}

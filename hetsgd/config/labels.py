@@ -3,7 +3,9 @@
 A config group's ``name`` says which schema and source a run used (``custom``, ``files``), which
 tells two of a user's models or files apart no better than ``model``: a custom model is labelled
 by its factory's own name (``mynets.small_cnn`` -> ``small_cnn``) unless its YAML names it, and a
-file by its stem (``cells.csv.gz`` -> ``cells``).
+file or folder a generic reader reads (``files``, ``libsvm``, ``folder``) by its stem
+(``cells.csv.gz`` -> ``cells``): runs on two files are two comparisons, each with its own best
+loss and baseline, never one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 
 #: The names the schemas give a user's model and file, which say nothing of which one.
 CUSTOM_MODEL, FILES = "custom", "files"
+#: The readers of any file or folder (``dataset.path`` required), whose name says not which.
+BY_PATH = (FILES, "libsvm", "folder")
 
 
 def model_label(model: Any) -> str:
@@ -23,10 +27,10 @@ def model_label(model: Any) -> str:
 
 
 def dataset_label(dataset: Any) -> str:
-    """The dataset's name, or for a file read as it is (``files``), the file's name up to its
-    first dot (``cells.csv.gz`` -> ``cells``)."""
+    """The dataset's name, or for a file or folder read by a generic reader (:data:`BY_PATH`),
+    its name up to its first dot (``cells.csv.gz`` -> ``cells``)."""
     name = str(dataset.name)
-    path = _value(dataset, "path") if name == FILES else None
+    path = _value(dataset, "path") if name in BY_PATH else None
     return PurePath(str(path)).name.split(".", 1)[0] or name if path else name
 
 

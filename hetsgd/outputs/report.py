@@ -275,6 +275,15 @@ def _index(path: Path) -> pd.DataFrame:
     return index_runs(path, path / TRIALS_DIR if (path / TUNING_CSV).is_file() else None)
 
 
+def _each_once(index: pd.DataFrame) -> pd.DataFrame:
+    """Each run once, however many of the paths hold it (``results/`` and a sweep under it):
+    counted twice, its seed would narrow every interval it is in."""
+    if index.empty:
+        return index
+    folders = index["run_dir"].map(lambda d: Path(d).resolve())
+    return index[~folders.duplicated()].reset_index(drop=True)
+
+
 def write_report(paths: Path | Sequence[Path], baseline: str | None = None,
                  index: pd.DataFrame | None = None, keep_flagged: bool = False) -> str:
     """Report on every run under ``paths`` (runs, sweeps, all of ``results/``; several are
@@ -291,7 +300,7 @@ def write_report(paths: Path | Sequence[Path], baseline: str | None = None,
     if len(tuned) > 1:
         raise UserError("several tuned sweeps: report one tuned sweep at a time")
     if index is None or index.empty:
-        index = pd.concat([_index(path) for path in paths], ignore_index=True)
+        index = _each_once(pd.concat([_index(path) for path in paths], ignore_index=True))
     out = paths[0] if len(paths) == 1 else Path(os.path.commonpath(
         [p.resolve() for p in paths]))
     title = None if len(paths) == 1 else ", ".join(str(p) for p in paths)

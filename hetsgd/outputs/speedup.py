@@ -36,10 +36,10 @@ def parse_selector(text: str) -> dict[str, str]:
     return dict(pairs)  # type: ignore[arg-type]
 
 
-def _baseline_row(comp: Comparison, table: pd.DataFrame, selector: str | None) -> int | None:
-    """Index into ``table`` of the baseline row. Default: the comparison's sync row (preferring
-    plain over variants and the mix named gpu over others, as in the papers)."""
-    usable = table[table["timed"] > 0]
+def _baseline_row(comp: Comparison, usable: pd.DataFrame, selector: str | None) -> int | None:
+    """Index of the baseline row among the rows ``usable`` (of :func:`aggregate`'s table).
+    Default: the comparison's sync row (preferring plain over variants and the mix named gpu
+    over others, as in the papers)."""
     if selector is None:
         sync = usable[usable["algo"] == "sync"]
         if sync.empty:
@@ -60,11 +60,15 @@ def _baseline_row(comp: Comparison, table: pd.DataFrame, selector: str | None) -
     return int(hits[0]) if hits else None
 
 
-def _timed_runs(metrics: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
-    mine = metrics[metrics["timed"]]
+def _runs_of(metrics: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    """The runs of ``row`` among ``metrics``."""
     for key in ROW_KEYS:
-        mine = mine[mine[key] == row[key]]
-    return mine
+        metrics = metrics[metrics[key] == row[key]]
+    return metrics
+
+
+def _timed_runs(metrics: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    return _runs_of(metrics[metrics["timed"]], row)
 
 
 def _verdict(speedup: Interval | None, bound: bool) -> str:
@@ -86,10 +90,16 @@ def add_speedup(comp: Comparison, table: pd.DataFrame, metrics: pd.DataFrame,
     table[["speedup", "speedup_low", "speedup_high"]] = math.nan
     table["speedup_bound"] = False
     table["verdict"] = ""
-    base = _baseline_row(comp, table, selector)
+    base = _baseline_row(comp, table[table["timed"] > 0], selector)
     how = f"matching '{selector}'" if selector else "default: the comparison's sync run"
     if base is None:
-        return f"No baseline ({how}) in this comparison: no speedups."
+        untimed = _baseline_row(comp, table, selector)
+        if untimed is None:
+            return f"No baseline ({how}) in this comparison: no speedups."
+        flagged = int(_runs_of(metrics, table.loc[untimed])["flagged"].sum())
+        why = f" ({flagged} flagged as contended: --keep-flagged times them)" if flagged else ""
+        return (f"Baseline {row_label(table.loc[untimed])} ({how}) has no timed run{why}: "
+                "no speedups.")
     table.loc[base, "baseline"] = True
     name = row_label(table.loc[base])
     runs = _timed_runs(metrics, table.loc[base])

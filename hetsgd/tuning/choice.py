@@ -9,6 +9,12 @@ every one that all did (:func:`hetsgd.outputs.report.setting_means`). A setting 
 trials diverged, failed or did not learn (its final training loss no lower than its first) is
 never chosen. Ties go to the lower mean training loss, then to the setting listed first, so
 that the same trials always give the same choice.
+
+Every trial is timed, those whose workers got too little of the CPU (``contention.flagged``)
+too, and ``tuning.csv`` says which were (``flagged``). The report leaves such runs out of its
+times, as not representative of the machine; a search cannot leave a trial out of its ranking,
+where a missing time reads as a target never reached, and on a busy machine, where most trials
+are flagged, it would choose by training loss alone.
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ def trial_table(rounds: Sequence[tuple[int, Path]], knobs: Sequence[str],
                 objective: str) -> pd.DataFrame:
     """One row per trial run under the folders of ``rounds`` (the search's round number, its
     sweep folder), in round order: its method, its value of each knob, its seed, status and
-    whether it learnt, the ``objective`` (NaN unless completed and reached), its final training
-    loss, its wall seconds (setup, training in real seconds and final evaluation) and its run
-    directory. A method's objectives are measured over its trials of every round together: an
-    extension's trials are normalized by the method's best loss, not by their own."""
+    whether it learnt, whether its CPU share was flagged, the ``objective`` (NaN unless
+    completed and reached), its final training loss, its wall seconds (setup, training in
+    real seconds and final evaluation) and its run directory. A method's objectives are
+    measured over its trials of every round together: an extension's trials are normalized by
+    the method's best loss, not by their own."""
     indexes = []
     for number, folder in rounds:
         index = index_dirs(job_dirs(folder)) if folder.is_dir() else pd.DataFrame()
@@ -57,19 +64,20 @@ def trial_table(rounds: Sequence[tuple[int, Path]], knobs: Sequence[str],
             for comp in comparisons(mine):  # this method's trials alone
                 rows += _rows(comp, knobs, objective)
     columns = [METHOD, *(f"{KNOB_PREFIX}{k}" for k in knobs), "seed", "status", "learnt",
-               f"{OBJECTIVE_PREFIX}{objective}", "train_loss", "wall_s", "round", "run_dir"]
+               "flagged", f"{OBJECTIVE_PREFIX}{objective}", "train_loss", "wall_s", "round", "run_dir"]
     return pd.DataFrame(rows, columns=columns).sort_values("round", kind="stable",
                                                            ignore_index=True)
 
 
 def _rows(comp: Comparison, knobs: Sequence[str], objective: str) -> list[dict[str, object]]:
-    metrics = run_metrics(comp)
+    metrics = run_metrics(comp, keep_flagged=True)
     rows = []
     for (_, run), (_, measured) in zip(comp.runs.iterrows(), metrics.iterrows()):
         given = override_values(run["overrides"])
         rows.append({METHOD: given.get(METHOD),
                      **{f"{KNOB_PREFIX}{knob}": given.get(override_key(knob)) for knob in knobs},
                      "seed": run["seed"], "status": run["status"], "learnt": run.get("learnt"),
+                     "flagged": bool(measured["flagged"]),
                      f"{OBJECTIVE_PREFIX}{objective}": measured.get(objective, math.nan),
                      "train_loss": measured.get("train_loss", math.nan),
                      "wall_s": _wall_s(run), "round": int(run["round"]),
