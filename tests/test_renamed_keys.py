@@ -50,6 +50,21 @@ def test_an_old_runs_config_with_the_old_keys_rebuilds(tmp_path: Path) -> None:
         16, None, 48)
 
 
+def test_a_run_recorded_before_the_split_seed_is_rebuilt_on_its_own_seeds_split(
+        tmp_path: Path) -> None:
+    """Its seed 3 drew its test split; today's default (0) would evaluate its recovery or resume
+    on rows it trained on."""
+    recorded = OmegaConf.to_container(compose_config("seed=3"))
+    assert isinstance(recorded, dict)
+    del recorded["dataset"]["split_seed"]
+    file = tmp_path / "config.yaml"
+    OmegaConf.save(OmegaConf.create(recorded), file)
+    _, run = rebuild_config(file, ["seed=3"], "cannot rebuild")
+    assert run.dataset.split_seed is None and run.seed == 3
+    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(compose_config("seed=3"))), file)
+    assert rebuild_config(file, ["seed=3"], "cannot rebuild")[1].dataset.split_seed == 0
+
+
 def _old_run(run_dir: Path, groups: tuple[str, str]) -> Path:
     """A run directory as a run on a mix whose groups are ``groups`` (accelerator, host) wrote
     it."""

@@ -4,6 +4,7 @@ shipped inside the package, and the step from a composed config to checked typed
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -296,6 +297,23 @@ def _with_recorded_mappings(composed: DictConfig, recorded: DictConfig) -> DictC
     return composed
 
 
+#: Keys added since runs were first recorded, each with the value that does what a run
+#: recorded without it did, not today's default: before ``dataset.split_seed`` (default 0), a
+#: run's own seed drew its test split, which its recovery or resume must evaluate on again.
+ADDED_KEYS: dict[str, Any] = {"dataset.split_seed": None}
+
+
+def _with_added_keys(recorded: DictConfig) -> DictConfig:
+    """``recorded`` with each of :data:`ADDED_KEYS` it lacks set as its run behaved."""
+    completed = copy.deepcopy(recorded)
+    for key, value in ADDED_KEYS.items():
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(completed, parent)
+        if isinstance(node, DictConfig) and leaf not in node:
+            node[leaf] = value
+    return completed
+
+
 def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failure: str,
                    now: Sequence[str] = ()) -> tuple[DictConfig, RunConfig]:
     """A past run's config, for recovery and resuming: composed from the groups it chose and its
@@ -309,7 +327,7 @@ def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failur
         if not isinstance(loaded, DictConfig):
             raise ConfigError("the recorded config is not a mapping")
         names = recorded_groups(loaded)
-        loaded = recorded_config(loaded)
+        loaded = _with_added_keys(recorded_config(loaded))
         overrides = [*_recorded_choices(loaded), *(recorded_override(o, names) for o in overrides
                                                    if not _chosen_elsewhere(o))]
         config = OmegaConf.merge(_with_recorded_mappings(compose_run(overrides), loaded), loaded)
