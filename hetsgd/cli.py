@@ -12,8 +12,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -25,9 +26,13 @@ from hetsgd.config.compose import hydra_arguments
 from hetsgd.config.keys import composition_error
 from hetsgd.errors import UserError
 from hetsgd.invocation import invoke
+from hetsgd.lasting_output import lasting_output
 from hetsgd.machine import machine_facts, process_started_at
 from hetsgd.outputs.safe_text import guard_logging, shown
 from hetsgd.outputs.terminal import calibration_report, console, err, print_error, summary_table
+
+#: The exceptions of the click typer runs on: its own copy's (typer 0.2x), which are not click's
+_CLICK_ERRORS: Any = getattr(typer.core, "_click", click).exceptions
 
 app = typer.Typer(
     help="Train one model on the CPUs and GPUs of a server together, and measure it.\n\n"
@@ -159,7 +164,7 @@ def report(paths: list[Path] = typer.Argument(
     """Tables per comparison (dataset, model, clock): time and epochs to normalized loss
     0.9/0.95/0.99 with intervals, final losses and accuracy, update shares, utilization, speedup.
     Writes report.md and report.csv beside the runs (several paths: into the folder holding them)."""
-    from hetsgd.outputs.listing import results_folder
+    from hetsgd.config.paths import results_folder
     from hetsgd.outputs.report import write_report
 
     paths = paths or [results_folder()]
@@ -187,7 +192,8 @@ def runs_(path: Path = typer.Argument(None, show_default=False, help=(
           model: str = typer.Option(None, help="Only runs of this model.")) -> None:
     """List the runs under PATH: status, algorithm, mix, final loss and training time each,
     read from their run folders."""
-    from hetsgd.outputs.listing import UNLIMITED, results_folder, runs_table, select_runs
+    from hetsgd.config.paths import results_folder
+    from hetsgd.outputs.listing import UNLIMITED, runs_table, select_runs
 
     root = results_folder() if path is None else path
     if not root.exists():
@@ -207,8 +213,8 @@ def plot(path: Path = typer.Argument(None, show_default=False, help=(
              "A run, a sweep, or all of results/ (default: $HETSGD_RESULTS, else results/).")),
          format: str = typer.Option("png", "--format", help="Comma-separated: png, svg, pdf.")) -> None:
     """Redraw the figures of every run and comparison under PATH from their CSV files."""
+    from hetsgd.config.paths import results_folder
     from hetsgd.outputs.figure_formats import check_formats
-    from hetsgd.outputs.listing import results_folder
     from hetsgd.outputs.plots import plot_all
 
     path = results_folder() if path is None else path
@@ -267,7 +273,9 @@ def data_info(name: str) -> None:
     except UserError as exc:
         _fail(str(exc))
     for key, value in vars(info).items():
-        console.print(Text.assemble((key, "bold"), f": {value}"), highlight=False)
+        shown_value = ", ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        if shown_value:  # a file of the user's has no URL, cache file or published size
+            console.print(Text.assemble((key, "bold"), f": {shown_value}"), highlight=False)
 
 
 @data_app.command("fetch")
@@ -358,65 +366,40 @@ def machine(ctx: typer.Context,
 app.command("devices", hidden=True, context_settings=_MACHINE_SETTINGS)(machine)
 
 
-class _LastingStream:
-    """sys.stdout or sys.stderr, outlasting its reader. Once a write fails (a pipe whose reader
-    left, as in `hetsgd run | head`; a terminal gone; a full disk), the descriptor is pointed at
-    /dev/null (Python's "Note on SIGPIPE"), so that the run, rich, Hydra's and Python's logging,
-    worker processes started later and the interpreter's last flush all write into nothing
-    instead of raising in the middle of a run or a sweep; the exit code stays the outcome's."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except OSError:
-            _to_devnull(self._stream.fileno())
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except OSError:
-            _to_devnull(self._stream.fileno())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def _to_devnull(fd: int) -> None:
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    if devnull != fd:
-        os.dup2(devnull, fd)
-        os.close(devnull)
-
-
-def _lasting_output() -> None:
-    """Wrap stdout and stderr in :class:`_LastingStream`. A descriptor closed from the start
-    (`2>&-`) gets /dev/null first: otherwise the next file opened takes its number, and what the
-    run and its workers print would land in that file."""
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        stream = getattr(sys, name)
-        try:
-            os.fstat(fd)
-        except OSError:
-            _to_devnull(fd)
-            stream = None
-        setattr(sys, name, _LastingStream(stream or open(fd, "w", closefd=False)))
-
-
 def main() -> None:
     """The console command: its runs' cost begins with this process (its interpreter and
     imports), which ``hetsgd.run`` from Python does not pay per run."""
     started_at = process_started_at()
-    _lasting_output()
+    lasting_output()
     guard_logging()  # warnings quote run folders' names
-    try:
-        app(obj=started_at, prog_name="hetsgd")  # for its first run's timing (`hetsgd run`: ctx.obj)
+    command = typer.main.get_command(app)
+    try:  # obj: for its first run's timing (`hetsgd run`: ctx.obj)
+        code = command.main(prog_name="hetsgd", obj=started_at, standalone_mode=False)
+    except _CLICK_ERRORS.UsageError as exc:
+        _usage(exc)
+    except typer.Abort:  # Ctrl-C outside a run, which stops itself
+        print("Aborted!", file=sys.stderr)
+        _end(1)
     except SystemExit as exc:
         _end(exc.code)
-    _end(0)
+    _end(code if isinstance(code, int) else 0)
+
+
+def _asks_for_help(exc: Any) -> bool:
+    """Whether ``exc`` is a command given no arguments, whose help it shows (click >= 8.2)."""
+    return isinstance(exc, getattr(_CLICK_ERRORS, "NoArgsIsHelpError", ()))
+
+
+def _usage(exc: Any) -> NoReturn:
+    """A command line Click refuses (an unknown command or option, an option's value of the
+    wrong type) in one line, as every other refusal, with its usage code 2; no arguments at
+    all (``hetsgd``, ``hetsgd data``) print the help instead."""
+    if _asks_for_help(exc):
+        exc.show()
+    else:
+        where = exc.ctx.command_path if exc.ctx is not None else "hetsgd"
+        print_error(f"{exc.format_message()} (see {where} --help)")
+    _end(exc.exit_code)
 
 
 def _end(code: int | str | None) -> NoReturn:

@@ -36,7 +36,7 @@ from hetsgd.errors import SearchInterrupted, UserError, out_of_memory
 from hetsgd.observe.contention import warning as contention_warning
 from hetsgd.outputs.safe_text import guard_logging, shown
 from hetsgd.outputs.terminal import console, err, print_error, summary_table
-from hetsgd.runs.sweep_dir import settle_sweep_dir
+from hetsgd.runs.sweep_dir import check_run_dir, settle_sweep_dir
 from hetsgd.train import train
 
 log = logging.getLogger("hetsgd")
@@ -187,6 +187,10 @@ def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
         logging.setLogRecordFactory(record_factory)
         for signum, handler in stop_handlers.items():
             signal.signal(signum, handler)
+        if invocation.sweep_dir is not None:
+            from hetsgd.outputs.sweep import release_unstarted
+
+            release_unstarted(invocation.sweep_dir)
     if not invocation.code:
         statuses = invocation.ended()
         invocation.code = invocation.exit_code([*statuses, "interrupted"] if interrupted
@@ -204,6 +208,8 @@ def _launch(invocation: Invocation, args: list[str]) -> None:
                                                     parsed.config_dir)
     if invocation.sweep_dir is not None:
         parsed.overrides.append(f"hydra.sweep.dir={quoted(invocation.sweep_dir)}")
+    else:
+        check_run_dir(parsed.overrides)
     job = _Job(invocation)
 
     def sweep(overrides: list[str]) -> None:

@@ -21,7 +21,7 @@ import hetsgd
 #: Top-level parts of the package, lowest first; a module may import its own layer and below.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "machine", "liveness", "atomic", "bounded", "targets",
-               "durations", "readback"}),
+               "durations", "readback", "lasting_output"}),
     frozenset({"config"}),
     frozenset({"data", "model"}),
     frozenset({"workers"}),

@@ -178,6 +178,26 @@ def test_dry_run_refuses_a_sweep_folder_in_use(results_dir: Path, tmp_path: Path
     assert code == 0 and errors(stderr) == [] and not free.exists()
 
 
+def test_dry_run_refuses_what_the_run_would_a_used_run_folder_and_a_folder_for_a_file(
+        results_dir: Path, tmp_path: Path) -> None:
+    """Each passed the dry run ('0 would fail'), then failed the run it checked."""
+    used = tmp_path / "run"
+    used.mkdir()
+    (used / "summary.json").write_text("{}")
+    code, _, stderr = dry_run(f"hydra.run.dir={used}")
+    line, = errors(stderr)
+    assert code == 1 and f"hydra.run.dir {used} holds an earlier run" in line
+    code, _, stderr = dry_run("-m", "dataset=libsvm,files,folder", f"dataset.path={tmp_path}",
+                              "model=mlp")
+    assert code == 1 and [line.split(" would fail: ")[1] for line in errors(stderr)] == [
+        f"{tmp_path} is a folder: dataset=libsvm reads a file",
+        f"{tmp_path} is a folder: dataset=files reads a file"]
+    code, _, stderr = dry_run("dataset=folder", f"dataset.path={used / 'summary.json'}")
+    assert code == 1 and errors(stderr) == [
+        f"hetsgd: error: the run would fail: {used / 'summary.json'} is not a folder: "
+        "dataset=folder reads one"]
+
+
 # -- a sweep's progress --------------------------------------------------------------------------
 
 
@@ -312,3 +332,33 @@ def test_nearest_key() -> None:
     assert nearest_key("budgt.seconds", keys) == "budget.seconds"
     assert nearest_key("algo.tauu", keys) is None
     assert nearest_key("optim.lrr", keys) == "optim.lr"
+
+
+def test_data_info_shows_values_not_reprs_and_calibrate_names_a_mistyped_choice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`files: (PosixPath('...'), ...)` and empty `urls: ()` lines; Hydra's raw error with its
+    search path where `hetsgd run` says which choice was meant."""
+    monkeypatch.setenv("HETSGD_DATA", str(tmp_path))
+    shown = CliRunner().invoke(app, ["data", "info", "w8a"])
+    text = " ".join(shown.stdout.split())
+    assert shown.exit_code == 0 and f"files: {tmp_path / 'w8a'}, {tmp_path / 'w8a.t'}" in text
+    assert "PosixPath" not in text and "('" not in text
+    own = " ".join(CliRunner().invoke(app, ["data", "info", "files"]).stdout.split())
+    assert "urls:" not in own and "files:" not in own and "sizes:" not in own
+    assert "name: files" in own and "note: reads dataset.path=FILE" in own
+    typo = CliRunner().invoke(app, ["machine", "--calibrate", "algo=hogbach"])
+    assert typo.exit_code == 1 and typo.stderr.strip().splitlines() == [
+        "hetsgd: error: no config 'algo/hogbach' (did you mean hogbatch?): choose one of "
+        "adaptive, custom, hogbatch, hogwild, local_sgd, sync"]
+
+
+def test_a_command_line_that_does_not_parse_is_one_line_with_the_usage_code() -> None:
+    """A misspelt option or command was a six-line box; no arguments still show the help."""
+    for args, line in [(("runs", "--stauts", "failed"),
+                        "No such option: --stauts (Possible options: --status) (see hetsgd runs "
+                        "--help)"),
+                       (("bogus",), "No such command 'bogus'. (see hetsgd --help)")]:
+        done = hetsgd(*args)
+        assert (done.returncode, done.stderr.splitlines()) == (2, [f"hetsgd: error: {line}"])
+    shown = hetsgd("data")
+    assert "info" in shown.stdout and "fetch" in shown.stdout and not errors(shown.stderr)

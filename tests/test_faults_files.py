@@ -25,6 +25,7 @@ from hetsgd.config import compose_run, to_run_config
 from hetsgd.config.labels import dataset_label, model_label
 from hetsgd.engines.virtual.profiles import load_calibration
 from hetsgd.errors import UserError
+from hetsgd.invocation import invoke
 from hetsgd.liveness import is_alive, this_process
 from hetsgd.model.custom import check_token_ids
 from hetsgd.outputs import run_directory
@@ -104,6 +105,37 @@ def test_a_sweep_into_a_claimed_folder_is_refused_before_any_job(results_dir: Pa
         f"{os.getpid()} on {this_process()['host']}, running): choose another folder (or leave "
         "it out for a new one under results/), or move that one away first"]
     assert [p.name for p in folder.iterdir()] == [CLAIM] and (folder / CLAIM).read_bytes() == claimed
+
+
+def test_a_sweep_refused_before_its_first_job_leaves_no_folder_and_no_claim(
+        results_dir: Path, tmp_path: Path) -> None:
+    """A job that does not compose (a misspelt method) stops the sweep after its folder was
+    claimed: an empty sweep left to list, and a claim refusing the folder to the next sweep."""
+    folder = tmp_path / "sweep"
+    refused = invoke(["-m", "algo=sync,hogbach", f"hydra.sweep.dir={folder}"])
+    assert refused.code == 1 and len(refused.errors) == 1 and "hogbach" in refused.errors[0]
+    assert not folder.exists()
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")  # a folder that holds more is left as it is
+    invoke(["-m", "algo=sync,hogbach", f"hydra.sweep.dir={folder}"])
+    assert sorted(p.name for p in folder.iterdir()) == [CLAIM, "multirun.yaml", "notes.txt"]
+
+
+def test_a_run_into_an_earlier_runs_folder_is_refused_leaving_it_whole(
+        results_dir: Path, tmp_path: Path) -> None:
+    """`hydra.run.dir=DIR` again, as Hydra's users do: the new run overwrote the summary and
+    left the earlier run's convergence.csv and figures beside it, read as the new run's."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text('{"status": "completed", "algo": "sync"}')
+    before = sorted(p.name for p in run_dir.iterdir())
+    refused = invoke([f"hydra.run.dir={run_dir}", "algo=hogwild"])
+    assert refused.code == 1 and refused.errors == [
+        f"hydra.run.dir {run_dir} holds an earlier run, which this one would overwrite: choose "
+        "another folder (or leave hydra.run.dir out for a new one), or continue that run with "
+        f"resume={run_dir}"]
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # no .hydra/ of the new run
+    assert (run_dir / "summary.json").read_text() == '{"status": "completed", "algo": "sync"}'
 
 
 # -- CSV cells, bidirectional controls -----------------------------------------------------------

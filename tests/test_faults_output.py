@@ -15,7 +15,8 @@ import typer
 from test_report import write_run
 from typer.testing import CliRunner
 
-from hetsgd.cli import _fail, _LastingStream, app
+from hetsgd.cli import _fail, app
+from hetsgd.lasting_output import LastingStream
 
 SHORT = ("budget.epochs=null", "budget.seconds=1", "progress=false")
 TIMEOUT_S = 300  # a bound, so that a run that hangs fails the test instead of the suite
@@ -55,7 +56,7 @@ def test_a_message_with_brackets_is_printed_as_text(capsys: pytest.CaptureFixtur
 def test_a_lasting_stream_survives_a_reader_that_left() -> None:
     read, write = os.pipe()
     os.close(read)
-    stream = _LastingStream(open(write, "w"))  # closed below
+    stream = LastingStream(open(write, "w"))  # closed below
     stream.write("x" * (1 << 20))  # more than the pipe and the buffer hold: the write fails
     stream.flush()
     assert os.write(write, b"y") == 1  # the descriptor now leads to /dev/null

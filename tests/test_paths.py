@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hetsgd.config.paths import MAX_COMPONENT, safe_component
+from hetsgd.config import compose_run
+from hetsgd.config.paths import MAX_COMPONENT, results_folder, safe_component
 
 SAFE = re.compile(r"[A-Za-z0-9=,+\-_]([A-Za-z0-9=,+\-_.]*[A-Za-z0-9=,+\-_])?")
 
@@ -67,3 +68,15 @@ def test_a_hostile_long_sweep_writes_only_safe_job_folders(tmp_path: Path, resul
     assert [job.split("_", 1)[0] for job in jobs] == ["0", "1"]
     assert all(is_safe(job) for job in jobs), jobs
     assert all((sweep / job / "summary.json").exists() for job in jobs)
+
+
+def test_an_empty_results_variable_is_unset_for_runs_and_for_listing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`export HETSGD_RESULTS=$DIR` with DIR unset: runs went to /runs and /sweeps at the root,
+    while `hetsgd runs` looked in the current folder."""
+    monkeypatch.setenv("HETSGD_RESULTS", "")
+    cfg = compose_run([], hydra_config=True)
+    assert cfg.results_dir == "results" and results_folder() == Path("results")
+    assert str(cfg.hydra.run.dir).startswith("results/runs/")
+    monkeypatch.setenv("HETSGD_RESULTS", "/elsewhere")
+    assert compose_run([]).results_dir == "/elsewhere" == str(results_folder())

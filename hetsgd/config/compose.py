@@ -26,7 +26,7 @@ from hetsgd.config.group_names import recorded_config, recorded_groups, recorded
 from hetsgd.config.hydra_private import args_parser, basic_sweep, present_child
 from hetsgd.config.labels import dataset_label
 from hetsgd.config.optim import OPTIM_SCHEMAS, TorchOptimConfig
-from hetsgd.config.paths import safe_component
+from hetsgd.config.paths import results_folder, safe_component
 from hetsgd.config.problem import (
     MODEL_SCHEMAS,
     CustomModelConfig,
@@ -55,7 +55,8 @@ def register_configs() -> None:
     `${hetsgd.cuda_or:A,B}` (A where a CUDA GPU is usable, else B: the `auto` mixes);
     `${hetsgd.safe:...}`, which makes any value a safe directory name (run and sweep-job folders);
     `${hetsgd.dataset_label:${dataset}}`, what a run folder calls its dataset (a file's stem);
-    and `${hetsgd.swept:}`, a sweep job's overrides of the keys its sweep varies (its folder's)."""
+    `${hetsgd.results:}`, where runs go ($HETSGD_RESULTS, else results); and `${hetsgd.swept:}`,
+    a sweep job's overrides of the keys its sweep varies (its folder's)."""
     resolvers: dict[str, Callable[..., Any]] = {
         "hetsgd.cores": usable_cores,
         "hetsgd.cuda_or": lambda with_cuda, without: with_cuda if cuda_devices() else without,
@@ -63,6 +64,7 @@ def register_configs() -> None:
         "hetsgd.gpus": lambda: max(1, len(cuda_devices())),
         "hetsgd.safe": safe_component,
         "hetsgd.dataset_label": dataset_label,
+        "hetsgd.results": lambda: str(results_folder()),
         "hetsgd.swept": _swept}
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):

@@ -85,7 +85,10 @@ def missing_config(exc: MissingConfigException) -> str:
 def composition_error(exc: Exception, arguments: Sequence[str] = ()) -> str:
     """What a bad override among ``arguments`` did, with its cause and the nearest valid key, or
     that memory ran out. Hydra raises some errors without a message (an assertion deep in its
-    defaults list, e.g. for `algo=${x}`): those still get a line that says what failed."""
+    defaults list, e.g. for `algo=${x}`): those still get a line that says what failed; a group
+    choice that does not exist is :func:`missing_config`'s line."""
+    if isinstance(exc, MissingConfigException):
+        return missing_config(exc)
     if (memory := out_of_memory(exc)) is not None:  # not the overrides' fault
         return memory
     if (typo := mistyped_key(exc, arguments)) is not None:

@@ -5,7 +5,6 @@ values. A run folder may be someone else's: every cell is escaped before it is s
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,12 +26,6 @@ FILTERS = ("status", "algo", "devices", "dataset", "model")
 #: The columns shown: heading, and how a run's row gives it.
 COLUMNS = ("run", "status", "algo", "mix", "dataset", "model", "train loss", "test acc",
            "time s")
-
-
-def results_folder() -> Path:
-    """Where runs go unless told otherwise: ``$HETSGD_RESULTS``, else ``results`` (as the
-    primary config's ``results_dir``)."""
-    return Path(os.environ.get("HETSGD_RESULTS", "results"))
 
 
 def select_runs(path: Path, wanted: Mapping[str, str | None]) -> pd.DataFrame:

@@ -113,6 +113,19 @@ def claim_folder(folder: Path, what: str = "hydra.sweep.dir") -> None:
         written.unlink(missing_ok=True)
 
 
+def release_unstarted(folder: Path) -> None:
+    """A sweep that ended before its first job (a job's overrides did not compose, ``--cfg``):
+    its claim and Hydra's ``multirun.yaml`` removed, and the folder if that was all it held, so
+    that no empty sweep is left to list, nor a claim that refuses the folder to the next."""
+    try:
+        if {entry.name for entry in folder.iterdir()} <= {CLAIM, MULTIRUN}:
+            for name in (CLAIM, MULTIRUN):
+                (folder / name).unlink(missing_ok=True)
+            folder.rmdir()
+    except OSError:  # gone already, or not ours to tidy: left as it is
+        pass
+
+
 def check_unclaimed(folder: Path, what: str = "hydra.sweep.dir") -> None:
     """The refusal :func:`claim_folder` would give ``folder`` where another sweep claimed it,
     without claiming it or creating anything (a dry run writes nothing)."""

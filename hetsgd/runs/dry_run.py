@@ -3,11 +3,11 @@ with ``-m``), composed and checked as far as it goes without training, so that a
 does not fail on its device mix after the first ones trained for hours.
 
 The checks are the ones a run makes before its first step: the sweep's folder (checked, not
-claimed) and tuning (:mod:`hetsgd.runs.sweep_dir`), composition, the run a ``resume=`` continues
-(:mod:`hetsgd.runs.resume`: its checkpoint read, nothing written), the schemas' ranges, the device
-mix (CUDA GPUs present), the algorithm's plan for that mix, and the dataset: a known source, its task, a
-``dataset.path`` that exists. Nothing is downloaded, loaded, trained or written; data that is
-not cached yet is said, not fetched.
+claimed) or a single run's, and tuning (:mod:`hetsgd.runs.sweep_dir`), composition, the run a
+``resume=`` continues (:mod:`hetsgd.runs.resume`: its checkpoint read, nothing written), the
+schemas' ranges, the device mix (CUDA GPUs present), the algorithm's plan for that mix, and the
+dataset: a known source, its task, a ``dataset.path`` that exists. Nothing is downloaded,
+loaded, trained or written; data that is not cached yet is said, not fetched.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydra.errors import MissingConfigException
-
 from hetsgd import algorithms
 from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments, sweep_jobs
-from hetsgd.config.keys import composition_error, missing_config
+from hetsgd.config.keys import composition_error
 from hetsgd.data.cache import existing_file
 from hetsgd.data.embedded import Digits
 from hetsgd.data.folder import Folder
@@ -32,7 +30,7 @@ from hetsgd.data.tables import Files
 from hetsgd.engines.factory import check_optimizer_for
 from hetsgd.errors import UserError
 from hetsgd.runs.resume import resume
-from hetsgd.runs.sweep_dir import settle_sweep_dir
+from hetsgd.runs.sweep_dir import check_run_dir, settle_sweep_dir
 from hetsgd.tuning.spec import NODE
 from hetsgd.workers import expand
 
@@ -59,13 +57,13 @@ def dry_run(args: Sequence[str]) -> list[Job]:
         raise UserError("hetsgd run --dry-run composes from hetsgd's own configs: "
                         "--config-dir is not supported with it")
     sweep_dir, tuning = settle_sweep_dir(parsed.overrides, parsed.multirun, claim=False)
+    if sweep_dir is None:
+        check_run_dir(parsed.overrides)
     overrides = parsed.overrides
     if tuning is not None:  # the comparison's jobs: each method on each seed (hetsgd/tuning/)
         overrides = [*overrides, f"{NODE}=null", f"+method={','.join(tuning.method_names)}"]
     try:
         jobs = sweep_jobs(overrides) if parsed.multirun or sweep_dir else [overrides]
-    except MissingConfigException as exc:
-        raise UserError(missing_config(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - Hydra's parse of a sweep: its message
         raise UserError(composition_error(exc, parsed.overrides)) from exc
     return [_checked(number, job) for number, job in enumerate(jobs)]
@@ -82,8 +80,6 @@ def _checked(number: int, overrides: Sequence[str]) -> Job:
         note = check_job(cfg)
     except (UserError, ConfigError) as exc:
         return Job(number, tuple(overrides), str(exc))
-    except MissingConfigException as exc:
-        return Job(number, tuple(overrides), missing_config(exc))
     except Exception as exc:  # noqa: BLE001 - composition errors, a plugin's own, said in one line
         return Job(number, tuple(overrides), composition_error(exc, overrides))
     return Job(number, tuple(overrides), None, note)
@@ -106,7 +102,10 @@ def check_job(cfg: RunConfig) -> str | None:
         source.no_path(cfg.dataset)
     for path in (cfg.dataset.path, getattr(cfg.dataset, "test_path", None)):
         if path:
-            existing_file(path)
+            found, folder = existing_file(path), isinstance(source, Folder)
+            if isinstance(source, NEEDS_PATH) and found.is_dir() != folder:
+                raise UserError(f"{found} is {'not ' if folder else ''}a folder: "
+                                f"dataset={source.name} reads {'one' if folder else 'a file'}")
     if not source.cached():
         return f"{source.name} is not in the data cache: the run downloads it first"
     return None

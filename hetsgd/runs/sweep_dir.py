@@ -1,10 +1,12 @@
 """A sweep's folder, settled before its first job: where Hydra puts it, refused where an earlier
-sweep is there or another holds it, and the tuning the sweep asks for, checked. For
-`hetsgd run -m` (:mod:`hetsgd.invocation`, which then claims the folder) and its dry run
-(:mod:`hetsgd.runs.dry_run`, which claims nothing)."""
+sweep is there or another holds it, and the tuning the sweep asks for, checked; and a single
+run's folder, refused where an earlier run is there. For `hetsgd run` (:mod:`hetsgd.invocation`,
+which then claims a sweep's folder) and its dry run (:mod:`hetsgd.runs.dry_run`, which claims
+nothing)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,8 @@ from hydra.types import RunMode
 
 from hetsgd.config import compose_run
 from hetsgd.config.compose import quoted
+from hetsgd.errors import UserError
+from hetsgd.outputs.safe_text import shown
 from hetsgd.outputs.terminal import err
 
 if TYPE_CHECKING:
@@ -77,3 +81,20 @@ def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | Non
     else:
         check_unclaimed(sweep_dir)
     return sweep_dir, tuning
+
+
+def check_run_dir(overrides: Sequence[str]) -> None:
+    """A run given the folder of an earlier one (``hydra.run.dir=DIR``, a habit of Hydra's
+    users) is refused before Hydra writes there: it would overwrite its summary and mix their
+    files. Continuing it is ``resume=DIR``; a folder named through an interpolation is not
+    resolved here (its default, a new time-stamped folder, never holds one)."""
+    from hetsgd.outputs.index import is_run_dir, override_key
+
+    given = {override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
+    folder = given.get("hydra.run.dir")
+    if folder is None or "resume" in given or "${" in folder:
+        return
+    if is_run_dir(Path(folder.strip("'\"")).expanduser()):
+        raise UserError(f"hydra.run.dir {shown(folder)} holds an earlier run, which this one "
+                        f"would overwrite: choose another folder (or leave hydra.run.dir out for "
+                        f"a new one), or continue that run with resume={shown(folder)}")
