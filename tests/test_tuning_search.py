@@ -14,7 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from hetsgd.cli import app
 from hetsgd.errors import SearchInterrupted, UserError
 from hetsgd.invocation import invoke
 from hetsgd.tuning.bracket import beyond, edges, report_edges
@@ -199,3 +201,21 @@ def test_a_sweeper_direction_against_the_metric_is_refused(tmp_path: Path) -> No
     assert invocation.code == 1
     assert invocation.errors == ["hydra.sweeper.direction=minimize would search for the worst "
                                  "objective.metric=test_acc: set hydra.sweeper.direction=maximize"]
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not OPTUNA, reason="hydra-optuna-sweeper is not installed")
+def test_a_dry_run_of_a_sampling_sweep_checks_one_job_and_says_so() -> None:
+    """Expanded as the basic sweeper would, it was refused (`BasicSweeper does not support
+    sweep type : INTERVAL_SWEEP`) though the sweep itself runs."""
+    result = CliRunner().invoke(app, ["run", "-m", "hydra/sweeper=optuna",
+                                      "hydra.sweeper.n_trials=2",
+                                      "optim.lr=tag(log,interval(1e-3,1))", "--dry-run"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "hetsgd: OptunaSweeper draws its 2 jobs as it runs: one checked, the keys it samples "
+        "(optim.lr) left at the config's values"]
+    assert "1 job(s) composed and checked, 0 would fail" in result.stdout
+    wrong = CliRunner().invoke(app, ["run", "-m", "hydra/sweeper=optuna", "algo=hogbach",
+                                     "optim.lr=tag(log,interval(1e-3,1))", "--dry-run"])
+    assert wrong.exit_code == 1 and "did you mean hogbatch?" in wrong.stderr

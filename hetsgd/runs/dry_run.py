@@ -13,12 +13,15 @@ loaded, trained or written; data that is not cached yet is said, not fetched.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hetsgd import algorithms
 from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments, sweep_jobs
+from hetsgd.config.hydra_private import BASIC_SWEEPER
 from hetsgd.config.keys import composition_error
 from hetsgd.data.cache import existing_file
 from hetsgd.data.embedded import Digits
@@ -63,10 +66,32 @@ def dry_run(args: Sequence[str]) -> list[Job]:
     if tuning is not None:  # the comparison's jobs: each method on each seed (hetsgd/tuning/)
         overrides = [*overrides, f"{NODE}=null", f"+method={','.join(tuning.method_names)}"]
     try:
-        jobs = sweep_jobs(overrides) if parsed.multirun or sweep_dir else [overrides]
+        drawn = _drawn(overrides) if parsed.multirun or sweep_dir else None
+        jobs = sweep_jobs(overrides) if (parsed.multirun or sweep_dir) and not drawn else [overrides]
     except Exception as exc:  # noqa: BLE001 - Hydra's parse of a sweep: its message
         raise UserError(composition_error(exc, parsed.overrides)) from exc
+    if drawn is not None:  # a sampler's sweep: one job, its sampled keys at their defaults
+        job = _checked(0, drawn[0])
+        return [replace(job, note="; ".join(n for n in (drawn[1], job.note) if n))]
     return [_checked(number, job) for number, job in enumerate(jobs)]
+
+
+def _drawn(overrides: Sequence[str]) -> tuple[list[str], str] | None:
+    """A sweep whose sweeper is not Hydra's basic one (Optuna's) draws its jobs as it runs, so
+    none can be listed: its overrides but the swept ones, and what the dry run says of them;
+    None for the basic sweeper, whose jobs are expanded."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line]
+    sweeper = compose_run(fixed, hydra_config=True).hydra.sweeper
+    if sweeper.get("_target_") == BASIC_SWEEPER:
+        return None
+    swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
+    swept += [str(key) for key in sweeper.get("params") or {}]
+    trials = sweeper.get("n_trials")
+    count = f"{trials} " if isinstance(trials, int) else ""
+    return fixed, (f"{str(sweeper.get('_target_')).rpartition('.')[2]} draws its {count}jobs "
+                   f"as it runs: one checked, the keys it samples ({', '.join(swept)}) left at "
+                   "the config's values")
 
 
 def _checked(number: int, overrides: Sequence[str]) -> Job:
