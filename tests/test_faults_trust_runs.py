@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import resource
 import shutil
 import subprocess
 import sys
@@ -257,6 +258,65 @@ def test_a_runs_yaml_is_read_as_plain_data_within_bounds(
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         f"cannot read {file}: {why}; the run is listed without its overrides"]
     assert "1 run(s) under" in result.output
+
+
+def _bounded(*args: str) -> subprocess.CompletedProcess[str]:
+    """`hetsgd ARGS` in a process of its own, so that a read that waits forever (a FIFO) or
+    never ends (``/dev/zero``) fails the test instead of holding it: 2 minutes, 4 GiB."""
+    def limited() -> None:  # `ulimit -v`, in the child only
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+
+    return subprocess.run([sys.executable, "-m", "hetsgd", *args], capture_output=True,
+                          text=True, timeout=120, preexec_fn=limited, check=False)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["a FIFO or pipe", "a character device"])
+def test_a_summary_that_is_no_regular_file_lists_its_run_as_failed(run_dir: Path,
+                                                                   kind: str) -> None:
+    """A FIFO waits for a writer that never comes, ``/dev/zero`` never ends: neither is read,
+    and its run is listed as failed, in one line saying why."""
+    summary = run_dir / SUMMARY
+    summary.unlink()
+    if kind == "a FIFO or pipe":
+        os.mkfifo(summary)
+    else:
+        summary.symlink_to("/dev/zero")
+    why = f"unreadable {SUMMARY}: not a regular file but {kind}"
+    listed = _bounded("runs", str(run_dir.parent))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stderr.splitlines() == [
+        f"unreadable {summary}: not a regular file but {kind}; the run is listed as failed"]
+    assert "1 run(s) under" in listed.stdout and "failed" in listed.stdout.split()
+    reported = _bounded("report", str(run_dir.parent))
+    assert reported.returncode == 0, reported.stderr
+    assert "Traceback" not in reported.stderr
+    assert f"- `run` (algo sync, devices cpu, dataset digits, model mlp, seed 0): **failed**: " \
+           f"{why}" in (run_dir.parent / "report.md").read_text()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("name", "command", "said"), [
+    ("convergence", "report", "left out {run_dir}: "),
+    ("workers", "report", "left out of the time split: "),
+    ("utilization", "plot", "no figures for {run_dir}: "),
+])
+def test_a_csv_that_is_a_fifo_is_never_waited_for(run_dir: Path, name: str, command: str,
+                                                  said: str) -> None:
+    """A run's CSV that is a FIFO is refused, not opened for a writer that never comes: its run
+    is left out of what needs it, with one line naming the file, and the command ends."""
+    file = run_dir / f"{name}.csv"
+    file.unlink()
+    os.mkfifo(file)
+    done = _bounded(command, str(run_dir.parent))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    line = (said.format(run_dir=run_dir)
+            + f"cannot read {file}: not a regular file but a FIFO or pipe")
+    assert line in done.stderr.splitlines()
+    if name == "convergence":
+        assert (f"**unusable**: cannot read {file}: not a regular file but a FIFO or pipe"
+                in (run_dir.parent / "report.md").read_text())
 
 
 def test_a_resume_refuses_a_checkpoints_config_that_expands(run_dir: Path) -> None:

@@ -3,6 +3,8 @@ counters and the utilization samples, and how a run still going reads apart from
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -118,3 +120,15 @@ def test_a_running_summary_reads_as_running_while_its_process_lives(tmp_path: Pa
     summary = read_summary(run_dir)
     assert summary["status"] == CRASHED
     assert f"hetsgd recover {run_dir}" in summary["error"]
+
+
+def test_a_snapshot_index_that_is_a_fifo_is_never_waited_for(tmp_path: Path) -> None:
+    """`hetsgd recover` of a folder whose snapshots/index.csv is a FIFO waited for a writer that
+    never came; it reads as no index (each file carries its own row)."""
+    (tmp_path / SNAPSHOTS).mkdir()
+    os.mkfifo(tmp_path / SNAPSHOTS / "index.csv")
+    found: list[list[Snapshot]] = []
+    reader = threading.Thread(target=lambda: found.append(read_snapshots(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(60)  # only a hang takes this long: the old reader never returned
+    assert found == [[]]

@@ -5,6 +5,10 @@ is any folder holding ``summary.json``, ``config.yaml`` (the first file a run wr
 ``.hydra/``; a sweep directory is any folder holding ``multirun.yaml``. A run directory without a
 summary, or whose summary still says ``running`` while the process it names is gone, is a run
 that was killed or crashed: it is listed as ``crashed``, never left out.
+
+A run folder may be anyone's: each of its files is read only where it is a regular file (a FIFO
+would wait for a writer forever, ``/dev/zero`` never ends: :func:`hetsgd.readback.open_regular`),
+and its summary within ``MAX_SUMMARY_BYTES``. A file refused so reads as an unreadable one.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from hetsgd.data.files import reason
 from hetsgd.errors import UserError
 from hetsgd.liveness import is_alive, this_process
 from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY
-from hetsgd.readback import load_yaml
+from hetsgd.readback import load_yaml, open_regular, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,9 @@ CRASHED = "crashed"
 UNUSABLE = "unusable"
 #: The statuses a run's summary.json says it ended with, or is in.
 STATUSES = ("completed", "diverged", "failed", "interrupted", CRASHED, RUNNING)
+#: The most a run's summary.json may hold: the runner writes a few kilobytes (its lists of
+#: classes and of devices included), so that this bounds only a file no run wrote.
+MAX_SUMMARY_BYTES = 16 << 20
 
 #: Overrides that do not make a run a variant of its setting: those saying which row, comparison
 #: or seed it belongs to, and those that change only where or how it reports.
@@ -200,10 +207,10 @@ def _read_summary(run_dir: Path) -> tuple[dict[str, Any], str | None]:
                 "error": _crashed(run_dir, f"no {SUMMARY}: the run was killed or crashed "
                                            "before writing it")}, None
     try:
-        summary = json.loads(file.read_text())
+        summary = json.loads(read_bounded(file, MAX_SUMMARY_BYTES))
         why = _wrong_type(summary) if isinstance(summary, dict) else "not a JSON object"
     except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested too deep
-        why = str(err)
+        why = reason(err)  # an OSError's own words: "not a regular file but a FIFO or pipe"
     if why is not None:
         return {**_identity_from_config(run_dir), "status": "failed",
                 "error": f"unreadable {SUMMARY}: {why}"}, why
@@ -221,7 +228,7 @@ def _starting(run_dir: Path) -> bool:
     still runs, another than this one: the sweep itself knows that its job has ended. An
     earlier job without a summary did crash."""
     try:
-        process = json.loads((run_dir.parent / CLAIM).read_text())
+        process = json.loads(read_bounded(run_dir.parent / CLAIM))
         if not is_alive(process) or process == this_process():
             return False
         jobs = [(int(m.group()), path.name) for path in run_dir.parent.iterdir()
@@ -349,17 +356,18 @@ def index_runs(path: Path, leaving_out: Path | None = None) -> pd.DataFrame:
 def load_csv(run_dir: Path, name: str) -> pd.DataFrame | None:
     """``<run_dir>/<name>.csv`` (convergence, utilization, workers or batches), or None when the
     run did not write it (a failed run, a run without GPUs' batches...). A file that cannot be
-    read, or lacks a required column or has text in a numeric one, is a :class:`UserError`
-    naming it."""
+    read (or is no regular file: :func:`open_regular`), or lacks a required column or has text
+    in a numeric one, is a :class:`UserError` naming it."""
     file = Path(run_dir) / f"{name}.csv"
     if not file.exists():
         return None
     try:
-        frame = pd.read_csv(file)
+        with open_regular(file) as handle:  # never a FIFO's writer waited for
+            frame = pd.read_csv(handle)
     except pd.errors.EmptyDataError:  # written with no rows: nothing to draw or count
         return None
     except (OSError, ValueError) as err:
-        raise UserError(f"cannot read {file}: {err}".splitlines()[0]) from err
+        raise UserError(f"cannot read {file}: {reason(err)}".splitlines()[0]) from err
     if frame.empty:  # a header alone: e.g. no utilization sample while a short run's workers ran
         return None
     missing = [c for c in REQUIRED_COLUMNS.get(name, ()) if c not in frame.columns]

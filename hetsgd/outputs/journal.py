@@ -18,6 +18,7 @@ has evaluated them; recovery (:mod:`hetsgd.runs.recover`) evaluates those of a r
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import shutil
@@ -45,6 +46,7 @@ from hetsgd.outputs.run_directory import (
     replace_file,
     writing,
 )
+from hetsgd.readback import open_regular
 from hetsgd.workers import WorkerSpec
 
 INDEX = "index.csv"
@@ -176,8 +178,8 @@ def _index_rows(file: Path) -> dict[str, dict[str, Any]]:
     by a power cut, or garbled, is left out: it only matters to a file that does not carry its
     own row, which then says so."""
     rows: dict[str, dict[str, Any]] = {}
-    with suppress(OSError, csv.Error), open(file, encoding="utf-8", errors="replace",
-                                            newline="") as handle:
+    with suppress(OSError, csv.Error), io.TextIOWrapper(  # never a FIFO's writer waited for
+            open_regular(file), encoding="utf-8", errors="replace", newline="") as handle:
         for row in csv.DictReader(handle):
             with suppress(KeyError, TypeError, ValueError):
                 updates = sorted((int(key.removeprefix("updates_")), float(value))

@@ -39,6 +39,7 @@ from hetsgd.outputs.figure_formats import check_formats
 from hetsgd.outputs.index import CLAIM, MULTIRUN, index_dirs, is_run_dir, read_summary
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.outputs.safe_text import shown
+from hetsgd.readback import read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def _claimed(folder: Path, what: str) -> UserError:
 def _claimant(claim: Path) -> str:
     """Who holds a claim, for the refusal: the process, and whether it still runs."""
     try:
-        process = json.loads(claim.read_text())
+        process = json.loads(read_bounded(claim))
         alive = "running" if is_alive(process) else "ended"
         return f"process {int(process['pid'])} on {shown(str(process['host']))}, {alive}"
     except (OSError, ValueError, TypeError, KeyError):
