@@ -190,6 +190,10 @@ def test_hydras_optuna_sweeper_searches_hetsgd_runs_by_their_objective(tmp_path:
     losses = [json.loads((d / "summary.json").read_text())["final"]["test_loss"]
               for d in invocation.sweep_dir.iterdir() if (d / "summary.json").is_file()]
     assert len(losses) == 2 and found["best_value"] == pytest.approx(min(losses))
+    # named by the key it samples, as a basic sweep's jobs are (Optuna writes no multirun.yaml:
+    # they were 0_ and 1_)
+    jobs = sorted(d.name for d in invocation.sweep_dir.iterdir() if d.is_dir() and d.name[0].isdigit())
+    assert [name.split("_", 1)[1].split("=")[0] for name in jobs] == ["optim.lr", "optim.lr"]
 
 
 @pytest.mark.integration

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -112,6 +113,16 @@ def claim_folder(folder: Path, what: str = "hydra.sweep.dir") -> None:
         raise UserError(f"{what} {shown(folder)}: cannot claim it: {reason(exc)}") from None
     finally:
         written.unlink(missing_ok=True)
+
+
+def record_sampled_sweep(folder: Path, overrides: Sequence[str], params: Any) -> None:
+    """What Hydra's basic sweeper writes into a sweep's folder and a sampling one (Optuna's)
+    does not: ``multirun.yaml``, with the sweep's overrides and its sweeper's ``params``, which
+    names the folder a sweep (never reused) and its jobs' folders by the keys the sweep varies
+    (:mod:`hetsgd.config.swept`: ``0_optim.lr=0.0123``, not ``0_``)."""
+    record = {"hydra": {"overrides": {"task": [str(o) for o in overrides]},
+                        "sweeper": {"params": {str(k): str(v) for k, v in (params or {}).items()}}}}
+    write_text(folder / MULTIRUN, yaml.safe_dump(record, sort_keys=False))
 
 
 def release_unstarted(folder: Path) -> None:

@@ -15,6 +15,7 @@ from hydra.types import RunMode
 
 from hetsgd.config import compose_run
 from hetsgd.config.compose import quoted
+from hetsgd.config.hydra_private import BASIC_SWEEPER
 from hetsgd.errors import UserError
 from hetsgd.outputs.safe_text import shown
 from hetsgd.outputs.terminal import err
@@ -61,7 +62,12 @@ def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | Non
     hydra = config.hydra
     if not multirun and hydra.mode != RunMode.MULTIRUN:
         return None, None
-    from hetsgd.outputs.sweep import check_unclaimed, check_unused, claim_folder
+    from hetsgd.outputs.sweep import (
+        check_unclaimed,
+        check_unused,
+        claim_folder,
+        record_sampled_sweep,
+    )
     from hetsgd.tuning import Tuning
     from hetsgd.tuning.objective import check_direction
     from hetsgd.tuning.phases import check_knobs
@@ -78,6 +84,8 @@ def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | Non
         check_knobs(tuning, fixed)
     if claim:
         claim_folder(sweep_dir)  # the last check: a refused sweep leaves no claim behind
+        if hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+            record_sampled_sweep(sweep_dir, overrides, hydra.sweeper.get("params"))
     else:
         check_unclaimed(sweep_dir)
     return sweep_dir, tuning
