@@ -28,6 +28,7 @@ import pandas as pd
 from hetsgd.config import RunConfig, compose_run, to_run_config
 from hetsgd.config.checks import finite_or_none
 from hetsgd.config.compose import quoted
+from hetsgd.config.paths import results_folder
 from hetsgd.data.images import DEBIAN_FASHION_DIR, read_idx
 from hetsgd.data.prepare import split_rows
 from hetsgd.data.registry import get_source
@@ -45,7 +46,6 @@ from hetsgd.outputs.index import (
     read_summary,
     tau_text,
 )
-from hetsgd.outputs.listing import results_folder
 from hetsgd.outputs.metrics import sustained
 from hetsgd.outputs.report import markdown_table
 from hetsgd.outputs.safe_text import shown
