@@ -132,6 +132,11 @@ def test_summarize_hand_made_rows():
         "workers_cpu_share_mean": pytest.approx(1.0 / 1.2),
         "host_cpu_percent_mean": pytest.approx(50.0 / 1.2),
         "gpu_util_mean": pytest.approx(80.0 / 1.2)}
+    # a resumed run's rows begin at its checkpoint (100 s): its first row covers 0.1 s of this
+    # session, not the 100 s before (it read 1.985 cores, mostly that one start-up sample)
+    resumed = [{**row, "time_s": row["time_s"] + 100.0} for row in uneven]
+    assert summarize(resumed, cores_given=2, start_s=100.0) == pytest.approx(
+        summarize(uneven, cores_given=2))
     assert summarize([], cores_given=2) == dict.fromkeys(
         ("workers_cpu_cores_mean", "workers_cpu_share_mean", "host_cpu_percent_mean",
          "gpu_util_mean"))

@@ -18,7 +18,7 @@ from hetsgd.errors import UserError
 from hetsgd.outputs import plots, run_figures
 from hetsgd.outputs.index import index_runs
 from hetsgd.outputs.plots import plot_all, plot_comparison
-from hetsgd.outputs.run_figures import _cores_given, _run_utilization, plot_run, run_title
+from hetsgd.outputs.run_figures import _run_utilization, plot_run, run_title
 from hetsgd.outputs.summary import Mix, RunSummary
 
 RUN_FIGURES = {"loss_vs_time", "loss_vs_epoch", "accuracy_vs_time", "utilization",
@@ -187,8 +187,10 @@ def test_utilization_figure_shows_the_runs_own_cpu_apart_from_the_hosts(tmp_path
     assert summary.mix is not None
     groups = {**summary.mix.groups, "cpu": replace(summary.mix.groups["cpu"], threads=3)}
     summary = replace(summary, mix=Mix(groups))  # 1 + 3 cores given, the host has 2 (cpu0, cpu1)
-    assert _cores_given(summary) == 4
-    fig = _run_utilization(util, None, "title", _cores_given(summary))
+    assert summary.cores_sampled == 4
+    # simulated, the accelerator is a GPU column: the workers' CPU is the host group's 3 cores
+    assert replace(summary, simulated=True).cores_sampled == 3
+    fig = _run_utilization(util, None, "title", summary.cores_sampled)
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
     workers = lines["workers' CPU\n(of the 4 cores given)"]
     np.testing.assert_allclose(workers.get_ydata(), util["workers_cpu_percent"] / 4)
@@ -199,7 +201,7 @@ def test_utilization_figure_shows_the_runs_own_cpu_apart_from_the_hosts(tmp_path
     np.testing.assert_allclose(lines["GPU cuda:0"].get_ydata(), util["gpu0_util"])
 
     summary = replace(summary, mix=None)  # one that does not say: a share of every host core
-    fig = _run_utilization(util, None, "title", _cores_given(summary))
+    fig = _run_utilization(util, None, "title", summary.cores_sampled)
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
     np.testing.assert_allclose(lines["workers' CPU\n(of all 2 host cores)"].get_ydata(),
                                util["workers_cpu_percent"] / 2)

@@ -135,3 +135,16 @@ def test_the_bound_is_one_and_a_half_times_the_fastest_update(
     runs = [_run(tmp_path, f"hogwild{i}", (t, 0.0, 0.0, 0.0), algo="hogwild")
             for i, t in enumerate(seconds)]  # 1.45x, 1.55x, 1.5x (not more); 0 ms says nothing
     assert ("different speeds" in split_markdown(pd.DataFrame(runs), KEYS)) is named
+
+
+def test_a_worker_that_landed_no_update_in_a_run_is_left_out_of_that_run(tmp_path: Path) -> None:
+    """Read as 0 ms and 0 % in every part, it halved the worker's mean and set its compute
+    range's low end to 0, which hid an unsteady speed."""
+    runs = pd.DataFrame([_run(tmp_path, "a", (1.0, 0.5, 0.5, 0.0)),
+                         _run(tmp_path, "b", (0.0, 0.0, 0.0, 0.0))])
+    workers = pd.read_csv(tmp_path / "b" / "workers.csv").assign(updates=0)
+    workers.to_csv(tmp_path / "b" / "workers.csv", index=False)
+    row = worker_split(runs, KEYS).iloc[0]
+    assert (row["compute_ms"], row["copy_ms"], row["compute_pct"], row["runs"]) == \
+        pytest.approx((10.0, 5.0, 50.0, 1))
+    assert row["compute_low"] == pytest.approx(10.0)

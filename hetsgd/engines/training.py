@@ -36,6 +36,7 @@ class Training:
     snapshots: list[Snapshot] = field(default_factory=list)
     counters: list[dict[str, float]] = field(default_factory=list)
     utilization: list[dict[str, float | None]] = field(default_factory=list)
+    resumed_s: float = 0.0  # where this session's clock began (a resumed run's checkpoint)
     batches: list[dict[str, float | str]] = field(default_factory=list)  # batch-size changes, if any
     extra: dict = field(default_factory=dict)  # algorithm-specific summary entries
     warnings: list[str] = field(default_factory=list)  # for summary.json and the log

@@ -54,7 +54,7 @@ def _mean(pairs: list[tuple[float, float]]) -> float | None:
     return sum(window * value for window, value in pairs) / total
 
 
-def summarize(rows: list[Row], cores_given: int) -> dict[str, float | None]:
+def summarize(rows: list[Row], cores_given: int, start_s: float = 0.0) -> dict[str, float | None]:
     """The means summary.json keeps, each None when no row has it.
 
     ``workers_cpu_cores_mean``: cores busy with the run's worker process trees;
@@ -63,11 +63,12 @@ def summarize(rows: list[Row], cores_given: int) -> dict[str, float | None]:
     ``gpu_util_mean``: utilization over the run's own GPU columns (None without GPUs).
 
     Each is a mean over time: a row's values cover the seconds since the row before it (since
-    0 for the first), and weigh that much. Sampling is faster early in a run
+    ``start_s`` for the first: a resumed run's checkpoint time, where its rows begin), and weigh
+    that much. Sampling is faster early in a run
     (:meth:`UtilizationMonitor.interval_at`), so a mean of rows would weigh its first seconds
     several times over.
     """
-    windows, previous = [], 0.0
+    windows, previous = [], start_s
     for row in rows:
         now = float(row["time_s"] or 0.0)
         windows.append(max(now - previous, 0.0))

@@ -94,11 +94,6 @@ def _run_accuracy(conv: pd.DataFrame, title: str, xlabel: str) -> Figure:
     return fig
 
 
-def _cores_given(summary: RunSummary) -> int | None:
-    """The cores the mix gave its workers; None when the summary does not say."""
-    return (summary.mix.cores or None) if summary.mix is not None else None
-
-
 def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str,
                      cores_given: int | None, simulated: bool = False) -> Figure:
     """The workers' CPU as a percentage of the cores the mix gave them (of all the host's cores
@@ -191,7 +186,7 @@ def plot_run(run_dir: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
             figures.append(("accuracy_vs_time", _run_accuracy(conv, title, xlabel)))
     if util is not None and not util.empty:
         figures.append(("utilization", _run_utilization(util, conv, title,
-                                                        _cores_given(summary), simulated)))
+                                                        summary.cores_sampled, simulated)))
     if summary.update_share:
         figures.append(("update_shares", _run_shares(
             summary.update_share, summary.updates_by_group or {}, title)))

@@ -299,6 +299,16 @@ class RunSummary:
         if clash:
             raise ValueError(f"summary entries {sorted(clash)} would overwrite the run's own")
 
+    @property
+    def cores_sampled(self) -> int | None:
+        """The cores the workers' sampled CPU (``workers_cpu_percent``) can come from: the
+        mix's, its host groups' alone in a simulated run, whose accelerators are GPU columns
+        (counted in both, a lone host worker busy throughout read half busy); None where the
+        summary does not say."""
+        if self.mix is None:
+            return None
+        return (self.mix.host_cores if self.simulated else self.mix.cores) or None
+
     @classmethod
     def starting(cls, cfg: RunConfig | DictConfig) -> RunSummary:
         """The summary of a run that has just started: its identity, from its config (the

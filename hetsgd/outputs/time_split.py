@@ -74,8 +74,9 @@ def worker_split(runs: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
 
 def _run_rows(run: pd.Series, keys: tuple[str, ...]) -> list[dict[str, Any]]:
     """One run's workers as rows of the split: none where its workers.csv or batches.csv cannot
-    be read, or its workers.csv predates the split; a worker whose numbers are not finite is
-    left out."""
+    be read, or its workers.csv predates the split; a worker whose numbers are not finite, or
+    that landed no update or spent no time (no split to show: read as 0 ms it would halve its
+    row's mean and its compute range's low end), is left out."""
     try:
         workers = load_csv(run["run_dir"], "workers")
         if workers is None or not {*SPLIT, "updates"} <= set(workers.columns):
@@ -90,15 +91,17 @@ def _run_rows(run: pd.Series, keys: tuple[str, ...]) -> list[dict[str, Any]]:
         known = [n for n in (finite_or_none(worker[c]) for c in columns) if n is not None]
         if len(known) < len(columns):
             continue
-        *seconds, count = known
-        total, updates = sum(seconds), max(int(count), 1)
+        *seconds, updates = known
+        total = sum(seconds)
+        if updates < 1 or total <= 0:
+            continue
         row = {key: run[key] for key in keys}
         row.update(worker=plain(worker["worker"]), group=str(worker["group"]),
                    label=plain(worker.get("label")), batch=_one_batch(worker, changes),
                    emulated=bool(run.get("emulated")), simulated=bool(run.get("simulated")))
         for part, value in zip(SPLIT, seconds, strict=True):
             row[f"{part[:-2]}_ms"] = 1000 * value / updates
-            row[f"{part[:-2]}_pct"] = 100 * value / total if total else 0.0
+            row[f"{part[:-2]}_pct"] = 100 * value / total
         rows.append(row)
     return rows
 

@@ -91,8 +91,8 @@ def _results(summary: RunSummary, training: Training, convergence: pd.DataFrame,
         unstable_losses=[key for key, reach in in_time.items() if reach.unstable],
         snapshot_spacing_s=snapshot_spacing(convergence["time_s"]),
         method_log=(training.snapshots[-1].logged or None) if training.snapshots else None,
-        utilization=summarize(training.utilization,
-                              cores_given=int(sum(w["threads"] for w in workers))))
+        utilization=summarize(training.utilization, summary.cores_sampled or 0,
+                              start_s=training.resumed_s))
 
 
 def evaluate(out: RunDirectory, cfg: RunConfig, data: RunData, training: Training,

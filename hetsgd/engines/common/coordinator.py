@@ -186,7 +186,7 @@ class Coordinator(EngineBase):
     def run(self, monitor_factory: MonitorFactory) -> Training:
         """Start the workers, tick until training ends, then end every worker started, whatever
         happened; the run's status from the first failure."""
-        training = Training()
+        training = Training(resumed_s=self.resume.time_s if self.resume is not None else 0.0)
         if self.resume is not None:  # before the workers start: they take their parts along
             self.state.restore(self.resume)
         procs = [self.ctx.Process(target=guarded, daemon=True, name=f"hetsgd-worker-{s.rank}",

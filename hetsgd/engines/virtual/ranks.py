@@ -120,7 +120,7 @@ class VirtualRanks(EngineBase):
     def run(self, monitor_factory: MonitorFactory) -> Training:
         """Train on the virtual clocks. ``monitor_factory`` is not used: utilization is each
         device's virtual busy share."""
-        training = Training()
+        training = Training(resumed_s=self.resume.time_s if self.resume is not None else 0.0)
         setup: dict[str, list[float]] = {}
         if self.resume is not None:  # before the ranks start: they take their parts along
             self.state.restore(self.resume)
