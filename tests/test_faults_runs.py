@@ -113,12 +113,30 @@ def test_one_process_at_a_time_resumes_a_run(run_dir: Path) -> None:
     """Two resumes of one crashed run both read it as crashed; the second one is refused while
     the first holds it (both wrote into it), and the run is free again once the first ends."""
     as_crashed(run_dir)
-    held = resume(run_dir, [])
+    held = resume(run_dir, ["budget.seconds=0.6"])
     assert "another process is resuming the run" in _refused(run_dir, "budget.seconds=0.6")
     held.release()
     done = hetsgd.run(f"resume={run_dir}", "budget.seconds=0.6", "progress=false")
     assert done.exit_code == 0, done.summary.error
-    resume(run_dir, []).release()  # the resumed run let go of it at its end
+    resume(run_dir, ["budget.seconds=0.7"]).release()  # the resumed run let go of it at its end
+    # a simulated run resumed keeps sampling its devices' busy shares (it took none: its only
+    # closing sample waited for a first one dated 0)
+    utilization = done.summary.utilization
+    assert utilization is not None and utilization["gpu_util_mean"] is None
+    assert utilization["workers_cpu_cores_mean"] is not None
+
+
+def test_a_resume_of_a_run_at_its_time_budget_is_refused_leaving_it(run_dir: Path) -> None:
+    """It trained one step or round past the budget on every such resume, a model and counters
+    no straight run ends on."""
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint is not None
+    at = read_checkpoint(checkpoint).time_s
+    assert at >= 0.5  # the run's budget.seconds: its last checkpoint is its end
+    assert _refused(run_dir) == (
+        f"hetsgd: error: resume={run_dir}: its checkpoint is at {at:.3g} s, at "
+        "budget.seconds=0.5 already: raise budget.seconds to train on (a run that stopped "
+        "during its final evaluation: hetsgd recover)")
 
 
 def test_a_run_folder_this_user_cannot_open_is_a_one_line_refusal(

@@ -160,8 +160,12 @@ def _resumption(source: Path, overrides: Sequence[str], claim: int) -> Resumptio
                   "add model=custom model._target_={}")
     cfg.resume = str(source)
     try:
-        to_run_config(cfg)
+        seconds = to_run_config(cfg).budget.seconds
         checkpoint = read_checkpoint(version)
     except (ConfigError, UserError) as err:
         raise UserError(f"resume={source}: {err}") from err
+    if seconds is not None and checkpoint.time_s >= seconds:  # it would train one step more
+        raise UserError(f"resume={source}: its checkpoint is at {checkpoint.time_s:.3g} s, at "
+                        f"budget.seconds={seconds:g} already: raise budget.seconds to train on "
+                        "(a run that stopped during its final evaluation: hetsgd recover)")
     return Resumption(cfg, [*recorded, *now], checkpoint, source, claim)

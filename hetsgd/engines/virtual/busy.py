@@ -25,6 +25,7 @@ class BusyTime:
         self.current = [(0.0, 0.0)] * len(specs)  # (start, end) of each worker's latest compute
         self.columns = self._columns(specs)
         self.last_time = 0.0
+        self.sampled = False  # none yet in this session (a resumed one's starts past 0)
         self.last_busy = [0.0] * len(specs)
 
     @staticmethod
@@ -48,7 +49,7 @@ class BusyTime:
         (``closing``) for what is left since the last one, unless that is under half an
         interval, which would weigh as much as a whole one in the run's mean."""
         if closing:
-            return time_s - self.last_time >= interval_s / 2 or self.last_time == 0.0
+            return time_s - self.last_time >= interval_s / 2 or not self.sampled
         return time_s >= self.last_time + interval_s
 
     def sample(self, time_s: float) -> dict[str, float]:
@@ -60,5 +61,5 @@ class BusyTime:
             cores = 1 if spec.accel else spec.threads
             row[column] += 100.0 * cores * (busy - self.last_busy[spec.rank]) / span if span else 0.0
             self.last_busy[spec.rank] = busy
-        self.last_time = time_s
+        self.last_time, self.sampled = time_s, True
         return row
