@@ -20,9 +20,10 @@ from typer.testing import CliRunner
 
 from hetsgd.cli import app
 from hetsgd.completion import complete_override
+from hetsgd.config.hydra_private import BASIC_SWEEPER
 from hetsgd.config.keys import nearest_key
 from hetsgd.outputs.sweep import claim_folder
-from hetsgd.outputs.sweep_progress import BASIC_SWEEPER, job_count, progress_line
+from hetsgd.outputs.sweep_progress import job_count, progress_line
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,12 @@ from omegaconf import DictConfig
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
+def draws_jobs(sweeper: DictConfig) -> bool:
+    """Whether a multirun's ``hydra.sweeper`` draws its jobs as it runs (Optuna's), rather than
+    expanding them all first as Hydra's basic sweeper does (and writes its ``multirun.yaml``)."""
+    return sweeper.get("_target_") != BASIC_SWEEPER
+
+
 def args_parser() -> argparse.ArgumentParser:
     """The parser ``@hydra.main`` reads ``sys.argv`` with (``-m``, ``--cfg``, ``--config-dir``,
     the overrides). Imported when called: Hydra's runner is not needed to compose a config."""

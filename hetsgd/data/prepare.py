@@ -70,15 +70,17 @@ def prepare(parsed: Parsed, cfg: DatasetConfig, seed: int, scaling: str,
         source += f"; train: {how} subset of {cfg.limit} (seed {seed})"
     y_train, y_test = (_take(y, rows, allocate) for y, rows in
                        ((parsed.y_train, train), (y_test_from, test)))
-    if parsed.image_shape is not None and scaling == "standard" and parsed.channel_stats is None:
-        # measured once, here, so that the scaling and pixel_zero use the same statistics
-        stats = channel_stats(parsed.x_train, train, parsed.image_shape[0])
-        parsed = replace(parsed, channel_stats=stats)
-    scaler = fit_scaler(parsed.x_train, train, parsed, scaling)
-    if sp.issparse(parsed.x_train):
-        x_train, x_test = (scaler.sparse(_select(x, rows)) for x, rows in
-                           ((parsed.x_train, train), (x_test_from, test)))
+    if sp.issparse(parsed.x_train):  # each part selected once, fitted on the training one
+        x_train, x_test = _select(parsed.x_train, train), _select(x_test_from, test)
+        scaler = fit_scaler(x_train, np.arange(x_train.shape[0]), parsed, scaling)
+        x_train, x_test = scaler.sparse(x_train), scaler.sparse(x_test)
     else:
+        if parsed.image_shape is not None and scaling == "standard" \
+                and parsed.channel_stats is None:
+            # measured once, here, so that the scaling and pixel_zero use the same statistics
+            stats = channel_stats(parsed.x_train, train, parsed.image_shape[0])
+            parsed = replace(parsed, channel_stats=stats)
+        scaler = fit_scaler(parsed.x_train, train, parsed, scaling)
         x_train, x_test = (allocate((len(rows), parsed.x_train.shape[1]), np.dtype(features_dtype))
                            for rows in (train, test))
         copies = [(train, x_train), (test, x_test)]

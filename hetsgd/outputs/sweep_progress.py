@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from hetsgd.config.hydra_private import BASIC_SWEEPER, basic_sweep
+from hetsgd.config.hydra_private import basic_sweep, draws_jobs
 from hetsgd.durations import duration
 from hetsgd.outputs.safe_text import shown
 
@@ -29,7 +29,7 @@ def job_count(hydra: DictConfig) -> int | None:
     """How many jobs the sweep of ``hydra`` (a multirun's ``hydra`` node) launches: the basic
     sweeper's product of its swept values, another's ``n_trials``; None where unknown."""
     sweeper = hydra.sweeper
-    if sweeper.get("_target_") != BASIC_SWEEPER:
+    if draws_jobs(sweeper):
         trials = sweeper.get("n_trials")
         return trials if isinstance(trials, int) else None
     params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]

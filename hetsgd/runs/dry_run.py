@@ -21,7 +21,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hetsgd import algorithms
 from hetsgd.config import ConfigError, RunConfig, compose_run, to_run_config
 from hetsgd.config.compose import hydra_arguments, sweep_jobs
-from hetsgd.config.hydra_private import BASIC_SWEEPER
+from hetsgd.config.hydra_private import draws_jobs
 from hetsgd.config.keys import composition_error
 from hetsgd.data.cache import existing_file
 from hetsgd.data.embedded import Digits
@@ -65,9 +65,11 @@ def dry_run(args: Sequence[str]) -> list[Job]:
     overrides = parsed.overrides
     if tuning is not None:  # the comparison's jobs: each method on each seed (hetsgd/tuning/)
         overrides = [*overrides, f"{NODE}=null", f"+method={','.join(tuning.method_names)}"]
+    if not (parsed.multirun or sweep_dir):
+        return [_checked(0, overrides)]
     try:
-        drawn = _drawn(overrides) if parsed.multirun or sweep_dir else None
-        jobs = sweep_jobs(overrides) if (parsed.multirun or sweep_dir) and not drawn else [overrides]
+        drawn = _drawn(overrides)
+        jobs = sweep_jobs(overrides) if drawn is None else []
     except Exception as exc:  # noqa: BLE001 - Hydra's parse of a sweep: its message
         raise UserError(composition_error(exc, parsed.overrides)) from exc
     if drawn is not None:  # a sampler's sweep: one job, its sampled keys at their defaults
@@ -83,7 +85,7 @@ def _drawn(overrides: Sequence[str]) -> tuple[list[str], str] | None:
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line]
     sweeper = compose_run(fixed, hydra_config=True).hydra.sweeper
-    if sweeper.get("_target_") == BASIC_SWEEPER:
+    if not draws_jobs(sweeper):
         return None
     swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
     swept += [str(key) for key in sweeper.get("params") or {}]

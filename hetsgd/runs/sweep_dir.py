@@ -15,7 +15,7 @@ from hydra.types import RunMode
 
 from hetsgd.config import compose_run
 from hetsgd.config.compose import quoted
-from hetsgd.config.hydra_private import BASIC_SWEEPER
+from hetsgd.config.hydra_private import draws_jobs
 from hetsgd.errors import UserError
 from hetsgd.outputs.safe_text import shown
 from hetsgd.outputs.terminal import err
@@ -84,7 +84,7 @@ def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | Non
         check_knobs(tuning, fixed)
     if claim:
         claim_folder(sweep_dir)  # the last check: a refused sweep leaves no claim behind
-        if hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        if draws_jobs(hydra.sweeper):
             record_sampled_sweep(sweep_dir, overrides, hydra.sweeper.get("params"))
     else:
         check_unclaimed(sweep_dir)
@@ -96,13 +96,17 @@ def check_run_dir(overrides: Sequence[str]) -> None:
     users) is refused before Hydra writes there: it would overwrite its summary and mix their
     files. Continuing it is ``resume=DIR``; a folder named through an interpolation is not
     resolved here (its default, a new time-stamped folder, never holds one)."""
-    from hetsgd.outputs.index import is_run_dir, override_key
+    from hetsgd.outputs.index import is_run_dir
 
-    given = {override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
-    folder = given.get("hydra.run.dir")
-    if folder is None or "resume" in given or "${" in folder:
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:  # noqa: BLE001 - Hydra's own parser says what is wrong, just after
         return
-    if is_run_dir(Path(folder.strip("'\"")).expanduser()):
+    given = {o.key_or_group: o.value() for o in parsed}
+    folder = given.get("hydra.run.dir")
+    if not isinstance(folder, str) or "resume" in given or "${" in folder:
+        return
+    if is_run_dir(Path(folder).expanduser()):
         raise UserError(f"hydra.run.dir {shown(folder)} holds an earlier run, which this one "
                         f"would overwrite: choose another folder (or leave hydra.run.dir out for "
                         f"a new one), or continue that run with resume={shown(folder)}")
