@@ -147,14 +147,15 @@ def test_one_sync_worker_steps_on_the_global_batch_asked_for() -> None:
 
 
 def test_a_sync_rank_s_batch_sizes_are_its_shard_of_the_global_batch(tmp_path: Path) -> None:
-    """workers.csv said each rank took its group's 16 where it took 20 of the global 40: the
-    time split's milliseconds per update were then of another batch size than shown."""
+    """workers.csv said each rank took its group's 16 where it took 20 of a global 40: the time
+    split's milliseconds per update were then of another batch size than shown."""
     _run(tmp_path, "algo=sync", "devices=cpu", "devices.groups.cpu.count=2",
-         "devices.groups.cpu.batch_size=16", "algo.global_batch=40", "devices.simulated=true",
+         "devices.groups.cpu.batch_size=16", "algo.global_batch=41", "devices.simulated=true",
          "devices.groups.cpu.profile=xeon_e5_2686v4_core", "budget.epochs=0.2",
          "budget.seconds=null")
     workers = pd.read_csv(tmp_path / "workers.csv")
-    assert workers["first_batch"].tolist() == workers["last_batch"].tolist() == [20, 20]
+    # unequal shards, so that a rank given another's would show
+    assert workers["first_batch"].tolist() == workers["last_batch"].tolist() == [21, 20]
 
 
 @pytest.mark.integration

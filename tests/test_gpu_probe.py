@@ -107,8 +107,12 @@ def test_a_process_s_cpu_share_is_over_the_time_between_its_own_readings(
             return ["python", "-m", "hetsgd", "run"]
 
     proc, clock = Proc(), iter([100.0, 102.0])
-    monkeypatch.setattr(gpu_probe.psutil, "process_iter", lambda attrs: [proc])
-    monkeypatch.setattr(gpu_probe.time, "monotonic", lambda: next(clock))
+    # the probe's own modules replaced, not psutil's and time's: another thread of this test
+    # process (a leftover daemon of an earlier test) keeps the real clock and process list
+    monkeypatch.setattr(gpu_probe, "psutil", SimpleNamespace(
+        Process=gpu_probe.psutil.Process, Error=gpu_probe.psutil.Error,
+        process_iter=lambda attrs: [proc]))
+    monkeypatch.setattr(gpu_probe, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     last: dict = {}
     assert gpu_probe.processes(last) == []  # first seen: nothing to compare with yet
     assert gpu_probe.processes(last) == [[4242, "worker", 50.0, 10, 1, True]]

@@ -69,11 +69,19 @@ def test_ctrl_c_while_the_workers_start_ends_quietly_as_interrupted(results_dir:
     assert gone(pids, timeout_s=10)
 
 
-def _children(proc: subprocess.Popen) -> list[psutil.Process]:
+def _child_commands(proc: subprocess.Popen) -> list[str]:
+    """The command line of each child of ``proc``; one that ends while it is read is left out."""
+    commands = []
     try:
-        return psutil.Process(proc.pid).children()
+        children = psutil.Process(proc.pid).children()
     except psutil.Error:  # it ended meanwhile
         return []
+    for child in children:
+        try:
+            commands.append(" ".join(child.cmdline()))
+        except psutil.Error:  # a child that ended (or is a zombie) between the two reads
+            continue
+    return commands
 
 
 def test_ctrl_c_as_the_run_starts_writes_it_interrupted(results_dir: Path) -> None:
@@ -82,7 +90,7 @@ def test_ctrl_c_as_the_run_starts_writes_it_interrupted(results_dir: Path) -> No
     proc = start(results_dir, *LONG_RUN)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(  # the forkserver: the run has begun
-            "forkserver" in " ".join(child.cmdline()) for child in _children(proc)):
+            "forkserver" in command for command in _child_commands(proc)):
         time.sleep(0.005)
     # to the command alone: the forkserver, itself starting, would print Python's own report of
     # a KeyboardInterrupt during its interpreter's start-up

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -81,7 +82,7 @@ class Stale:
         if self.flying is not None:
             self.add(claims - self.flying - 1)
         self.flying = number if in_flight else None
-        if self.flying is None:
+        if not in_flight:
             self.add(claims - number)
 
     def landed(self, claims: int) -> None:
@@ -161,7 +162,8 @@ class Worker:
         # kept here, written to the shared row a few times a second; a resumed run's row holds
         # the staleness before it
         stale = Stale(int(counters["stale_sum"]), int(counters["stale_max"]))
-        pipelined = hasattr(self.link, "in_flight")  # asked once, not in every step
+        # a link that lands steps late says so by an ``in_flight`` (asked once, not every step)
+        pipelined: Any = self.link if hasattr(self.link, "in_flight") else None
         counters.start_cpu()
         while not stop.is_set():
             waited = time.perf_counter()
@@ -179,8 +181,7 @@ class Worker:
             finished = started + stepped + slept
             counters.step(size, (stepped - copy - merge) * slowed, started - waited,
                           (copy + merge) * slowed, copy * slowed)
-            stale.stepped(number, cursor.claims,
-                          pipelined and getattr(self.link, "in_flight", False))
+            stale.stepped(number, cursor.claims, pipelined is not None and pipelined.in_flight)
             if observe is not None:
                 observe(StepRecord(epoch, start, size, float(last.loss)))
             if finished >= next_read:
@@ -257,12 +258,11 @@ def seeded_global_streams(*key: int) -> Iterator[None]:
     """:func:`seed_global_streams` meanwhile, in a process that is not the run's own (the
     virtual clock's workers compute in the caller's, on its CPU): the caller's streams are put
     back after, and its CUDA devices' are left alone."""
-    numpy_state, random_state = np.random.get_state(), random.getstate()
+    cpu = torch.device("cpu")
+    saved = rng_state(cpu, None)
     try:
-        with torch.random.fork_rng(devices=[]):
-            seed_global_streams(*key, cuda=False)
-            yield
+        seed_global_streams(*key, cuda=False)
+        yield
     finally:
-        np.random.set_state(numpy_state)
-        random.setstate(random_state)
+        restore_rng(saved, cpu, None)
 
