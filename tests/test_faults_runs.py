@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -137,6 +138,58 @@ def test_a_resume_of_a_run_at_its_time_budget_is_refused_leaving_it(run_dir: Pat
         f"hetsgd: error: resume={run_dir}: its checkpoint is at {at:.3g} s, at "
         "budget.seconds=0.5 already: raise budget.seconds to train on (a run that stopped "
         "during its final evaluation: hetsgd recover)")
+
+
+@pytest.mark.integration
+def test_a_resume_killed_before_it_trains_leaves_the_checkpointed_run_to_recover(
+        run_dir: Path) -> None:
+    """A resume makes the folder the checkpoint's as it starts: one killed during its setup
+    (data, worker processes) took the crashed run's snapshots with it, so recovery found
+    none. It keeps the checkpoint's own, and its workers' counters."""
+    as_crashed(run_dir)
+    checkpoint = read_checkpoint(latest_checkpoint(run_dir))  # type: ignore[arg-type]
+    kept = [snapshot_file(snapshot) for snapshot in checkpoint.snapshots]
+    later = [file.name for file in _snapshot_files(run_dir) if file.name not in kept]
+    assert len(kept) >= 5 and later  # the run's last snapshot came after its checkpoint
+    counted_on = pd.read_csv(run_dir / "workers.csv")
+    counted_on["updates"] += 1000  # counted after the checkpoint too
+    counted_on.to_csv(run_dir / "workers.csv", index=False)
+    resumption = resume(run_dir, ["budget.seconds=2"])
+    resumption.start_in(run_dir)  # as the runner does first; then its process is killed
+    resumption.release()
+    assert [file.name for file in _snapshot_files(run_dir)] == kept
+
+    summary = recover(run_dir)
+    assert summary["status"] == CRASHED
+    assert len(pd.read_csv(run_dir / "convergence.csv")) == len(kept)
+    updates = [row["updates"] for row in checkpoint.counter_rows()]
+    assert pd.read_csv(run_dir / "workers.csv")["updates"].tolist() == updates
+    assert summary["updates"] == sum(updates)
+
+
+def test_a_resume_takes_the_evaluation_spacing_it_is_given(run_dir: Path) -> None:
+    """Its snapshots were taken at the checkpoint's spacing whatever eval.* said; the new
+    spacing is doubled as often as thinning had doubled the old (never here: 11 snapshots)."""
+    spacing = read_checkpoint(latest_checkpoint(run_dir)).snapshot_spacing  # type: ignore[arg-type]
+    assert spacing == (0.05, math.inf)  # CHECKPOINTED_RUN's eval
+    for overrides, expected in [([], spacing), (["eval.every_s=0.2", "eval.every_epochs=1"],
+                                                (0.2, 1.0))]:
+        resumption = resume(run_dir, ["budget.seconds=2", *overrides])
+        resumption.release()
+        assert resumption.checkpoint.snapshot_spacing == expected
+    thinned = replace(read_checkpoint(latest_checkpoint(run_dir)),  # type: ignore[arg-type]
+                      snapshot_spacing=(0.2, math.inf))  # as if thinned twice
+    write_checkpoint(run_dir, thinned)
+    resumption = resume(run_dir, ["budget.seconds=2", "eval.every_s=0.1", "eval.every_epochs=1"])
+    resumption.release()
+    assert resumption.checkpoint.snapshot_spacing == (0.4, 4.0)
+    write_checkpoint(run_dir, replace(thinned, snapshot_spacing=spacing))
+    resumed = hetsgd.run(f"resume={run_dir}", "budget.seconds=1.5", "eval.every_s=0.2",
+                         "progress=false")
+    assert resumed.status == "completed", resumed.summary.error
+    times = pd.read_csv(run_dir / "convergence.csv")["time_s"]
+    later = times[times > spacing[0] * 10 + 0.01].diff().dropna()
+    assert len(later) >= 3 and (later.iloc[:-1] >= 0.2 - 1e-9).all()
 
 
 def test_a_run_folder_this_user_cannot_open_is_a_one_line_refusal(

@@ -12,7 +12,6 @@ from hetsgd.config import RunConfig
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
 from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.common.state import SharedState
-from hetsgd.engines.counters import COUNTERS
 from hetsgd.engines.method_log import bind
 from hetsgd.engines.snapshots import Snapshot, Snapshots
 from hetsgd.engines.training import Controller, Journal, OnTick, Training
@@ -78,13 +77,14 @@ class EngineBase:
                 self.journal.checkpoint(checkpoint)
 
     def _resume_snapshots(self, resume: Checkpoint, snapshots: Snapshots) -> None:
-        """The snapshots the checkpoint kept come first, at the spacing they had reached."""
-        counters = [dict(zip(COUNTERS, row.tolist())) for row in resume.counters]
+        """The snapshots the checkpoint kept come first, at the spacing they had reached: the
+        next one is due a thinned spacing after the last, as in a run that went on."""
+        counters = resume.counter_rows()
+        snapshots.every_s, snapshots.every_epochs = resume.snapshot_spacing
         for snapshot in resume.snapshots:
             snapshots.add(snapshot, snapshot.examples / self.state.data.num_examples)
             if self.journal is not None:
                 self.journal.snapshot(snapshot, counters)
-        snapshots.every_s, snapshots.every_epochs = resume.snapshot_spacing
 
     def _duties(self, elapsed: float) -> None:
         """Each tick's duties, at ``elapsed`` seconds of training: the controller, then the

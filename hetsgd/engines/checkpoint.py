@@ -81,6 +81,10 @@ class Checkpoint:
     def counters(self) -> torch.Tensor:
         return torch.stack([worker.counters for worker in self.workers])
 
+    def counter_rows(self) -> list[dict[str, float]]:
+        """Each worker's counters by name, as the journal writes them."""
+        return [dict(zip(COUNTERS, worker.counters.tolist())) for worker in self.workers]
+
     @classmethod
     def assemble(cls, parts: list[WorkerState], t0: float, snapshots: list[Snapshot],
                  spacing: tuple[float, float]) -> Checkpoint:

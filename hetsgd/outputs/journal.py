@@ -21,6 +21,7 @@ import csv
 import io
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -56,19 +57,25 @@ log = logging.getLogger("hetsgd")
 def workers_table(specs: list[WorkerSpec], counters: list[dict[str, float]]
                   ) -> list[dict[str, Any]]:
     """The rows of workers.csv: each worker's spec (``label``: its kind as tables show it, see
-    :attr:`WorkerSpec.label`) and counters, its time split four ways: computing, copying the
-    master in, merging its result back (or exchanging it), waiting for work. ``busy_s`` and
-    ``comm_s`` are the older columns (computing; copying and merging together)."""
+    :attr:`WorkerSpec.label`) and :func:`counter_columns`."""
     return [{"worker": s.rank, "group": s.group, "device": s.device, "label": s.label,
-             "threads": s.threads, "first_batch": int(c["first_batch"]),
-             "last_batch": int(c["batch_size"]), "updates": int(c["updates"]),
-             "examples": int(c["examples"]), "busy_s": c["busy_s"], "wait_s": c["wait_s"],
-             "comm_s": c["comm_s"], "compute_s": c["busy_s"], "copy_s": c["copy_s"],
-             "merge_s": c["comm_s"] - c["copy_s"],
-             # a simulated worker is the simulator's events, not a process of its own
-             "cpu_s": None if s.simulated else c["cpu_s"],
-             "cpu_wait_s": None if s.simulated else c["cpu_wait_s"]}
+             "threads": s.threads, **counter_columns(c, s.simulated)}
             for s, c in zip(specs, counters)]
+
+
+def counter_columns(counters: dict[str, float], simulated: bool) -> dict[str, Any]:
+    """A worker's columns of workers.csv that its counters give: its time split four ways:
+    computing, copying the master in, merging its result back (or exchanging it), waiting for
+    work. ``busy_s`` and ``comm_s`` are the older columns (computing; copying and merging
+    together)."""
+    c = counters
+    return {"first_batch": int(c["first_batch"]), "last_batch": int(c["batch_size"]),
+            "updates": int(c["updates"]), "examples": int(c["examples"]), "busy_s": c["busy_s"],
+            "wait_s": c["wait_s"], "comm_s": c["comm_s"], "compute_s": c["busy_s"],
+            "copy_s": c["copy_s"], "merge_s": c["comm_s"] - c["copy_s"],
+            # a simulated worker is the simulator's events, not a process of its own
+            "cpu_s": None if simulated else c["cpu_s"],
+            "cpu_wait_s": None if simulated else c["cpu_wait_s"]}
 
 
 def _remove(path: Path) -> None:
@@ -194,3 +201,19 @@ def _index_rows(file: Path) -> dict[str, dict[str, Any]]:
 def remove_snapshots(run_dir: Path) -> None:
     """Delete the raw snapshots once they are evaluated: they are large."""
     shutil.rmtree(Path(run_dir) / SNAPSHOTS, ignore_errors=True)
+
+
+def restart_snapshots(run_dir: Path, version: Path, checkpoint: Checkpoint) -> None:
+    """Make ``snapshots/`` hold what a run resumed from ``checkpoint`` (read from ``version``)
+    continues: the checkpoint's own snapshot files and nothing taken after it, so that a resume
+    killed before it trains leaves what recovery reads as the checkpointed run. No index: each
+    file carries its row."""
+    folder = Path(run_dir) / SNAPSHOTS
+    remove_snapshots(run_dir)
+    with writing(folder):
+        folder.mkdir()
+        for name in (snapshot_file(snapshot) for snapshot in checkpoint.snapshots):
+            try:  # a version holds links to the files: another link costs nothing
+                os.link(version / name, folder / name)
+            except OSError:  # another file system
+                shutil.copyfile(version / name, folder / name)

@@ -16,16 +16,19 @@ a time: a resumption holds an exclusive lock on the run's folder until :meth:`Re
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.compose import changed_keys, rebuild_config, recomposable
+from hetsgd.config.schema import EvalConfig
 from hetsgd.data.files import reason
 from hetsgd.engines.checkpoint import Checkpoint
 from hetsgd.engines.counters import COUNTERS
@@ -39,7 +42,7 @@ from hetsgd.outputs.index import (
     override_key,
     read_summary,
 )
-from hetsgd.outputs.journal import remove_snapshots
+from hetsgd.outputs.journal import counter_columns, restart_snapshots
 from hetsgd.outputs.run_directory import check_no_links, write_csv, write_text
 from hetsgd.runs.trust import check_recorded_overrides, check_targets, override_targets
 
@@ -52,6 +55,7 @@ class Resumption:
     cfg: DictConfig  # the resumed run's config
     overrides: list[str]  # those it is composed from
     checkpoint: Checkpoint
+    version: Path  # the checkpoint's folder
     source: Path  # the run directory it continues
     claim: int  # a descriptor of ``source`` holding its exclusive lock while the run resumes
 
@@ -69,14 +73,22 @@ class Resumption:
 
     def start_in(self, run_dir: Path) -> None:
         """Make ``run_dir`` (the checkpointed run's own, or a new one) hold what the resumed
-        run continues: the overrides of its config, the utilization samples up to the
-        checkpoint, no snapshots yet (the coordinator writes the checkpoint's first)."""
+        run continues, as its checkpoint left it: the overrides of its config, the utilization
+        samples, snapshots and workers' counters up to the checkpoint. A resume killed before
+        it trains leaves a run that recovery evaluates up to the checkpoint."""
         (run_dir / OVERRIDES).parent.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / OVERRIDES, yaml.safe_dump(self.overrides))
         rows = load_csv(self.source, "utilization")
         if rows is not None:
             write_csv(run_dir / "utilization.csv", rows[rows["time_s"] <= self.checkpoint.time_s])
-        remove_snapshots(run_dir)
+        restart_snapshots(run_dir, self.version, self.checkpoint)
+        workers = load_csv(self.source, "workers")
+        if workers is not None and len(workers) == len(self.checkpoint.workers):
+            simulated = bool(self.cfg.devices.simulated)
+            write_csv(run_dir / "workers.csv", pd.DataFrame([
+                {**row, **counter_columns(counters, simulated)}
+                for row, counters in zip(workers.to_dict("records"),
+                                         self.checkpoint.counter_rows())]))
 
 
 def _rebuilt(source: Path, config: DictConfig, recorded: list[str], now: list[str]
@@ -160,12 +172,25 @@ def _resumption(source: Path, overrides: Sequence[str], claim: int) -> Resumptio
                   "add model=custom model._target_={}")
     cfg.resume = str(source)
     try:
-        seconds = to_run_config(cfg).budget.seconds
+        resumed = to_run_config(cfg)
         checkpoint = read_checkpoint(version)
     except (ConfigError, UserError) as err:
         raise UserError(f"resume={source}: {err}") from err
+    seconds = resumed.budget.seconds
     if seconds is not None and checkpoint.time_s >= seconds:  # it would train one step more
         raise UserError(f"resume={source}: its checkpoint is at {checkpoint.time_s:.3g} s, at "
                         f"budget.seconds={seconds:g} already: raise budget.seconds to train on "
                         "(a run that stopped during its final evaluation: hetsgd recover)")
-    return Resumption(cfg, [*recorded, *now], checkpoint, source, claim)
+    checkpoint = replace(checkpoint, snapshot_spacing=_spacing(checkpoint, recorded_cfg.eval,
+                                                               resumed.eval))
+    return Resumption(cfg, [*recorded, *now], checkpoint, version, source, claim)
+
+
+def _spacing(checkpoint: Checkpoint, was: EvalConfig, now: EvalConfig) -> tuple[float, float]:
+    """The snapshot spacing a resumed run goes on at: the checkpoint's, which is the spacing
+    ``was`` gave its run, doubled each time thinning halved its snapshots; where this command
+    changes ``eval``, ``now``'s spacing, doubled as often."""
+    every_s, _ = checkpoint.snapshot_spacing
+    doubled = every_s / was.every_s
+    return (now.every_s * doubled,
+            math.inf if now.every_epochs is None else now.every_epochs * doubled)
