@@ -220,6 +220,29 @@ def test_a_stopped_or_killed_worker_fails_its_job_naming_it_leaves_nothing_and_t
 
 @pytest.mark.integration
 @pytest.mark.wall
+def test_a_killed_accelerator_fails_the_run_at_once_not_after_the_stall_window(
+        results_dir: Path) -> None:
+    """Before each snapshot the coordinator waits for the accelerator to publish its replica:
+    one killed during that wait held it for workers.stall_s, while the CPU workers trained on
+    past the budget."""
+    proc = start(results_dir, "run", "algo=hogbatch", "devices=emulated", "dataset=digits",
+                 "budget.epochs=null", "budget.seconds=3", "workers.stall_s=120",
+                 "progress=false")
+    try:
+        pids = workers(proc, count=2)
+        await_snapshots(results_dir, count=3)
+        os.kill(pids[0], signal.SIGKILL)  # rank 0: the accelerator
+        output, _ = proc.communicate(timeout=100)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, output
+    summary = _summary(results_dir)
+    assert summary["error"].startswith("worker 0 (accel) was killed by SIGKILL"), summary["error"]
+    assert summary["time_s"] < 3  # at the next tick, not after the stall window (120 s)
+
+
+@pytest.mark.integration
+@pytest.mark.wall
 @pytest.mark.serial  # workers.stall_s=2: on a loaded machine a starved healthy worker reads as hung
 def test_a_stopped_coordinator_says_so_and_its_workers_are_not_blamed(results_dir: Path) -> None:
     """Stopped 5 s, longer than workers.stall_s: it saw no progress then, and must not call the

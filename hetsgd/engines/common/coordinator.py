@@ -155,6 +155,14 @@ class Coordinator(EngineBase):
             time.sleep(PUBLISH_POLL_S)
         return {}
 
+    def _answering(self, live: _Pass) -> list[int]:
+        """The publishers a publish request waits for: those still running. One killed (the
+        OOM killer, a driver's crash) never answers, and its death is collected only after the
+        wait: it held the snapshot, and the whole run, for the stall window."""
+        return [spec.rank for spec, process in zip(self.specs, live.procs)
+                if spec.rank in self.publishers and spec.rank not in live.finished
+                and process.exitcode is None]
+
     # -- checkpoints -------------------------------------------------------------------------
 
     def _start(self, procs: list) -> dict[int, str]:
@@ -267,8 +275,7 @@ class Coordinator(EngineBase):
             if live.snapshots.due(now - t0, epoch) and len(live.finished) < len(live.procs):
                 with tick.aside:
                     if self.publishers:
-                        live.hung.update(self._publish(
-                            lambda: [r for r in self.publishers if r not in live.finished]))
+                        live.hung.update(self._publish(lambda: self._answering(live)))
                     self._take_snapshot(time.perf_counter() - t0, live.snapshots)
             if every_s is not None and now - live.last_request >= every_s:
                 signals.request_checkpoint()
