@@ -6,7 +6,7 @@ The paper does not give its rule. This is the project's reconstruction (docs/alg
 * every ``period_s`` seconds, measure each class's update rate U over the last ``window_s``;
 * with s* = ``target_share`` (the accelerator class's wanted share of updates),
   r = (s* / (1 - s*)) * U_host / U_accel is how many times more often the accelerators should
-  update; inside a 10 % dead band nothing changes;
+  update; within a factor ``dead_band`` (1.1) of 1 nothing changes;
 * r > 1: shrink the accelerator batch,
   b_g <- clamp(b_g / r^gamma, min_accel_batch, max_accel_batch); once b_g sits at
   ``min_accel_batch`` (the paper's threshold, which caps the utilization cost), grow the host
@@ -16,7 +16,9 @@ The paper does not give its rule. This is the project's reconstruction (docs/alg
   balance and the utilization (docs/results/adaptive_threshold.md);
 * r < 1: undo in the opposite order (host batches back down to their configured size, then
   b_g up to ``max_accel_batch``);
-* each resize is capped at a factor of 4, and the measuring window restarts after it.
+* each resize is capped at a factor of ``max_factor`` (4), and the measuring window restarts
+  after it, from the counts at the resize (so the next control, ``period_s`` later, has a
+  window of ``period_s``: rates need one at least ``MIN_WINDOW_FILL`` of ``window_s`` long).
 
 Every change is logged (``batches.csv``); the summary says whether a bound stopped the controller.
 """
@@ -40,8 +42,6 @@ from hetsgd.algorithms.api import (
 
 NAME = "adaptive"
 CONFIG = AdaptiveConfig
-DEAD_BAND = 1.1  # no resize while the wanted/measured update ratio is within this factor of 1
-MAX_FACTOR = 4.0  # one resize changes a batch size by at most this factor
 MIN_WINDOW_FILL = 0.5  # rates need a window at least this full (share of window_s) to count
 # Before the accelerators' first update in a window, their count is taken as this (shrink).
 NO_UPDATE_FLOOR = 0.5
@@ -51,11 +51,18 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
     """Hogbatch's layout; ``max_accel_batch`` defaults to the accelerator group's batch size, and
     a threshold above it means the accelerator batch never shrinks (the default threshold is
     set for the paper's GPU batch of 1024, above an emulated accelerator's 256). A batch that
-    starts above its bound is refused: the controller would take the bound for the batch."""
+    starts above its bound is refused: the controller would take the bound for the batch. So
+    are accelerators of several batch sizes: the rule resizes one accelerator batch (the
+    paper's one GPU), and would give every accelerator the first one's."""
     hogbatch.check_workers(cfg, specs)
     algo = cfg.algo
     assert isinstance(algo, AdaptiveConfig)
-    accel_batch = next(s.batch_size for s in specs if s.accel)
+    accel = {s.group: s.batch_size for s in specs if s.accel}
+    group, accel_batch = next(iter(accel.items()))
+    if other := next((g for g, size in accel.items() if size != accel_batch), None):
+        raise UserError(f"Adaptive resizes one accelerator batch size: devices.groups.{group}"
+                        f".batch_size={accel_batch} and devices.groups.{other}.batch_size="
+                        f"{accel[other]} differ (give every accelerator group one)")
     for spec in specs:
         key = "max_accel_batch" if spec.accel else "max_host_batch"
         bound = getattr(algo, key)
@@ -98,7 +105,8 @@ class BatchController:
         self.initial_host = {r: specs[r].batch_size for r in self.host}
         self.host_factor = 1.0
         self.max_host_factor = max(1.0, cfg.max_host_batch / max(self.initial_host.values(), default=1))
-        self.window: deque[tuple[float, float, float]] = deque()
+        # (time, accelerators' updates, hosts' updates), from the clock's start
+        self.window: deque[tuple[float, float, float]] = deque([(0.0, 0.0, 0.0)])
         self.next_control = cfg.period_s
         self.last_ratio: float | None = None
         self.last_share: float | None = None  # accelerator share of updates, last window
@@ -106,8 +114,15 @@ class BatchController:
             {"time_s": 0.0, "worker": s.rank, "group": s.group, "batch_size": s.batch_size}
             for s in specs]
 
+    @property
+    def _accel_size(self) -> int:
+        """The accelerators' batch size: the damped size, rounded. Bounds are judged on it: a
+        size a fraction above its floor rounds to the floor, where a shrink would change nothing
+        and cost a control period."""
+        return max(1, round(self.accel_batch))
+
     def _sizes(self) -> dict[int, int]:
-        sizes = {r: max(1, round(self.accel_batch)) for r in self.accel}
+        sizes = {r: self._accel_size for r in self.accel}
         sizes.update({r: min(self.cfg.max_host_batch, max(b, round(b * self.host_factor)))
                       for r, b in self.initial_host.items()})
         return sizes
@@ -127,11 +142,11 @@ class BatchController:
         share = self.cfg.target_share
         ratio = share / (1 - share) * (h1 - h0) / max(a1 - a0, NO_UPDATE_FLOOR)
         self.last_ratio = ratio
-        if 1 / DEAD_BAND < ratio < DEAD_BAND:
+        if 1 / self.cfg.dead_band < ratio < self.cfg.dead_band:
             return
-        step = _clamp(ratio ** self.cfg.gamma, 1 / MAX_FACTOR, MAX_FACTOR)
+        step = _clamp(ratio ** self.cfg.gamma, 1 / self.cfg.max_factor, self.cfg.max_factor)
         before = self._sizes()
-        if ratio > 1 and self.accel_batch > self.cfg.min_accel_batch:
+        if ratio > 1 and self._accel_size > self.cfg.min_accel_batch:
             self.accel_batch = _clamp(self.accel_batch / step, self.cfg.min_accel_batch, self.max_accel_batch)
         elif ratio > 1:
             self.host_factor = _clamp(self.host_factor * step, 1.0, self.max_host_factor)
@@ -149,15 +164,16 @@ class BatchController:
                 self.log.append({"time_s": elapsed, "worker": rank, "group": self.specs[rank].group,
                                  "batch_size": size})
         self.window.clear()
+        self.window.append((elapsed, a1, h1))  # the rates after the resize, from its counts
 
     def summary(self) -> dict:
         """Where the controller ended, and which bound (if any) kept it from its target."""
         bound = None
-        if self.last_ratio is not None and self.last_ratio >= DEAD_BAND:
-            if self.accel_batch <= self.cfg.min_accel_batch and self.host_factor >= self.max_host_factor:
+        if self.last_ratio is not None and self.last_ratio >= self.cfg.dead_band:
+            if self._accel_size <= self.cfg.min_accel_batch and self.host_factor >= self.max_host_factor:
                 bound = "min_accel_batch and max_host_batch"
-        elif self.last_ratio is not None and self.last_ratio <= 1 / DEAD_BAND:
-            if self.host_factor <= 1 and self.accel_batch >= self.max_accel_batch:
+        elif self.last_ratio is not None and self.last_ratio <= 1 / self.cfg.dead_band:
+            if self.host_factor <= 1 and self._accel_size >= self.max_accel_batch:
                 bound = "max_accel_batch"
         return {"adaptive": {"target_share": self.cfg.target_share, "bound": bound,
                              "last_window_share": self.last_share,

@@ -80,6 +80,8 @@ class AdaptiveConfig(HogbatchConfig):
     period_s: float = 0.5  # control period
     window_s: float = 1.0  # update rates are measured over this sliding window
     gamma: float = 0.5  # damping exponent of each resize
+    dead_band: float = 1.1  # no resize while the wanted/measured update ratio is this close to 1
+    max_factor: float = 4.0  # one resize changes a batch size by at most this factor
     # The paper's "batch size threshold": accel batches never go below it (above the accel
     # group's batch: they never shrink). The values, like the rule, are the project's
     # reconstruction. These defaults keep Adaptive training well on real and emulated mixes;
@@ -108,6 +110,10 @@ class AdaptiveConfig(HogbatchConfig):
                 "algo.window_s", f"at least algo.period_s, at most {MAX_SECONDS:,.0f} seconds",
                 self.window_s)
         require(0 < self.gamma <= 1, "algo.gamma", "0 < x <= 1", self.gamma)
+        require(finite(self.dead_band) and self.dead_band >= 1, "algo.dead_band",
+                "a factor of at least 1", self.dead_band)
+        require(finite(self.max_factor) and self.max_factor > 1, "algo.max_factor",
+                "a factor above 1", self.max_factor)
         require(self.min_accel_batch > 0, "algo.min_accel_batch", "a positive batch size",
                  self.min_accel_batch)
         # a threshold above max_accel_batch is no error: the plan takes the smaller (no shrinking)
