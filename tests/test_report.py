@@ -19,6 +19,7 @@ from hetsgd.errors import UserError
 from hetsgd.outputs.comparison import comparisons
 from hetsgd.outputs.index import index_runs, load_csv
 from hetsgd.outputs.metrics import crossing, loss_key, target_losses, time_to_losses
+from hetsgd.outputs.plots import plot_comparison
 from hetsgd.outputs.report import write_report
 from hetsgd.outputs.summary import GroupMix, Losses, Mix, RunSummary, TargetLosses
 from hetsgd.outputs.sweep import SweepReport
@@ -311,6 +312,29 @@ def test_comparisons_are_split_by_dataset(tmp_path: Path) -> None:
     markdown = write_report(tmp_path)
     assert "## digits · mlp" in markdown and "## w8a · mlp" in markdown
     assert "Failed runs" not in markdown
+
+
+def test_runs_whose_overrides_change_the_data_are_another_comparison(tmp_path: Path) -> None:
+    """A sweep over dataset.n_classes=2,10 was one comparison: the 10-class runs scaled by the
+    2-class runs' best loss, and the baseline of the other task."""
+    for name, classes, speed in (("two", 2, 2.0), ("ten", 10, 1.0)):
+        for algo in ("sync", "hogwild"):
+            run_dir = write_run(tmp_path / f"{name}_{algo}", algo=algo, devices="cpu", seed=0,
+                                speed=speed, dataset="synthetic")
+            write_overrides(run_dir, [f"algo={algo}", "dataset=synthetic",
+                                      f"dataset.n_classes={classes}", "seed=0"])
+    comps = comparisons(index_runs(tmp_path))
+    assert [comp.dataset for comp in comps] == ["synthetic [dataset.n_classes=10]",
+                                                "synthetic [dataset.n_classes=2]"]
+    for comp in comps:
+        assert len(comp.runs) == 2 and comp.common == comp.dataset.split("[")[1].rstrip("]")
+        assert comp.l_best == pytest.approx(min(float(curve["test_loss"].min())
+                                                for curve in comp.curves.values()))
+    assert comps[0].l_best != comps[1].l_best
+    names = [path.name for path in plot_comparison(index_runs(tmp_path), tmp_path / "figures")]
+    assert len(set(names)) == len(names)  # each comparison's own figures, none overwritten
+    assert {"loss_vs_time_synthetic__dataset.n_classes_10_.png",
+            "loss_vs_time_synthetic__dataset.n_classes_2_.png"} <= set(names)
 
 
 def test_bad_paths_and_files_are_user_errors(tmp_path: Path) -> None:

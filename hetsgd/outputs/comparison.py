@@ -1,9 +1,10 @@
 """Comparisons: the runs whose losses and times are on one scale, and their per-run numbers.
 
-A *comparison* is the set of runs with the same dataset, model and clock: simulated runs' times
+A *comparison* is the set of runs with the same data, model and clock: simulated runs' times
 are virtual (the virtual clock's), the others' measured, so the two never share a time column
-or a best loss. Within it, every run's normalized loss is (L0 - L) / (L0 - L_best), L0 the run's
-own initial loss and L_best the lowest loss any completed run of the comparison reached, so that
+or a best loss; nor do runs on other data (another dataset, or ``dataset.*`` overrides).
+Within it, every run's normalized loss is (L0 - L) / (L0 - L_best), L0 the run's own initial
+loss and L_best the lowest loss any completed run of the comparison reached, so that
 "0.9" means the same loss for every algorithm and device mix. The loss is the test loss where
 every completed run of the comparison evaluated one, else the training loss. Time and epochs to
 a target are *sustained* (:func:`hetsgd.outputs.metrics.sustained`): after them the run stays at
@@ -32,7 +33,14 @@ import pandas as pd
 
 from hetsgd.config.optim import OPTIM_SCHEMAS, SGDConfig
 from hetsgd.errors import UserError
-from hetsgd.outputs.index import UNUSABLE, load_csv, override_key, read_config, settings
+from hetsgd.outputs.index import (
+    UNUSABLE,
+    data_settings,
+    load_csv,
+    override_key,
+    read_config,
+    settings,
+)
 from hetsgd.outputs.intervals import mean_interval
 from hetsgd.outputs.metrics import (
     TARGETS,
@@ -174,13 +182,17 @@ def _read_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def comparisons(index: pd.DataFrame) -> list[Comparison]:
-    """Group the index by dataset, model and clock, name each run's variant and put every
-    completed run's curve on the comparison's normalized scale. Runs that do not name their
-    dataset and model are left out."""
+    """Group the index by data, model and clock, name each run's variant and put every
+    completed run's curve on the comparison's normalized scale. The data is the dataset's
+    label, and the overrides that change it where there are some (``digits
+    [dataset.limit=500]``). Runs that do not name their dataset and model are left out."""
     known = index[index["dataset"].notna() & index["model"].notna()].copy()
     known["algo"] = known["algo"].fillna("?")
     known["devices"] = known["devices"].fillna("?")
     known["clock"] = known["simulated"].map(lambda s: CLOCKS[bool(s)])
+    known["dataset"] = [f"{label} [{changed}]" if (changed := data_settings(overrides))
+                        else label for label, overrides in zip(known["dataset"],
+                                                               known["overrides"])]
     result = []
     for (dataset, model, clock), group in known.groupby(["dataset", "model", "clock"],
                                                         sort=True):
