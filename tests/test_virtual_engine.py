@@ -4,6 +4,7 @@ determinism, and what a simulated run says about itself."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from functools import partial
@@ -285,12 +286,38 @@ def test_simulated_sync_steps_at_the_slowest_ranks_pace(exchange: ExchangeCost |
     assert training.counters[1]["comm_s"] == pytest.approx(10 * per_step)
 
 
+# a model that draws from torch's global stream as it trains
+DROPOUT_NET = """
+from torch import nn
+
+
+def mlp(in_features, num_outputs):
+    return nn.Sequential(nn.Linear(in_features, 32), nn.ReLU(), nn.Dropout(0.5),
+                         nn.Linear(32, num_outputs))
+"""
+
+
+@pytest.fixture
+def dropout_net(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
+    """The overrides of DROPOUT_NET, importable here and in spawned ranks."""
+    (tmp_path / "dropnets.py").write_text(DROPOUT_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [
+        str(tmp_path), os.environ.get("PYTHONPATH")])))
+    return ("model=custom", "model._target_=dropnets.mlp")
+
+
 @pytest.mark.integration
-def test_simulated_local_sgd_trains_the_real_engines_model_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dropout", [False, True], ids=["mlp", "dropout"])
+def test_simulated_local_sgd_trains_the_real_engines_model_exactly(
+        tmp_path: Path, request: pytest.FixtureRequest, dropout: bool) -> None:
     """The virtual clock runs the algorithm's own rank loop: biased local SGD on two ranks,
     fixed taus, ends with the very model the real engine's processes train (the all-reduce of
-    two ranks is a sum either way round)."""
-    common = ("algo=local_sgd", "dataset=digits", "model=mlp", "devices=emulated",
+    two ranks is a sum either way round), and so does a model that draws dropout masks from
+    the global stream (each simulated rank had the draws the threads' interleaving dealt it,
+    run after run another model)."""
+    model = request.getfixturevalue("dropout_net") if dropout else ("model=mlp",)
+    common = ("algo=local_sgd", "dataset=digits", *model, "devices=emulated",
               "algo.tau={accel:2,cpu:3}", "algo.biased.sampling=true", "algo.aggregation=samples",
               "budget.epochs=2", "budget.seconds=null", "progress=false")
     real, _ = _whole_run(tmp_path, "real", *common)
@@ -387,7 +414,7 @@ def test_a_setup_collective_advances_the_clocks_but_runs_no_duties() -> None:
     meeting.slots[0] = torch.ones(1)
     meeting.barrier.wait()  # the parameters' broadcast
     assert (clocks[0].time, met) == (0.25, [])
-    meeting.start()
+    meeting.start(rank=0)
     assert clocks[0].time == 0.0
     meeting.barrier.wait()  # training's first all-reduce
     assert (clocks[0].time, met) == (0.25, [0.25])

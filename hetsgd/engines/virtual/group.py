@@ -12,8 +12,10 @@ of the model, one taking the profile's ``copy_s`` (a CPU core's copies are free)
 smaller than the model costs as much (latency), a larger one in proportion.
 
 Collectives sum in rank order, and whatever the coordinator does between exchanges (snapshots,
-utilization samples, progress) runs at the barrier while every rank waits, so a simulated run
-does not depend on how the threads interleave.
+utilization samples, progress) runs at the barrier while every rank waits. The ranks compute
+one at a time, in rank order, each with global random streams of its own (:class:`Turns`), so
+a simulated run does not depend on how the threads interleave, and a model that draws there
+(dropout) draws what it draws on the real engine.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetsgd.engines.checkpoint import restore_rng, rng_state
+from hetsgd.engines.common.worker import seed_global_streams, seeded_global_streams
 from hetsgd.engines.ranks.group import Group, RankLost
 from hetsgd.engines.virtual.busy import BusyTime
 from hetsgd.engines.virtual.step_times import StepTimes
@@ -68,13 +72,52 @@ class VirtualClock:
         self.times.skip(int(state["draws"]) - self.times.draws)
 
 
+class Turns:
+    """The ranks' threads compute one at a time, in rank order between two meetings, each with
+    torch's, numpy's and Python's global random streams of its own: seeded as a real rank's
+    process seeds them (the run's seed and its rank), put in place when its turn comes and
+    kept when it ends. One stream shared by threads that compute at once gave each rank the
+    draws the scheduler dealt it."""
+
+    def __init__(self, world: int, seed: int) -> None:
+        self.world, self.current, self.aborted = world, 0, False
+        self.ready = threading.Condition()
+        cpu = torch.device("cpu")
+        self.streams = []
+        with seeded_global_streams(seed):  # the caller's own streams put back after
+            for rank in range(world):
+                seed_global_streams(seed, rank, cuda=False)
+                self.streams.append(rng_state(cpu, None))
+
+    def take(self, rank: int) -> None:
+        """Wait for ``rank``'s turn, then compute with its streams."""
+        with self.ready:
+            self.ready.wait_for(lambda: self.current == rank or self.aborted)
+            if self.aborted:
+                raise RankLost(f"rank {rank}: another simulated rank failed")
+        restore_rng(self.streams[rank], torch.device("cpu"), None)
+
+    def hand_on(self, rank: int) -> None:
+        """``rank`` has computed up to a meeting (or its end): the next rank's turn."""
+        self.streams[rank] = rng_state(torch.device("cpu"), None)
+        with self.ready:
+            self.current = (rank + 1) % self.world
+            self.ready.notify_all()
+
+    def abort(self) -> None:
+        with self.ready:
+            self.aborted = True
+            self.ready.notify_all()
+
+
 class Meeting:
     """Where the ranks' collectives meet: one slot per rank, reduced at a barrier."""
 
     def __init__(self, clocks: list[VirtualClock], model_bytes: int,
-                 on_meeting: OnMeeting) -> None:
+                 on_meeting: OnMeeting, seed: int = 0) -> None:
         self.clocks, self.model_bytes, self.on_meeting = clocks, model_bytes, on_meeting
         world = len(clocks)
+        self.turns = Turns(world, seed)
         self.slots: list[torch.Tensor | None] = [None] * world
         self.op = dist.ReduceOp.SUM
         self.result: torch.Tensor | None = None
@@ -119,18 +162,25 @@ class Meeting:
             clock.time = 0.0
         self.started = True
 
-    def start(self) -> None:
+    def start(self, rank: int) -> None:
         """Every rank is set up: training starts, at time 0 on every clock (the collectives of
         the setup, like a real run's, are not training time)."""
+        self.turns.hand_on(rank)
+        self.waiting.add(rank)
         try:
             self.go.wait()
+            self.turns.take(rank)
         except threading.BrokenBarrierError:
             raise RankLost("another simulated rank failed during setup") from None
+        finally:
+            self.waiting.discard(rank)
 
     def abort(self) -> None:
-        """A rank failed: release the others from the barriers (they raise RankLost)."""
+        """A rank failed: release the others from the barriers and their turns (they raise
+        RankLost)."""
         self.barrier.abort()
         self.go.abort()
+        self.turns.abort()
 
 
 class VirtualGroup(Group):
@@ -151,8 +201,10 @@ class VirtualGroup(Group):
         meeting.slots[self.rank] = tensor.detach().to("cpu")
         meeting.op = op
         meeting.waiting.add(self.rank)
+        meeting.turns.hand_on(self.rank)
         try:
             meeting.barrier.wait()
+            meeting.turns.take(self.rank)
         except threading.BrokenBarrierError:
             raise RankLost(f"rank {self.rank}: another simulated rank failed") from None
         finally:

@@ -53,7 +53,7 @@ class VirtualRanks(EngineBase):
         self.busy = BusyTime(world)
         clocks = [VirtualClock(s.rank, times, cfg.budget.seconds, self.busy)
                   for s, times in zip(world, step_times(cfg, world, profiles))]
-        self.meeting = Meeting(clocks, master.nbytes, self._on_meeting)
+        self.meeting = Meeting(clocks, master.nbytes, self._on_meeting, cfg.seed)
         self.loops: list[RankLoop | None] = [None] * len(world)
         self.errors: dict[int, BaseException] = {}
         self.snapshots = self._new_snapshots()
@@ -103,16 +103,19 @@ class VirtualRanks(EngineBase):
     # -- the run -----------------------------------------------------------------------------
 
     def _rank(self, spec: WorkerSpec, setup: dict) -> None:
-        """A rank's thread: the loop, then its final counters; any failure releases the others."""
+        """A rank's thread: the loop, then its final counters, computed in its turns (one rank
+        at a time); any failure releases the others."""
         try:
+            self.meeting.turns.take(spec.rank)
             loop = self.loop_type(spec, self.specs, self.cfg, self.problem, self.state,
                                   VirtualGroup(spec.rank, self.meeting))
             self.loops[spec.rank] = loop
             if spec.rank == 0:
                 setup.update(loop.setup())
-            self.meeting.start()
+            self.meeting.start(spec.rank)
             loop.run(partial(self._on_part, spec.rank))
             loop.rank.finish()
+            self.meeting.turns.hand_on(spec.rank)
         except BaseException as exc:  # noqa: BLE001 - reported by run()
             self.errors[spec.rank] = exc
             self.meeting.abort()
