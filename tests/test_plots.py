@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
-from test_report import write_broken_runs, write_failed, write_run, write_sweep
+from test_report import write_broken_runs, write_failed, write_overrides, write_run, write_sweep
 
 from hetsgd.errors import UserError
 from hetsgd.outputs import plots, run_figures
@@ -205,3 +205,96 @@ def test_utilization_figure_shows_the_runs_own_cpu_apart_from_the_hosts(tmp_path
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
     np.testing.assert_allclose(lines["workers' CPU\n(of all 2 host cores)"].get_ydata(),
                                util["workers_cpu_percent"] / 2)
+
+
+def _edit_summary(run: Path, **fields: object) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, **fields}))
+
+
+FLAGGED = {"contention": {"flagged": True, "workers_cpu_share": 0.4, "threshold": 0.7}}
+
+
+def test_flagged_runs_are_drawn_and_said_to_be_flagged(
+        tmp_path: Path, saved_figures: dict[Path, Figure]) -> None:
+    """The report does not time runs flagged as contended; the figures still draw them (on a
+    busy machine all may be), but the legend counts them and a run's own titles say so."""
+    sweep = write_sweep(tmp_path / "sweep", failed=False)
+    jobs = sorted(d for d in sweep.iterdir() if d.name[0].isdigit())
+    for job in jobs:
+        if "algo=adaptive,devices=auto" in job.name or job.name.startswith("0_"):
+            _edit_summary(job, **FLAGGED)
+    plot_comparison(index_runs(sweep), sweep / "figures")
+    for name in ("loss_vs_time", "loss_vs_epoch", "accuracy_vs_time"):
+        lines = _lines(saved_figures[sweep / "figures" / f"{name}_digits.png"])
+        assert sorted(label for label in lines if "(n=" in label) == [
+            "adaptive · auto (emulated)  (n=2, 2 flagged)", "adaptive · cpu+gpu  (n=2)",
+            "sync · auto (emulated)  (n=2)", "sync · cpu+gpu  (n=2, 1 flagged)"]
+
+    plot_run(jobs[0])
+    title = saved_figures[jobs[0] / "figures" / "loss_vs_time.png"].axes[0].get_title()
+    assert title.split("\n")[0] == "digits · mlp: sync on cpu+gpu, seed 0 [flagged as contended]"
+    assert "flagged" not in run_title(RunSummary.read(jobs[1]))
+    failed = write_failed(tmp_path / "failed", algo="sync", devices="gpu", seed=0, error="x")
+    _edit_summary(failed, **FLAGGED)
+    assert run_title(RunSummary.read(failed)).endswith("seed 0 [failed, flagged as contended]")
+
+
+def _lr_sweep(sweep: Path, rates: list[str]) -> None:
+    """One run of sync on one mix per learning rate: rows that differ only in their variant."""
+    for i, lr in enumerate(rates):
+        run = write_run(sweep / f"{i}_optim.lr={lr}", algo="sync", devices="cpu+gpu", seed=0,
+                        speed=1.0 + i / 10)
+        write_overrides(run, [f"optim.lr={lr}"])
+
+
+def _looks(fig: Figure) -> list[tuple[object, ...]]:
+    return [(line.get_color(), line.get_linestyle(), line.get_marker())
+            for line in fig.axes[0].get_lines() if "(n=" in str(line.get_label())]
+
+
+def test_every_row_of_a_figure_looks_different(
+        tmp_path: Path, saved_figures: dict[Path, Figure]) -> None:
+    """An lr sweep of one method on one mix: one colour, and four line styles for six rows;
+    the rows past the fourth get markers, so that no two look alike. Four rows keep their
+    plain lines."""
+    rates = ["0.001", "0.003", "0.01", "0.03", "0.1", "0.3"]
+    _lr_sweep(tmp_path / "six", rates)
+    plot_comparison(index_runs(tmp_path / "six"), tmp_path / "six" / "figures")
+    for name in ("loss_vs_time", "loss_vs_epoch", "accuracy_vs_time"):
+        looks = _looks(saved_figures[tmp_path / "six" / "figures" / f"{name}_digits.png"])
+        assert len(looks) == len(rates) and len(set(looks)) == len(looks), looks
+
+    _lr_sweep(tmp_path / "four", rates[:4])
+    plot_comparison(index_runs(tmp_path / "four"), tmp_path / "four" / "figures")
+    looks = _looks(saved_figures[tmp_path / "four" / "figures" / "loss_vs_time_digits.png"])
+    assert len(set(looks)) == 4 and {marker for _, _, marker in looks} == {"None"}
+
+
+def _tick_texts(fig: Figure) -> list[str]:
+    return [label.get_text() for label in fig.axes[0].get_xticklabels()]
+
+
+def test_tick_labels_from_run_folders_are_escaped_in_the_saved_figure(
+        tmp_path: Path, saved_figures: dict[Path, Figure]) -> None:
+    """Tick labels are rebuilt from their formatter when a figure is drawn, after save() has
+    escaped the figure's text: a group name or an override with ESC and BEL in it must be
+    escaped where the ticks are set."""
+    group = "accel\x1b]0;pwned\x07"
+    sweep = tmp_path / "sweep"
+    for seed, note in enumerate(("+note=\x1b[31mRED\x07", "+note=plain")):
+        run = write_run(sweep / f"{seed}_run", algo="hogbatch", devices="cpu+gpu", seed=seed)
+        write_overrides(run, [note])
+        summary = json.loads((run / "summary.json").read_text())
+        _edit_summary(run, update_share={"cpu": summary["update_share"]["cpu"],
+                                         group: summary["update_share"]["accel"]},
+                      updates_by_group={"cpu": summary["updates_by_group"]["cpu"],
+                                        group: summary["updates_by_group"]["accel"]})
+    plot_run(sweep / "0_run")
+    plot_comparison(index_runs(sweep), sweep / "figures")
+    run_ticks = _tick_texts(saved_figures[sweep / "0_run" / "figures" / "update_shares.png"])
+    assert run_ticks == ["cpu", "accel\\x1b]0;pwned\\x07"]
+    comparison_ticks = _tick_texts(saved_figures[sweep / "figures" / "update_shares_digits.png"])
+    assert "+note=\\x1b[31mRED\\x07" in "\n".join(comparison_ticks), comparison_ticks
+    for text in (*run_ticks, *comparison_ticks):
+        assert "\x1b" not in text and "\x07" not in text

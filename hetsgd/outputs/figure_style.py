@@ -44,6 +44,8 @@ GROUP_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"
 GPU_COLORS = ("tab:red", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:purple",
               "tab:green", "tab:gray")
 LINESTYLES = ("-", "--", ":", "-.")
+#: A line's marker where its colour and line style are taken already (none for the first).
+MARKERS = (None, "o", "s", "^", "D", "v", "x", "+", "*", "P", "X", "<", ">", "p", "h")
 GRID_POINTS = 200
 #: (convergence column, axis label, figure name) of the normalized-loss figures.
 def time_label(simulated: Iterable[bool]) -> str:
@@ -116,7 +118,8 @@ def normalized_axes(ax: Axes, xlabel: str, title: str) -> None:
 
 def share_bars(ax: Axes, labels: list[str], groups: list[str],
                 means: np.ndarray, stds: np.ndarray) -> None:
-    """Grouped bars: one cluster per label, one bar per worker group, value on top."""
+    """Grouped bars: one cluster per label, one bar per worker group, value on top. The labels
+    are escaped here: tick labels are rebuilt when the figure is drawn, after :func:`save`."""
     width = 0.8 / len(groups)
     x = np.arange(len(labels))
     for j, group in enumerate(groups):
@@ -126,7 +129,7 @@ def share_bars(ax: Axes, labels: list[str], groups: list[str],
                       color=GROUP_COLORS[j % len(GROUP_COLORS)])
         ax.bar_label(bars, [f"{v:.2f}" if np.isfinite(v) else "" for v in means[:, j]],
                      fontsize=7, padding=1)
-    ax.set_xticks(x, labels)
+    ax.set_xticks(x, [shown(label, lines=True) for label in labels])
     ax.set_ylim(0, 1.12)
     ax.set_ylabel("share of model updates")
     ax.grid(axis="x", visible=False)

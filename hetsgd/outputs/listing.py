@@ -47,6 +47,15 @@ def _number(value: Any, digits: str) -> str:
     return "—"
 
 
+def _seconds(run: Mapping[str, Any]) -> str:
+    """The run's training time to 3 significant digits (a simulated run's 0.02 virtual s is no
+    0.0), whole seconds from 1000 s on (never 1.2e+04), and marked when it is virtual."""
+    value = run.get("time_s")
+    big = isinstance(value, (int, float)) and abs(value) >= 999.5
+    text = _number(value, ".0f" if big else ".3g")
+    return f"{text} (virtual)" if run.get("simulated") and text != "—" else text
+
+
 def _text(value: Any) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
@@ -57,7 +66,7 @@ def _row(run: Mapping[str, Any], root: Path) -> list[str]:
     return [name, *(_text(run.get(key)) for key in ("status", "algo")), mix_label(run),
             *(_text(run.get(key)) for key in ("dataset", "model")),
             _number(run.get("final.train_loss"), ".4g"), _number(run.get("final.test_acc"), ".4f"),
-            _number(run.get("time_s"), ".1f")]
+            _seconds(run)]
 
 
 def runs_table(runs: pd.DataFrame, root: Path) -> Table:

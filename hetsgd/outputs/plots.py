@@ -8,8 +8,10 @@ earlier than another holds its last value (:func:`_band`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from hetsgd.outputs.comparison import (
     Comparison,
     aggregate,
     comparisons,
+    flagged,
     mix_label,
     row_label,
 )
@@ -33,6 +36,7 @@ from hetsgd.outputs.figure_style import (
     BAND,
     GRID_POINTS,
     LINESTYLES,
+    MARKERS,
     SIZE,
     SPARE_COLORS,
     legend,
@@ -49,6 +53,8 @@ from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.run_figures import plot_run
 
 log = logging.getLogger(__name__)
+#: Every how many grid points a line with a marker shows it.
+MARK_EVERY = GRID_POINTS // 10
 
 
 def _band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
@@ -61,41 +67,54 @@ def _band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]
     return grid, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
 
 
-def _styles(comp: Comparison, table: pd.DataFrame) -> list[dict[str, Any]]:
-    """Colour by algorithm, line style by device mix (and variant), the same in every figure."""
-    spare = iter(SPARE_COLORS * 4)
+def _styles(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """Colour by algorithm, line style by device mix (and variant), the same in every figure of
+    a comparison; a marker where a row's colour and line style are another row's already (a
+    fifth mix of one algorithm), so that no two rows look alike (up to 60 rows of one colour)."""
+    spare = itertools.cycle(SPARE_COLORS)
     colors = {a: ALGO_COLORS.get(a) or next(spare) for a in sorted(set(table["algo"]))}
     mixes = sorted(set(zip(table["devices"], table["variant"], strict=True)))
-    return [{"color": colors[row["algo"]], "linestyle":
-             LINESTYLES[mixes.index((row["devices"], row["variant"])) % len(LINESTYLES)]}
-            for _, row in table.iterrows()]
+    taken: Counter[tuple[str, str]] = Counter()
+    styles = []
+    for _, row in table.iterrows():
+        look = (colors[row["algo"]],
+                LINESTYLES[mixes.index((row["devices"], row["variant"])) % len(LINESTYLES)])
+        styles.append({"color": look[0], "linestyle": look[1],
+                       "marker": MARKERS[taken[look] % len(MARKERS)], "markevery": MARK_EVERY,
+                       "markersize": 4})
+        taken[look] += 1
+    return styles
 
 
 def _row_curves(comp: Comparison, row: pd.Series, axis: str,
-                column: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The row's completed runs' (axis, column) curves, NaN snapshots left out."""
+                column: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """The row's completed runs' (axis, column) curves, NaN snapshots left out, and how many
+    of those runs were flagged as contended (drawn all the same: on a busy machine every run
+    may be, and an empty figure shows nothing)."""
     runs = comp.runs
     mine = runs[(runs["algo"] == row["algo"]) & (runs["devices"] == row["devices"])
                 & (runs["variant"] == row["variant"])]
-    curves = []
-    for run_dir in mine["run_dir"]:
-        curve = comp.curves.get(run_dir)
+    curves, contended = [], 0
+    for _, run in mine.iterrows():
+        curve = comp.curves.get(run["run_dir"])
         if curve is not None and column in curve:
             part = curve[[axis, column]].dropna()
             if len(part):
                 curves.append((part[axis].to_numpy(float), part[column].to_numpy(float)))
-    return curves
+                contended += flagged(run)
+    return curves, contended
 
 
 def _comparison_curves(comp: Comparison, table: pd.DataFrame, axis: str, column: str,
                        ax: Axes) -> bool:
     drawn = False
-    for (_, row), style in zip(table.iterrows(), _styles(comp, table), strict=True):
-        curves = _row_curves(comp, row, axis, column)
+    for (_, row), style in zip(table.iterrows(), _styles(table), strict=True):
+        curves, contended = _row_curves(comp, row, axis, column)
         if not curves:
             continue
         grid, mean, low, high = _band(curves)
-        ax.plot(grid, mean, linewidth=1.6, label=f"{row_label(row)}  (n={len(curves)})",
+        marked = f", {contended} flagged" if contended else ""
+        ax.plot(grid, mean, linewidth=1.6, label=f"{row_label(row)}  (n={len(curves)}{marked})",
                 **style)
         if len(curves) > 1:
             ax.fill_between(grid, low, high, color=style["color"], alpha=0.15, linewidth=0)

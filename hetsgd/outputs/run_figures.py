@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from hetsgd.outputs.comparison import flagged
 from hetsgd.outputs.figure_formats import check_formats
 from hetsgd.outputs.figure_style import (
     GPU_COLORS,
@@ -27,21 +28,26 @@ from hetsgd.outputs.figure_style import (
     styled,
     time_label,
 )
-from hetsgd.outputs.index import load_csv
+from hetsgd.outputs.index import flatten, load_csv
 from hetsgd.outputs.report import mix_label
+from hetsgd.outputs.safe_text import shown
 from hetsgd.outputs.summary import RunSummary
 
 
 def run_title(summary: RunSummary) -> str:
     """``digits · mlp: hogbatch on cpu+gpu (emulated), seed 0``, plus the status when the run
-    did not complete."""
+    did not complete, and ``flagged as contended`` when its workers got too little of their CPU
+    (the report does not time such a run; its figures are drawn, and say so)."""
     def known(value: object) -> object:
         return "?" if value is None else value
 
-    mix = mix_label(summary.to_dict())
+    run = summary.to_dict()
+    marks = [] if summary.status == "completed" else [str(summary.status)]
+    if flagged(flatten(run)):
+        marks.append("flagged as contended")
     return (f"{known(summary.dataset)} · {known(summary.model)}: "
-            f"{known(summary.algo)} on {mix}, seed {known(summary.seed)}"
-            + ("" if summary.status == "completed" else f" [{summary.status}]"))
+            f"{known(summary.algo)} on {mix_label(run)}, seed {known(summary.seed)}"
+            + (f" [{', '.join(marks)}]" if marks else ""))
 
 
 #: The most epoch boundaries a utilization figure draws: past it, every k-th epoch's.
@@ -131,11 +137,14 @@ def _run_utilization(util: pd.DataFrame, conv: pd.DataFrame | None, title: str,
 
 def _run_shares(shares: Mapping[str, float | None], counts: Mapping[str, int],
                 title: str) -> Figure:
-    """A bar per worker group, labelled with its share and its number of updates."""
+    """A bar per worker group, labelled with its share and its number of updates. The groups'
+    names are escaped as ticks are set: tick labels are rebuilt when the figure is drawn, after
+    :func:`save` escaped its text."""
     fig, ax = new_figure()
     groups = list(shares)
-    bars = ax.bar(groups, [shares[g] or 0.0 for g in groups], width=0.6,
+    bars = ax.bar(range(len(groups)), [shares[g] or 0.0 for g in groups], width=0.6,
                   color=[GROUP_COLORS[j % len(GROUP_COLORS)] for j in range(len(groups))])
+    ax.set_xticks(range(len(groups)), [shown(g) for g in groups])
     ax.bar_label(bars, [f"{shares[g] or 0.0:.2f}" + (f"  ({counts[g]:,} updates)" if g in counts
                                                       else "") for g in groups],
                  fontsize=8, padding=2)
