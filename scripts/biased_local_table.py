@@ -1,7 +1,9 @@
 """The numbers of a simulated biased local SGD reproduction per method, beside what Lim et al.
 report (for ResNet20 / CIFAR-10): ``python scripts/biased_local_table.py FOLDER`` prints them for
-the runs under FOLDER (written by ``scripts/reproduce_biased_local_sim.sh``, after ``hetsgd
-report FOLDER`` has written its report.csv)."""
+the runs under FOLDER (written by ``scripts/reproduce_biased_local_sim.sh``), after ``hetsgd report
+FOLDER --baseline "algo=sync mix.cpu.count=2"`` has written its report.csv. The speedups are
+report.csv's, over its baseline: a report whose baseline is not the sync method (the default may
+pick fast_alone, a sync run too) is refused."""
 
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ PAPER = {  # Lim et al., abstract and TL;DR: docs/papers.md
 HEADERS = ("method", "runs", "tau", "t@0.9 [virtual s]", "t@0.95 [virtual s]",
            "speedup vs sync", "train loss", "test loss", "test acc", "update share gpu",
            "GPU util [%]", "CPU sockets busy [%]", "paper")
+#: What scripts/reproduce_biased_local_sim.sh passes to ``hetsgd report``: sync on both groups.
+SYNC_BASELINE = "algo=sync mix.cpu.count=2"
 
 
 def method_runs(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -69,7 +73,10 @@ def timed(row: pd.Series, col: str) -> str:
 
 
 def speedup(row: pd.Series) -> str:
-    """The speedup over sync as report.md has it: ``≥`` a lower bound, its interval."""
+    """The speedup over sync as report.md has it: ``≥`` a lower bound, its interval;
+    ``baseline`` on sync's own row."""
+    if row["baseline"]:
+        return "baseline"
     if pd.isna(row["speedup"]):
         return "—"
     spread = cells.bracket(row["speedup_low"], row["speedup_high"], ".2f")
@@ -99,11 +106,38 @@ def table_row(row: pd.Series, run: dict[str, Any]) -> list[str]:
 
 #: The report.csv columns the table reads (``hetsgd report`` writes them all).
 REPORT_COLUMNS = (
-    "variant", "dataset", "l_best", "n", "runs", "timed", "workers_cpu_cores_mean", "speedup",
-    "speedup_low", "speedup_high", "speedup_bound",
+    "variant", "algo", "dataset", "model", "clock", "baseline", "l_best", "n", "runs", "timed",
+    "workers_cpu_cores_mean", "speedup", "speedup_low", "speedup_high", "speedup_bound",
     *(f"time_to_{x}_{part}" for x in (0.9, 0.95) for part in ("mean", "low", "high", "n")),
     *(f"{metric}_{part}" for metric in ("train_loss", "test_loss", "test_acc", "share_accel",
                                         "gpu_util") for part in ("mean", "std", "n")))
+
+
+def report_command(out: Path) -> str:
+    """The command that writes the report.csv the table reads: speedups over sync."""
+    return f'`hetsgd report {out} --baseline "{SYNC_BASELINE}"`'
+
+
+def check_baseline(report: pd.DataFrame, file: Path, out: Path) -> None:
+    """A :class:`UserError` where the baseline of a comparison that holds the reproduction's
+    methods is not the sync method: the column reads "speedup vs sync", and report.csv's
+    speedups are over whatever baseline ``hetsgd report`` was given or chose."""
+    comparison = ["dataset", "model", "clock"]
+    ours = report.loc[report["method"].notna(), comparison].drop_duplicates()
+    bases = report[report["baseline"]].merge(ours, on=comparison)
+    other = bases[bases["method"] != "sync"]
+    if not other.empty:
+        base = other.iloc[0]
+        # report.csv puts a ' before a variant that starts with + (a spreadsheet's formula)
+        names = [v.removeprefix("'") for v in (base["method"], base["variant"], base["algo"])
+                 if isinstance(v, str)]
+        name = names[0] if names else "another row"
+        raise UserError(f"the speedups in {file} are over {name}, not sync: write it again with "
+                        f"{report_command(out)} (as scripts/reproduce_biased_local_sim.sh does)")
+
+
+#: The columns of REPORT_COLUMNS that are not numbers.
+TEXTS = ("variant", "algo", "dataset", "model", "clock", "baseline")
 
 
 def read_report(out: Path) -> pd.DataFrame:
@@ -114,19 +148,22 @@ def read_report(out: Path) -> pd.DataFrame:
     try:
         report = pd.read_csv(file)
     except (OSError, ValueError) as err:
-        raise UserError(f"cannot read {file} (`hetsgd report {out}` writes it): "
+        raise UserError(f"cannot read {file} ({report_command(out)} writes it): "
                         f"{one_line(err)}") from err
     lacking = [column for column in REPORT_COLUMNS if column not in report]
     if lacking:
         raise UserError(f"{file} lacks {', '.join(lacking)}: write it again with "
-                        f"`hetsgd report {out}`")
-    numbers = [c for c in REPORT_COLUMNS if c not in ("variant", "dataset")]
+                        f"{report_command(out)}")
+    numbers = [c for c in REPORT_COLUMNS if c not in TEXTS]
     report[numbers] = report[numbers].apply(pd.to_numeric, errors="coerce")
     counts = [c for c in numbers if c in ("n", "runs", "timed") or c.endswith("_n")]
     uncounted = [c for c in counts if report[c].isna().any()]
     if uncounted:
         raise UserError(f"{file} has cells that are not counts in {', '.join(uncounted)}")
     report["method"] = report["variant"].map(method_of)
+    # a hand-edited cell that is not True reads as not the baseline
+    report["baseline"] = report["baseline"].astype(str).str.strip().str.lower() == "true"
+    check_baseline(report, file, out)
     report = report[report["method"].notna()]
     if report.empty:
         raise UserError(f"no run of scripts/reproduce_biased_local_sim.sh in {file}: no "

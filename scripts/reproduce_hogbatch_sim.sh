@@ -3,7 +3,8 @@
 # Hogwild alone, the GPU alone, Hogbatch and Adaptive on w8a, on paper_hogbatch_v100 and
 # paper_hogbatch_k80, then the tables beside the paper's numbers (hetsgd/outputs/paper_table.py).
 #   scripts/reproduce_hogbatch_sim.sh [OVERRIDES...]   (about 10 minutes on 2 cores)
-# OVERRIDES go to the main comparison's runs (e.g. budget.seconds=1 optim.lr=0.01).
+# OVERRIDES go to the main comparison's runs (e.g. budget.seconds=1 optim.lr=0.01); its tables
+# open with what the runs were (dataset, model, lr, budget, seeds), read from them.
 #
 # Times are virtual: each device's steps take what its roofline in
 # hetsgd/engines/virtual/profiles.yaml says, while the updates themselves run on this CPU. That
@@ -46,12 +47,11 @@ sweep paper_net/adaptive hogbatch_paper_sim_net algo=adaptive budget.seconds=0.2
   algo.period_s=0.01 algo.window_s=0.02
 
 echo
-echo "Virtual time; rooflines of hetsgd/engines/virtual/profiles.yaml; w8a; total $SECONDS s real."
-echo "Main comparison: model=mlp ([128, 128] ReLU; NOT the paper's net), lr 0.03, 0.5 virtual s,"
-echo "3 seeds; mean ± std over seeds. The paper's columns: its figures (docs/papers.md)."
+echo "Virtual time; rooflines of hetsgd/engines/virtual/profiles.yaml; total $SECONDS s real."
+echo "Main comparison (its runs' dataset, model, lr, budget and seeds head its tables); mean ± std"
+echo "over seeds. The paper's columns: its figures (docs/papers.md)."
 .venv/bin/python -m hetsgd.outputs.paper_table "$out/main" || status=1
-echo "The paper's net (mlp_paper), seed 0, lr 0.01, Hogbatch 0.1 and Adaptive 0.2 virtual s:"
-echo "update shares and utilization only."
+echo "The paper's net: update shares and utilization only."
 .venv/bin/python -m hetsgd.outputs.paper_table --shares-only "$out/paper_net" || status=1
 echo "runs and logs: $out"
 exit $status

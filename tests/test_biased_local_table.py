@@ -42,11 +42,11 @@ def test_the_table_shows_the_reproductions_methods_and_refuses_other_folders(
     missing = _table(tmp_path)
     assert (missing.returncode, missing.stdout) == (1, "")
     assert said(missing.stderr, "biased_local_table").startswith(
-        f"biased_local_table: cannot read {tmp_path}/report.csv "
-                                     f"(`hetsgd report {tmp_path}` writes it): ")
+        f"biased_local_table: cannot read {tmp_path}/report.csv (`hetsgd report {tmp_path} "
+        '--baseline "algo=sync mix.cpu.count=2"` writes it): ')
     assert said(missing.stderr, "biased_local_table").count("\n") == 1
 
-    write_report(tmp_path)
+    write_report(tmp_path, baseline="variant=+method=sync")
     shown = _table(tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("digits · mlp [8] on paper_biased_local (simulated)")
@@ -80,7 +80,7 @@ def test_a_report_or_summary_of_another_shape_is_refused_or_read_as_unknown(
         tmp_path: Path) -> None:
     table = load_script(SCRIPT)
     _reproduction(tmp_path)
-    write_report(tmp_path)
+    write_report(tmp_path, baseline="variant=+method=sync")
     report = pd.read_csv(tmp_path / "report.csv")
     assert list(table.read_report(tmp_path)["method"]) == ["sync", "local_biased"]
     report.drop(columns="l_best").to_csv(tmp_path / "report.csv", index=False)
@@ -103,6 +103,32 @@ def test_a_report_or_summary_of_another_shape_is_refused_or_read_as_unknown(
     assert cells[2] == "accel:8 cpu:1"
     assert cells[11] == f"{first['workers_cpu_cores_mean'] / 4 * 100:.0f}"  # 2 x 2 host threads
     # a bound read back as a number (report.csv's True/False, coerced) marks a lower bound
-    speedup = {"speedup": 2.0, "speedup_low": 1.5, "speedup_high": 3.0}
+    speedup = {"baseline": False, "speedup": 2.0, "speedup_low": 1.5, "speedup_high": 3.0}
     assert table.speedup(pd.Series({**speedup, "speedup_bound": 1.0})) == "≥ 2.00 [1.50, 3.00]"
     assert table.speedup(pd.Series({**speedup, "speedup_bound": 0.0})) == "2.00 [1.50, 3.00]"
+
+
+def test_speedups_over_another_baseline_than_sync_are_refused(tmp_path: Path) -> None:
+    """The column reads "speedup vs sync": report.csv's speedups over another row (the default
+    baseline here is +method=gpu, a sync run too) are one line naming the --baseline to pass,
+    and over sync its row reads "baseline"."""
+    _reproduction(tmp_path)
+    write_report(tmp_path)  # the default baseline
+    assert list(pd.read_csv(tmp_path / "report.csv").query("baseline")["variant"]) == [
+        "'+method=gpu"]
+    refused = _table(tmp_path)
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert said(refused.stderr, "biased_local_table") == (
+        f"biased_local_table: the speedups in {tmp_path}/report.csv are over +method=gpu, not "
+        f'sync: write it again with `hetsgd report {tmp_path} --baseline "algo=sync '
+        'mix.cpu.count=2"` (as scripts/reproduce_biased_local_sim.sh does)\n')
+    assert "Traceback" not in refused.stderr
+
+    write_report(tmp_path, baseline="variant=+method=sync")
+    shown = _table(tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    rows = {row[0]: row for row in table_rows(shown.stdout) if row[0] != "method"}
+    report = pd.read_csv(tmp_path / "report.csv")
+    (biased,) = report.loc[report["variant"].str.endswith("+method=local_biased"), "speedup"]
+    assert rows["sync"][5] == "baseline"
+    assert rows["local_biased"][5].startswith(f"{biased:.2f}")

@@ -148,7 +148,8 @@ def test_a_folder_holding_other_runs_costs_each_its_own_line_never_the_tables(
         [f"{run_dir}: {why}" for run_dir, why in refused.items()]
         + [f"{shown(other)}: devices=auto_gpu algo=sync is not one of the reproduction's runs "
            "(scripts/reproduce_hogbatch_sim.sh)"])
-    assert "Hogbatch" not in text.split("\n\n")[0]  # all its runs were left out: no empty row
+    # all its runs were left out: no empty row in the shares table (after the caption)
+    assert "Hogbatch" not in text.split("\n\n")[1]
     assert "\x1b" not in text
 
 
@@ -168,3 +169,32 @@ def test_the_command_prints_the_tables_of_what_it_read_and_fails_where_it_read_n
     assert ran.returncode == 1 and said(ran.stderr, "paper_table") == ""
     assert "| V100 (AWS p3.16xlarge) | GPU alone | 1 |" in ran.stdout
     assert f"- {shown(other)}: devices=auto_gpu algo=sync is not one of" in ran.stdout
+
+
+def test_the_tables_open_with_what_the_runs_were_as_they_say_it(tmp_path: Path) -> None:
+    """The caption is read from each run (a script's overrides change the setting it ran):
+    per setting of dataset, model, lr and budget, its methods, seeds and runs; escaped."""
+    machine = "paper_hogbatch_v100"
+    main = ("model: {name: mlp, hidden: [128, 128], activation: relu}\n"
+            "optim: {lr: 0.01}\nbudget: {epochs: null, seconds: 0.02}\n")
+    for algo, seed in (("sync", 0), ("sync", 1), ("hogbatch", 0), ("hogbatch", 1)):
+        run_dir = write_run(tmp_path / f"{algo}_{seed}", algo=algo, devices=machine, seed=seed)
+        edit_summary(run_dir, simulated=True)
+        (run_dir / "config.yaml").write_text(main)
+    net = edit_summary(write_run(tmp_path / "net", algo="adaptive", devices=machine, seed=0,
+                                 dataset="w8a\x1b[2J"), simulated=True, model="mlp_paper")
+    (net / "config.yaml").write_text("model: {name: mlp_paper}\noptim: {lr: 0.03}\n"
+                                     "budget: {epochs: 2, seconds: null}\n")
+    write_run(tmp_path / "bare", algo="hogwild", devices=machine, seed=2)  # no config.yaml
+
+    text, skipped = paper_table.write_tables(tmp_path)
+
+    assert skipped == []
+    assert text.split("\n\n")[0] == "\n".join([
+        "The runs (their summary.json and config.yaml):",  # in the tables' order
+        "- digits · mlp (not the paper's net, mlp_paper) · lr not in config.yaml · budget not in "
+        "config.yaml: CPU Hogwild; seed 2 (1 run)",
+        "- digits · mlp [128, 128] relu (not the paper's net, mlp_paper) · lr 0.01 · "
+        "0.02 virtual s: GPU alone, Hogbatch (CPU+GPU); seeds 0, 1 (4 runs)",
+        "- w8a\\x1b[2J · mlp_paper · lr 0.03 · 2 epochs: Adaptive; seed 0 (1 run)"])
+    assert "\x1b" not in text

@@ -2,20 +2,21 @@
 
 ``python -m hetsgd.outputs.paper_table FOLDER [--shares-only]`` reads every run under FOLDER
 (written by ``scripts/reproduce_hogbatch_sim.sh``), prints markdown tables to stdout and writes
-them to FOLDER/paper_table.md. Per machine and method, mean ± std over seeds of the update
-shares, the simulated GPU's busy share (``utilization.gpu_util_mean``) and the CPU workers'
-(workers.csv busy / time); and, as report.md shows times (mean, Student-t interval, n: see
-:mod:`hetsgd.outputs.intervals`), the virtual time after which each run stays at or below each
-of its absolute target losses (``time_to_loss``: sustained, on the test loss) and the speedup
-over the GPU alone (per seed, the GPU's time over the method's: every method of a seed starts
-from the same model; their geometric mean and its interval). A seed that reached a target and
-left it (``unstable_losses``) has no time to it, is not credited in a speedup, and is named in
-the notes. The paper's numbers are those of ``docs/papers.md`` (read off its figures, w8a);
-"not reported" where it gives none.
-``--shares-only``: the first table alone, for runs too short for their losses to mean anything.
-A run that did not complete, is not one of the reproduction's (another mix or method), or lacks
-a number the tables need is a line under them, and the exit status is 1; a folder without one of
-the reproduction's completed runs is a one-line error.
+them to FOLDER/paper_table.md. First, what the runs were, read from them (a script's overrides
+change it): each setting of dataset, model, lr and budget with its methods and seeds. Then, per
+machine and method, mean ± std over seeds of the update shares, the simulated GPU's busy share
+(``utilization.gpu_util_mean``) and the CPU workers' (workers.csv busy / time); and, as
+report.md shows times (mean, Student-t interval, n: see :mod:`hetsgd.outputs.intervals`), the
+virtual time after which each run stays at or below each of its absolute target losses
+(``time_to_loss``: sustained, on the test loss) and the speedup over the GPU alone (per seed,
+the GPU's time over the method's: every method of a seed starts from the same model; their
+geometric mean and its interval). A seed that reached a target and left it (``unstable_losses``)
+has no time to it, is not credited in a speedup, and is named in the notes. The paper's numbers
+are those of ``docs/papers.md`` (read off its figures, w8a); "not reported" where it gives none.
+``--shares-only``: the caption and the first table alone, for runs too short for their losses
+to mean anything. A run that did not complete, is not one of the reproduction's (another mix or
+method), or lacks a number the tables need is a line under them, and the exit status is 1; a
+folder without one of the reproduction's completed runs is a one-line error.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import pandas as pd
 from hetsgd.config.checks import finite_or_none
 from hetsgd.errors import UserError
 from hetsgd.outputs.cells import cell, mean_cell
-from hetsgd.outputs.index import find_runs, load_csv, read_summary
+from hetsgd.outputs.index import find_runs, load_csv, read_config, read_summary
 from hetsgd.outputs.intervals import CONFIDENCE, METHOD, geometric_interval
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
@@ -91,6 +92,7 @@ class Run:
     final_batches: dict[str, int]  # group -> its first worker's batch size at the end
     unstable: list[float] = field(default_factory=list)  # targets reached, then left
     curve: str = "train_loss"  # the loss timed (summary target_losses.curve)
+    setting: str = ""  # its dataset, model, lr and budget (:func:`setting`), escaped
 
 
 @dataclass
@@ -113,6 +115,37 @@ def _field(summary: dict[str, Any], *path: str) -> Any:
             raise UserError(f"its summary.json has no {'.'.join(path)}")
         value = value[key]
     return value
+
+
+def _at(config: dict[str, Any], *keys: str) -> Any:
+    """The value at ``keys`` (outermost first) of a config read as data; None where there is none."""
+    value: Any = config
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _number(value: Any) -> str:
+    return format(value, "g") if isinstance(value, int | float) else str(value)
+
+
+def setting(summary: dict[str, Any], config: dict[str, Any]) -> str:
+    """What a run was, from its summary and config.yaml: dataset, model, lr and budget, escaped
+    (read back). The script's overrides may change any of them, so the tables' caption is this,
+    not what the script meant to run."""
+    model = _at(config, "model")
+    model = model if isinstance(model, dict) else {}
+    name = model.get("name", summary.get("model"))
+    shape = "".join(f" {model[key]}" for key in ("hidden", "activation") if key in model)
+    paper = "" if name == "mlp_paper" else " (not the paper's net, mlp_paper)"
+    unit = "virtual s" if summary.get("simulated") else "s"
+    seconds, epochs = _at(config, "budget", "seconds"), _at(config, "budget", "epochs")
+    budget = " or ".join(f"{_number(value)} {what}" for value, what in
+                         ((seconds, unit), (epochs, "epochs")) if value is not None)
+    lr = _at(config, "optim", "lr")
+    return shown(f"{summary.get('dataset')} · {name}{shape}{paper} · "
+                 f"lr {'not in config.yaml' if lr is None else _number(lr)} · "
+                 f"{budget or 'budget not in config.yaml'}")
 
 
 def read_run(run_dir: Path, summary: dict[str, Any]) -> Run:
@@ -161,7 +194,8 @@ def read_run(run_dir: Path, summary: dict[str, Any]) -> Run:
                snapshots=len(convergence), adaptive=adaptive,
                final_batches={str(group): int(size) for group, size in last.items()
                               if size is not None},
-               unstable=[t for t in times if loss_key(t) in left], curve=curve)
+               unstable=[t for t in times if loss_key(t) in left], curve=curve,
+               setting=setting(summary, read_config(run_dir)))
 
 
 def read_rows(folder: Path) -> tuple[list[Row], list[str]]:
@@ -304,6 +338,21 @@ def _controller(adaptive: dict[str, Any], final_batches: dict[str, int]) -> str:
                  + ", ".join(f"{group} {size}" for group, size in final_batches.items()))
 
 
+def caption(rows: list[Row]) -> str:
+    """What the runs were: per setting (:func:`setting`), its methods, seeds and runs."""
+    methods: dict[str, dict[str, list[int]]] = {}
+    for row in rows:
+        for run in row.runs if row.same_as is None else []:
+            methods.setdefault(run.setting, {}).setdefault(METHODS[row.algo], []).append(run.seed)
+    lines = []
+    for what, seeds_by_method in methods.items():
+        seeds = sorted({seed for seeds in seeds_by_method.values() for seed in seeds})
+        runs = sum(map(len, seeds_by_method.values()))
+        lines.append(f"- {what}: {', '.join(seeds_by_method)}; seed{'s' * (len(seeds) > 1)} "
+                     f"{', '.join(map(str, seeds))} ({runs} run{'s' * (runs > 1)})")
+    return "\n".join(["The runs (their summary.json and config.yaml):", *lines])
+
+
 def notes(rows: list[Row]) -> list[str]:
     """Rows that show another machine's runs; where Adaptive's controller stood at the end (its
     last window's share, the bound that stopped it, the batch sizes it settled on; seeds that
@@ -340,7 +389,7 @@ def write_tables(folder: Path, shares_only: bool = False) -> tuple[str, list[str
     if not rows:
         left_out = f": {len(skipped)} run(s) left out, the first {skipped[0]}" if skipped else ""
         raise UserError(f"no completed run of the reproduction under {folder}{left_out}")
-    parts = [shares_table(rows)]
+    parts = [caption(rows), shares_table(rows)]
     if not shares_only:
         parts.append(convergence_table(rows))
     parts += ["\n".join(f"- {line}" for line in notes(rows) + skipped)]
