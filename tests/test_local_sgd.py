@@ -18,8 +18,16 @@ from conftest import compose_config, run_config
 
 from hetsgd.algorithms import local_sgd
 from hetsgd.algorithms.biased_sampling import LossTable, generator, top_k_of_pool
-from hetsgd.algorithms.local_sgd import RoundPlan, fast_group, group_taus, needs_step_times
+from hetsgd.algorithms.local_sgd import (
+    RoundPlan,
+    ShardBatches,
+    fast_group,
+    group_taus,
+    needs_step_times,
+)
 from hetsgd.config import GroupConfig, to_run_config
+from hetsgd.engines.batches import Batches
+from hetsgd.engines.common.memory import SharedData
 from hetsgd.engines.ranks.rank import Rank
 from hetsgd.errors import UserError
 from hetsgd.runs import runner
@@ -144,6 +152,24 @@ def test_uniform_shards_are_contiguous_and_proportional_to_tau() -> None:
     fast, slow = (plan.shard(rank, 0, permutation, None) for rank in (0, 1))
     assert fast.numel() == 7 * 4 * 32 and slow.numel() == 7 * 1 * 8
     assert torch.equal(torch.cat([fast, slow]), permutation[:fast.numel() + slow.numel()])
+
+
+def test_a_round_of_more_than_n_examples_takes_each_once_before_any_twice() -> None:
+    """400 examples a round on 300: one permutation, wrapped, gave the accelerator 100 examples
+    twice in one round and the host a shard that repeated the accelerator's first ones."""
+    plan = _plan("algo.tau=10", n=300)
+    assert (plan.period, plan.blocks) == (1, 2)  # 10 x 32 + 10 x 8 = 400 examples a round
+    data = SharedData.from_arrays(np.zeros((300, 2), np.float32), np.arange(300) % 2)
+    batches = ShardBatches(data, torch.device("cpu"), True, 0, "never")
+    for period in (0, 1):
+        order = batches.permutation(period, plan.blocks)
+        stream = torch.cat([plan.shard(rank, period, order, None) for rank in (0, 1)])
+        assert stream.numel() == 400
+        assert sorted(stream[:300].tolist()) == list(range(300))  # each once, then again
+        assert len(set(stream[300:].tolist())) == 100
+    assert not torch.equal(batches.permutation(0, 2), batches.permutation(1, 2))
+    # a round of N examples or fewer: the one permutation a period had before blocks
+    assert torch.equal(batches.permutation(3), Batches.order(batches, 3))
 
 
 def test_top_k_of_a_pool_takes_the_highest_losses_of_the_pool() -> None:

@@ -21,7 +21,10 @@ Where the paper is silent, these are the project's choices (the authors' code wh
   (its method section was not available); this stays a config option.
 - Data: every ``period`` = max(1, floor(N / examples per round)) rounds the ranks reshuffle: the
   period's seeded permutation is cut into contiguous shards, one per rank, of period * tau_r * B_r
-  examples (data share proportional to tau, as the authors' code), walked in order.
+  examples (data share proportional to tau, as the authors' code), walked in order. A round of
+  more than N examples (the authors' code has none: its period would be 0) takes as many
+  seeded permutations, one after the other, as it needs (:attr:`RoundPlan.blocks`): no example
+  comes twice before every example has come once.
 - ``biased.sampling``: at each reshuffle the loss tables are min-merged and the ``side``'s ranks
   train on the top-k of a pool instead (see :mod:`hetsgd.algorithms.biased_sampling`); the other
   side keeps its uniform shards, which may overlap. The side is chosen by device role, as the
@@ -211,6 +214,13 @@ class RoundPlan:
     def epoch(self, round_: int) -> float:
         return round_ / self.rounds_per_epoch
 
+    @property
+    def blocks(self) -> int:
+        """How many of the data's permutations a reshuffle period takes: one, unless a round
+        takes more than N examples (one permutation, wrapped, gave a rank some examples twice
+        in a round and the next rank's shard the same examples again)."""
+        return -(-sum(t * b for t, b in zip(self.taus, self.batches)) // self.num_examples)
+
     def done(self, round_: int) -> bool:
         return self.total_rounds is not None and round_ >= self.total_rounds
 
@@ -236,9 +246,12 @@ class ShardBatches(Batches):
         super().__init__(*args, **kwargs)
         self.shard = self.permutation(0)
 
-    def permutation(self, period: int) -> torch.Tensor:
-        """The seeded permutation of a reshuffle period (file order without data.shuffle)."""
-        return super().order(period)
+    def permutation(self, period: int, blocks: int = 1) -> torch.Tensor:
+        """The seeded order of a reshuffle period (file order without data.shuffle): ``blocks``
+        permutations of the data one after the other (one in a period of N examples or fewer,
+        the same as before there were blocks)."""
+        order = super().order
+        return torch.cat([order(period * blocks + block) for block in range(blocks)])
 
     def order(self, epoch: int) -> torch.Tensor:
         return self.shard
@@ -333,7 +346,8 @@ class LocalSGDLoop(RankLoop):
         if offset == 0:
             if table is not None:
                 table.merge(rank.group)
-            self.batches.shard = plan.shard(me, period, self.batches.permutation(period), table)
+            self.batches.shard = plan.shard(me, period,
+                                            self.batches.permutation(period, plan.blocks), table)
         epoch = plan.epoch(round_)
         self.loss, self.where = None, f"in round {round_} (epoch {epoch:.3f})"
         for step in range(tau):
