@@ -70,6 +70,7 @@ def test_calibrate_measures_every_group(results_dir: Path) -> None:
     assert set(table["group"]) == {"accel", "cpu"}
     assert (table["examples_per_s"] > 0).all() and (table["slowdown"] == 1.0).all()
     assert list(table[table["group"] == "accel"]["label"].unique()) == ["emulated"]
+    assert (table["step"] == "fused").all()  # mlp's, under optim.step=auto: what a run checks
     # a replica is copied in and merged back every step; Hogwild steps on the master in place
     accel, cpu = (table[table["group"] == group] for group in ("accel", "cpu"))
     assert ((0 < accel["comm_ms_per_step"]) & (accel["comm_ms_per_step"] < accel["ms_per_step"])

@@ -456,6 +456,33 @@ def test_sync_on_ranks_is_costed_as_the_autograd_step_it_takes() -> None:
     assert step_choice(hogwild, workers) == "auto"  # workers take optim.step
 
 
+def test_a_calibration_of_another_step_than_the_runs_is_refused(tmp_path: Path) -> None:
+    """A default calibration times the fused step of mlp; sync's ranks take the autograd step,
+    up to twice as slow, so simulated sync on it ran that much too fast."""
+    path = _calibration(tmp_path / "c.csv")
+    rows = pd.read_csv(path)
+    algorithm, cfg = algorithms.choose(run_config(
+        "algo=sync", "dataset=digits", "model=mlp", "devices=emulated", "devices.simulated=true",
+        f"devices.calibration={path}"))
+    plan = algorithm.plan(cfg, expand(cfg.devices))
+    taken = step_choice(plan.cfg, algorithm.hooks(plan))
+    problem = load_run_data(plan.cfg, progress=False).problem
+    assert len(profiles_for(plan.cfg, plan.workers, problem, taken)) == 2  # a file of before
+    rows.assign(step="fused").to_csv(path, index=False)
+    with pytest.raises(UserError, match=re.escape(
+            f"devices.calibration={path} timed group 'accel' taking the fused step, and this "
+            "run's workers take the autograd step: calibrate with `hetsgd machine --calibrate "
+            "optim.step=autograd ...`")):
+        profiles_for(plan.cfg, plan.workers, problem, taken)
+    assert profiles_for(plan.cfg, plan.workers, problem, "auto")  # Hogbatch's workers: fused
+    rows.assign(step="autograd").to_csv(path, index=False)
+    assert profiles_for(plan.cfg, plan.workers, problem, taken)
+    rows.assign(step=["fused", "autograd"] * (len(rows) // 2)).to_csv(path, index=False)
+    with pytest.raises(UserError, match="step=autograd is not allowed: one of fused, autograd, "
+                                        "the same in every row of the group"):
+        profiles_for(plan.cfg, plan.workers, problem, taken)
+
+
 def test_simulated_workers_draw_from_streams_seeded_by_the_run_and_give_the_caller_s_back(
 ) -> None:
     """A researcher's dropout on the virtual clock drew from whatever the caller's global

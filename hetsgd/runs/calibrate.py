@@ -42,6 +42,7 @@ from hetsgd.engines.ranks.rank import Rank
 from hetsgd.engines.step_timing import StepTimer
 from hetsgd.engines.virtual.profiles import EXCHANGE_COLUMNS, measured_profiles
 from hetsgd.model.problem import Problem
+from hetsgd.model.step import resolved_step
 from hetsgd.outputs.run_directory import write_csv
 from hetsgd.runs.setup import load_run_data
 from hetsgd.workers import WorkerSpec, expand
@@ -224,6 +225,8 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
     ctx = context(cfg.workers.start)
     specs = expand(cfg.devices)
     measured = {spec.group: spec for spec in reversed(specs)}  # each group's first worker
+    # the step it times, which a run on it must take (engines/virtual/mix.py)
+    step = resolved_step(problem.build_model(cfg.model, cfg.seed), cfg.optim.step, cfg.optim)
     for spec in sorted(measured.values(), key=lambda s: s.rank):
         master = SharedMaster.initial(cfg.model, problem, cfg.seed)
         state = SharedState.create(data, master, None, len(specs), ctx)
@@ -246,7 +249,8 @@ def calibrate(cfg: RunConfig, seconds: float = 0.5) -> list[dict]:
                 rows.append({"group": spec.group, "device": spec.device, "label": spec.label,
                              "threads": spec.threads, "batch_size": batch_size,
                              "examples_per_s": per_s, "ms_per_step": ms,
-                             "comm_ms_per_step": comm_ms, "slowdown": spec.slowdown})
+                             "comm_ms_per_step": comm_ms, "slowdown": spec.slowdown,
+                             "step": step})
         finally:
             state.signals.stop.set()
             _end([*others, proc], cfg.workers.stall_s)

@@ -16,6 +16,7 @@ from hetsgd.engines.denormals import flushed
 from hetsgd.engines.virtual.model_cost import ModelCost
 from hetsgd.engines.virtual.profiles import (
     DeviceProfile,
+    MeasuredProfile,
     RooflineProfile,
     load_calibration,
     named_device,
@@ -23,6 +24,7 @@ from hetsgd.engines.virtual.profiles import (
 from hetsgd.errors import UserError
 from hetsgd.machine import usable_cores
 from hetsgd.model.problem import Problem
+from hetsgd.model.step import resolved_step
 from hetsgd.workers import WorkerSpec
 
 
@@ -45,6 +47,7 @@ def profiles_for(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
             by_group[group] = RooflineProfile(named_device(name), cost)
         elif group in measured:
             by_group[group] = measured[group]
+            _check_timed_step(cfg, problem, step, group, measured[group])
         else:
             where = (f"devices.calibration={mix.calibration} has no row for it"
                      if mix.calibration is not None else "devices.calibration is not set")
@@ -52,6 +55,21 @@ def profiles_for(cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                             f"profile: set devices.groups.{group}.profile, or measure it with "
                             f"`hetsgd machine --calibrate` ({where})")
     return [by_group[spec.group] for spec in specs]
+
+
+def _check_timed_step(cfg: RunConfig, problem: Problem, step: str, group: str,
+                      profile: MeasuredProfile) -> None:
+    """A one-line UserError where the calibration timed another step than the run's workers
+    take: sync's ranks take the autograd step whatever optim.step says, and the fused step a
+    default calibration timed is up to twice as fast (simulated sync ran that much too fast)."""
+    if profile.step is None:
+        return
+    taken = resolved_step(problem.build_model(cfg.model, cfg.seed), step, cfg.optim)
+    if taken != profile.step:
+        raise UserError(f"devices.calibration={cfg.devices.calibration} timed group '{group}' "
+                        f"taking the {profile.step} step, and this run's workers take the "
+                        f"{taken} step: calibrate with `hetsgd machine --calibrate "
+                        f"optim.step={taken} ...`")
 
 
 def math_threads(specs: list[WorkerSpec]) -> int:

@@ -29,6 +29,8 @@ KINDS = ("cpu", "cuda")
 _NUMBERS = ("peak_flops", "memory_bandwidth", "launch_s", "efficiency")
 _LINK = ("link_bandwidth", "link_latency_s")
 CALIBRATION_COLUMNS = ("group", "batch_size", "ms_per_step", "comm_ms_per_step")
+# the steps a calibration's `step` column names (hetsgd.model.step.resolved_step)
+TIMED_STEPS = ("fused", "autograd")
 # a mix's exchange, where measured: the earliest rank's waits and the exchange's cost at each
 # (space-separated, as many of each)
 EXCHANGE_COLUMNS = ("exchange_wait_ms", "exchange_ms")
@@ -200,6 +202,9 @@ class MeasuredProfile:
     compute_seconds: tuple[float, ...]
     copy_seconds: float
     exchange: ExchangeCost | None = None  # the mix's exchange of the model, where measured
+    # the training step it timed (fused or autograd); None in a file from before calibrations
+    # said, whose steps were the run's optim.step (fused where the model allows it)
+    step: str | None = None
 
     def compute_s(self, batch_size: int) -> float:
         """Straight lines in log(batch) vs log(seconds) between measured sizes: a step's time
@@ -254,6 +259,7 @@ def measured_profiles(rows: list[dict], source: str) -> dict[str, MeasuredProfil
         raise UserError(f"{source} has no rows")
     groups: dict[str, dict[int, tuple[float, float]]] = {}
     exchange: dict[str, ExchangeCost] = {}
+    steps: dict[str, str | None] = {}
     for line, row in enumerate(rows, start=2):
         where = f"{source}, line {line}"
         group = row.get("group")
@@ -281,7 +287,11 @@ def measured_profiles(rows: list[dict], source: str) -> dict[str, MeasuredProfil
             raise UserError(f"{where}: batch_size={batch} is not allowed: the group has a row "
                             "for it already")
         measured[batch] = (step_ms / 1000, comm_ms / 1000)
-    return {group: _measured(group, measured, exchange.get(group))
+        step = row.get("step") or None
+        if step not in (None, *TIMED_STEPS) or steps.setdefault(group, step) != step:
+            allowed = f"one of {', '.join(TIMED_STEPS)}, the same in every row of the group"
+            raise UserError(f"{where}: {_refused('step', step, allowed)}")
+    return {group: _measured(group, measured, exchange.get(group), steps.get(group))
             for group, measured in groups.items()}
 
 
@@ -342,12 +352,12 @@ def _exchange_ms(column: str, text: str) -> list[float]:
 
 
 def _measured(group: str, measured: dict[int, tuple[float, float]],
-              exchange: ExchangeCost | None) -> MeasuredProfile:
+              exchange: ExchangeCost | None, step: str | None) -> MeasuredProfile:
     sizes = sorted(measured)
     return MeasuredProfile(f"measured:{group}", tuple(sizes),
                            tuple(measured[b][0] - measured[b][1] for b in sizes),
                            statistics.median(comm for _, comm in measured.values()) / 2,
-                           exchange)
+                           exchange, step)
 
 
 def _check_batch(batch_size: int) -> None:
