@@ -28,6 +28,7 @@ from hetsgd.algorithms.local_sgd import (
 from hetsgd.config import GroupConfig, to_run_config
 from hetsgd.engines.batches import Batches
 from hetsgd.engines.common.memory import SharedData
+from hetsgd.engines.ranks.exchange import Verdict
 from hetsgd.engines.ranks.rank import Rank
 from hetsgd.errors import UserError
 from hetsgd.runs import runner
@@ -269,6 +270,46 @@ def test_each_reshuffle_ranks_the_slow_side_by_the_losses_both_sides_recorded(
     trained = set(shards[0, 0].tolist()) | set(shards[1, 0].tolist())
     assert set(torch.isfinite(scores[1]).nonzero().flatten().tolist()) == trained
     assert (scores[1][list(trained)] > 0).all()  # cross-entropy losses, not indices or zeros
+
+
+@pytest.mark.parametrize("at_round", ["keep", "reset", "average"])
+def test_momentum_at_each_aggregation_is_kept_reset_or_averaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_round: str) -> None:
+    """Each rank's momentum just after each round's aggregation, on the virtual clock: its own
+    (the authors' code), zero, or the ranks' weighted average, the same on both ranks."""
+    after: dict[tuple[int, int], torch.Tensor] = {}
+    aggregate = local_sgd.LocalSGDLoop.aggregate
+
+    def recorded(self: local_sgd.LocalSGDLoop) -> Verdict:
+        verdict = aggregate(self)
+        momentum = self.rank.optimizer.momentum_buffer
+        assert momentum is not None
+        after[self.rank.spec.rank, self.position] = momentum.clone()
+        return verdict
+
+    monkeypatch.setattr(local_sgd.LocalSGDLoop, "aggregate", recorded)
+    cfg = compose_config("algo=local_sgd", *MIX, "algo.tau={accel:4,cpu:1}", "optim.momentum=0.9",
+                         f"algo.momentum_at_round={at_round}", "budget.epochs=0.5",
+                         "budget.seconds=null", "devices.simulated=true",
+                         "devices.groups.accel.profile=v100_sxm2_16gb",
+                         "devices.groups.cpu.profile=xeon_e5_2686v4_core", "progress=false")
+    summary = runner.run(to_run_config(cfg), tmp_path, cfg).to_dict()
+    assert summary["status"] == "completed", summary["error"]
+    rounds = sorted({position for _, position in after})
+    assert len(rounds) >= 3 and sorted(after) == [(r, p) for r in (0, 1) for p in rounds]
+    for position in rounds:
+        fast, slow = after[0, position], after[1, position]
+        assert {"keep": not torch.equal(fast, slow) and fast.abs().sum() > 0,
+                "reset": fast.abs().sum() == slow.abs().sum() == 0,
+                "average": torch.allclose(fast, slow) and fast.abs().sum() > 0}[at_round]
+
+
+def test_momentum_at_round_acts_on_plain_sgd_only() -> None:
+    cfg = run_config("algo=local_sgd", *MIX, "algo.tau=2", "algo.momentum_at_round=reset",
+                     "optim=torch")
+    with pytest.raises(UserError, match="^algo.momentum_at_round=reset acts on plain SGD's "
+                                        "momentum \\(optim=sgd\\); optim=torch keeps"):
+        local_sgd.plan(cfg, expand(cfg.devices))
 
 
 def _fake_fashion(folder: Path, n_train: int, n_test: int) -> Path:

@@ -2,8 +2,9 @@
 
 A round: every rank trains its own replica for tau_r local steps of its own batch size, then the
 replicas (parameters and floating BatchNorm statistics) are aggregated by one all-reduce and every
-replica restarts from the aggregate. Momentum buffers stay local, never averaged or reset (the
-authors' code); integer buffers (BatchNorm's num_batches_tracked) stay local too.
+replica restarts from the aggregate. Momentum buffers stay local by default, never averaged or
+reset (the authors' code; ``momentum_at_round`` below); integer buffers (BatchNorm's
+num_batches_tracked) stay local too.
 
 Where the paper is silent, these are the project's choices (the authors' code where it has one):
 
@@ -37,6 +38,9 @@ Where the paper is silent, these are the project's choices (the authors' code wh
   local SGD at tau_fast would need), so unbalanced runs consume less data per "epoch". The
   budget, the learning-rate milestones and the round count follow the chosen accounting;
   summary.json's ``epochs`` is always examples / N.
+- ``momentum_at_round``: plain SGD's momentum at each aggregation stays local (``keep``, the
+  authors' code), is zeroed (``reset``) or becomes the ranks' weighted average (``average``,
+  one more all-reduce of a model's size); the paper does not say.
 - The stop signal (time budget) is agreed at each aggregation, so a run overshoots
   ``budget.seconds`` by at most one round.
 """
@@ -141,6 +145,10 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
         raise UserError(f"biased sampling picks its side by device role (side=slow: the host "
                         f"groups, fast: the accelerator groups) and needs both; devices={mix} "
                         f"has only {'accelerator' if specs[0].accel else 'host'} groups")
+    if algo.momentum_at_round != "keep" and cfg.optim.name != "sgd":
+        raise UserError(f"algo.momentum_at_round={algo.momentum_at_round} acts on plain SGD's "
+                        f"momentum (optim=sgd); optim={cfg.optim.name} keeps its optimizer's own "
+                        "state: leave it at keep")
     measured = "from the device profiles" if cfg.devices.simulated else "measured at setup"
     tau = measured if algo.tau.measured else group_taus(algo, groups, None)
     return Plan(cfg, specs, {"tau": tau})
@@ -326,8 +334,17 @@ class LocalSGDLoop(RankLoop):
     def aggregate(self) -> Verdict:
         """The round's aggregation: the replica becomes the weighted average of the ranks'
         (:meth:`Rank.average`), with the ranks' agreement on stopping and checkpoints; then the
-        outer optimizer's step from it, if any."""
-        verdict = self.rank.average(self.plan.weights[self.rank.spec.rank], self.loss)
+        momentum as ``algo.momentum_at_round`` says, and the outer optimizer's step from the
+        average, if any."""
+        weight = self.plan.weights[self.rank.spec.rank]
+        verdict = self.rank.average(weight, self.loss)
+        momentum = self.rank.optimizer.momentum_buffer
+        algo = self.rank.cfg.algo
+        assert isinstance(algo, LocalSGDConfig)
+        if momentum is not None and algo.momentum_at_round == "reset":
+            momentum.zero_()
+        elif momentum is not None and algo.momentum_at_round == "average":
+            self.rank.average_state(momentum, weight)  # with the models' weights
         if self.outer is not None:
             self.outer.step()
         return verdict

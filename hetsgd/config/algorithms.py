@@ -176,6 +176,9 @@ class Tau:
         return "auto" if self.mode == "auto" else str(self.steps.get("*", self.steps))
 
 
+MOMENTUM_AT_ROUND = ("keep", "reset", "average")
+
+
 @dataclass
 class LocalSGDConfig(AlgoConfig):
     """Local SGD: each worker takes tau_i local steps per round, then replicas are aggregated.
@@ -197,10 +200,14 @@ class LocalSGDConfig(AlgoConfig):
     biased: BiasedSamplingConfig = field(default_factory=BiasedSamplingConfig)
     epoch_accounting: str = "examples"  # examples (N consumed) | authors (their round count)
     outer: Any = None  # a mapping with a _target_ (parsed into a Target), or null
+    # plain SGD's momentum at each aggregation: kept local (the authors' code), reset to 0, or
+    # averaged with the models' weights; the paper does not say
+    momentum_at_round: str = "keep"
 
     def __post_init__(self) -> None:
         one_of("algo.aggregation", self.aggregation, ("uniform", "samples", "fast_weighted"))
         one_of("algo.epoch_accounting", self.epoch_accounting, ("examples", "authors"))
+        one_of("algo.momentum_at_round", self.momentum_at_round, MOMENTUM_AT_ROUND)
         positive("algo.alpha", self.alpha, "a positive weight")
         require(self.tau_min > 0, "algo.tau_min", "a positive step count", self.tau_min)
         self.tau = Tau.parse(self.tau)

@@ -145,6 +145,14 @@ class Rank:
         loop (local SGD: once per round)."""
         return self.exchange(self.flat.params, self.flat.buffers, weight, loss)
 
+    def average_state(self, tensor: torch.Tensor, weight: float) -> None:
+        """``tensor`` (optimizer state, say momentum) replaced by its sum over the ranks, each
+        rank's times its ``weight``, as :meth:`average` does the model; its time counted as the
+        exchange's (``comm_s``)."""
+        started = self.clock.now()
+        self.group.all_reduce_(tensor.mul_(weight))
+        self.ledger.add("comm_s", self.clock.now() - started)
+
     def step_times(self, batches: Batches, step_choice: str) -> list[float]:
         """Every rank's seconds per training step at its own batch size, the emulated slowdown
         included: a few steps of ``step_choice`` (``optim.step``; ``autograd`` for sync, whose ranks
