@@ -14,6 +14,8 @@ import pytest
 import torch
 from conftest import compose_config, run_config
 
+from hetsgd.algorithms import hogbatch
+from hetsgd.algorithms.api import LinkHooks
 from hetsgd.engines.base import TICK_S
 from hetsgd.engines.common.links import Replica, Resident
 from hetsgd.engines.common.memory import SharedData, SharedMaster
@@ -88,6 +90,30 @@ def test_every_step_lands_once_and_a_cpu_update_between_steps_survives(merge: st
             master.add_(cpu_update)
     replica.finish()
     torch.testing.assert_close(master, start + sum(steps, torch.zeros(3)) + cpu_update)
+
+
+def test_an_unpipelined_delta_merge_lands_each_step_as_it_ends() -> None:
+    """algo.pipelined=false: the master holds the step's change as soon as the step has ended
+    (pipelined, only at the next step's end), a CPU update made during the step kept."""
+    for pipelined in (True, False):
+        state = _state_with_master(torch.nn.Linear(3, 1, bias=False))
+        master = state.master.params
+        replica = Replica(ACCEL, torch.nn.Linear(3, 1, bias=False), state, "delta", pipelined)
+        start, cpu_update, step = master.clone(), torch.full((3,), 4.0), torch.full((3,), 0.5)
+        replica.before_step()
+        master.add_(cpu_update)
+        replica.flat.params.add_(step)
+        replica.after_step()
+        torch.testing.assert_close(master, start + cpu_update + (0 if pipelined else step))
+        replica.before_step()  # the next step starts from every update either way
+        torch.testing.assert_close(replica.flat.params, start + cpu_update + step)
+        replica.after_step()
+        replica.finish()
+        torch.testing.assert_close(master, start + cpu_update + step)
+    cfg = run_config("algo=hogbatch", "devices=emulated", "algo.pipelined=false")
+    hooks = hogbatch.hooks(hogbatch.plan(cfg, expand(cfg.devices)))
+    assert isinstance(hooks, LinkHooks)
+    assert hooks.link.keywords == {"merge": "delta", "pipelined": False}  # type: ignore[union-attr]
 
 
 class _Counted(torch.nn.Linear):

@@ -27,9 +27,11 @@ NAME = "hogbatch"
 CONFIG = HogbatchConfig
 
 
-def hogbatch_link(spec: WorkerSpec, module: torch.nn.Module, state: SharedState, merge: str) -> Link:
+def hogbatch_link(spec: WorkerSpec, module: torch.nn.Module, state: SharedState, merge: str,
+                  pipelined: bool = True) -> Link:
     """Accelerators train a replica merged back after each batch; host workers step in place."""
-    return Replica(spec, module, state, merge) if spec.accel else InPlace(spec, module, state)
+    return (Replica(spec, module, state, merge, pipelined) if spec.accel
+            else InPlace(spec, module, state))
 
 
 def check_workers(cfg: RunConfig, specs: list[WorkerSpec]) -> None:
@@ -50,4 +52,4 @@ def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
 def hooks(plan: Plan) -> Hooks:
     algo = plan.cfg.algo
     assert isinstance(algo, HogbatchConfig)
-    return LinkHooks(partial(hogbatch_link, merge=algo.merge))
+    return LinkHooks(partial(hogbatch_link, merge=algo.merge, pipelined=algo.pipelined))

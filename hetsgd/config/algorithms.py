@@ -58,6 +58,10 @@ class HogbatchConfig(AlgoConfig):
     DEVICES: ClassVar[str | None] = "auto"  # the machine's CPU and GPU (emulated without CUDA)
     name: str = "hogbatch"
     merge: str = "delta"
+    # delta: a step's change lands in the master at the end of the next step, its device work
+    # queued meanwhile (a GPU's overlaps the landing); false: as the step ends, one step fresher
+    # for the other workers (a virtual clock lands every step at its end either way)
+    pipelined: bool = True
 
     def __post_init__(self) -> None:
         one_of("algo.merge", self.merge, MERGES)

@@ -174,16 +174,19 @@ class Replica:
     ``overwrite`` lands each step before the next copies the master in, as the authors' code
     orders it: CPU updates made between two accelerator batches reach the next batch, those made
     during one are lost. Pipelined, the next batch would start from the replica's own parameters
-    and no CPU update would ever reach it, so this merge waits for its copy out instead.
+    and no CPU update would ever reach it, so this merge waits for its copy out instead. So does
+    ``delta`` with ``pipelined=False`` (``algo.pipelined``): each step lands as it ends, one step
+    fresher for the CPU workers, where nothing overlaps the landing (a CPU accelerator).
     """
 
     COPIES_PER_STEP = 2  # in before the batch, out after it
 
     def __init__(self, spec: WorkerSpec, module: torch.nn.Module, state: SharedState,
-                 merge: str) -> None:
+                 merge: str, pipelined: bool = True) -> None:
         self.flat = FlatModel(module)
         self.master, self.signals, self.rank = state.master, state.signals, spec.rank
         self.merge = merge
+        self.lands_at_once = merge == "overwrite" or not pipelined
         device = self.flat.params.device
         # the master's one page lock in this process: this replica's, released by its finish
         self.unregister = [device_ops.register_host(shared, device)
@@ -225,7 +228,7 @@ class Replica:
         self.copied.record()
         self.in_flight = True
         seconds = time.perf_counter() - start
-        if self.merge == "overwrite":
+        if self.lands_at_once:
             self.copied.wait()
             landing = time.perf_counter()
             self._land()
