@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -332,9 +333,13 @@ def test_runs_whose_overrides_change_the_data_are_another_comparison(tmp_path: P
                                                 for curve in comp.curves.values()))
     assert comps[0].l_best != comps[1].l_best
     names = [path.name for path in plot_comparison(index_runs(tmp_path), tmp_path / "figures")]
+    shutil.rmtree(tmp_path / "figures")
     assert len(set(names)) == len(names)  # each comparison's own figures, none overwritten
     assert {"loss_vs_time_synthetic__dataset.n_classes_10_.png",
             "loss_vs_time_synthetic__dataset.n_classes_2_.png"} <= set(names)
+    for run_dir in tmp_path.glob("two_*"):  # data that every run of the label shares: its name
+        shutil.rmtree(run_dir)
+    assert [comp.dataset for comp in comparisons(index_runs(tmp_path))] == ["synthetic"]
 
 
 def test_bad_paths_and_files_are_user_errors(tmp_path: Path) -> None:

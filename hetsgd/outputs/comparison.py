@@ -184,15 +184,17 @@ def _read_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
 def comparisons(index: pd.DataFrame) -> list[Comparison]:
     """Group the index by data, model and clock, name each run's variant and put every
     completed run's curve on the comparison's normalized scale. The data is the dataset's
-    label, and the overrides that change it where there are some (``digits
-    [dataset.limit=500]``). Runs that do not name their dataset and model are left out."""
+    label, and where runs of one label differ in the overrides that change their data, those
+    overrides (``digits [dataset.limit=500]``). Runs that do not name their dataset and model
+    are left out."""
     known = index[index["dataset"].notna() & index["model"].notna()].copy()
     known["algo"] = known["algo"].fillna("?")
     known["devices"] = known["devices"].fillna("?")
     known["clock"] = known["simulated"].map(lambda s: CLOCKS[bool(s)])
-    known["dataset"] = [f"{label} [{changed}]" if (changed := data_settings(overrides))
-                        else label for label, overrides in zip(known["dataset"],
-                                                               known["overrides"])]
+    data = known["overrides"].map(data_settings)
+    several = data.groupby(known["dataset"]).transform("nunique") > 1  # one label, other data
+    known["dataset"] = [f"{label} [{changed}]" if apart and changed else label
+                        for label, changed, apart in zip(known["dataset"], data, several)]
     result = []
     for (dataset, model, clock), group in known.groupby(["dataset", "model", "clock"],
                                                         sort=True):
