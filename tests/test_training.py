@@ -3,6 +3,7 @@ single-worker loop against a bare PyTorch loop."""
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import threading
 
@@ -201,6 +202,23 @@ def test_snapshots_are_due_by_time_or_epoch_and_thin_out_past_their_cap() -> Non
     # never fewer than 4 (the first, the newest, and room to thin)
     assert Snapshots(1.0, None, max_count=80, max_bytes=10, snapshot_bytes=2).capacity == 5
     assert Snapshots(1.0, None, max_count=80, max_bytes=1, snapshot_bytes=2).capacity == 4
+
+
+def test_a_checkpoints_snapshots_are_thinned_as_a_whole_where_a_resume_keeps_fewer() -> None:
+    """50 snapshots 0.01 s apart into a cap of 8: halved three times (26, 14, 8), the spacing
+    doubled as often. Added one by one they were thinned at almost every add: the spacing
+    doubled 11 times, to 20.48 s, and the resumed run took no snapshot before its end."""
+    kept = [Snapshot(t / 100, 0.0, [], torch.zeros(1), torch.zeros(0)) for t in range(50)]
+    snaps = Snapshots(every_s=0.5, every_epochs=None, max_count=8, max_bytes=1e9,
+                      snapshot_bytes=1)
+    dropped = snaps.restore(kept, (0.01, math.inf), epoch=0.0)
+    assert (snaps.every_s, len(snaps.items), len(dropped)) == (0.08, 8, 42)
+    assert snaps.items[0] is kept[0] and snaps.items[-1] is kept[-1]
+    assert snaps.next_time == pytest.approx(0.49 + 0.08)
+    snaps = Snapshots(every_s=0.5, every_epochs=1.0, max_count=80, max_bytes=1e9,
+                      snapshot_bytes=1)
+    assert snaps.restore(kept, (0.04, 2.0), epoch=3.0) == [] and snaps.items == kept
+    assert (snaps.every_s, snaps.next_time, snaps.next_epoch) == (0.04, pytest.approx(0.53), 4.0)
 
 
 def test_a_worker_computes_a_steps_loss_only_when_it_reads_it(

@@ -79,12 +79,15 @@ class EngineBase:
     def _resume_snapshots(self, resume: Checkpoint, snapshots: Snapshots) -> None:
         """The snapshots the checkpoint kept come first, at the spacing they had reached: the
         next one is due a thinned spacing after the last, as in a run that went on."""
-        counters = resume.counter_rows()
-        snapshots.every_s, snapshots.every_epochs = resume.snapshot_spacing
-        for snapshot in resume.snapshots:
-            snapshots.add(snapshot, snapshot.examples / self.state.data.num_examples)
-            if self.journal is not None:
+        last = resume.snapshots[-1].examples if resume.snapshots else 0.0
+        dropped = snapshots.restore(resume.snapshots, resume.snapshot_spacing,
+                                    last / self.state.data.num_examples)
+        if self.journal is not None:
+            counters = resume.counter_rows()
+            for snapshot in resume.snapshots:
                 self.journal.snapshot(snapshot, counters)
+            for old in dropped:
+                self.journal.drop(old)
 
     def _duties(self, elapsed: float) -> None:
         """Each tick's duties, at ``elapsed`` seconds of training: the controller, then the

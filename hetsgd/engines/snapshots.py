@@ -41,12 +41,32 @@ class Snapshots:
 
     def add(self, snapshot: Snapshot, epoch: float) -> list[Snapshot]:
         self.items.append(snapshot)
+        dropped = self._thinned() if len(self.items) > self.capacity else []
+        self._next_after(snapshot, epoch)
+        return dropped
+
+    def restore(self, items: list[Snapshot], spacing: tuple[float, float],
+                epoch: float) -> list[Snapshot]:
+        """A checkpoint's snapshots (the last at ``epoch``) at the ``spacing`` they had reached,
+        thinned as a whole, once per halving, where this run keeps fewer (a lower
+        ``eval.max_snapshots``: re-added one by one, they were thinned at every other add, and
+        the spacing doubled as often); returns those dropped."""
+        self.items, (self.every_s, self.every_epochs) = list(items), spacing
         dropped = []
-        if len(self.items) > self.capacity:
-            dropped = self.items[1:-1:2]
-            self.items = self.items[:-1:2] + [self.items[-1]]
-            self.every_s *= 2
-            self.every_epochs *= 2
+        while len(self.items) > self.capacity:
+            dropped += self._thinned()
+        if self.items:
+            self._next_after(self.items[-1], epoch)
+        return dropped
+
+    def _thinned(self) -> list[Snapshot]:
+        """Every other snapshot dropped (the first and the newest kept), the spacings doubled."""
+        dropped = self.items[1:-1:2]
+        self.items = self.items[:-1:2] + [self.items[-1]]
+        self.every_s *= 2
+        self.every_epochs *= 2
+        return dropped
+
+    def _next_after(self, snapshot: Snapshot, epoch: float) -> None:
         self.next_time = snapshot.time_s + self.every_s
         self.next_epoch = (math.floor(epoch / self.every_epochs) + 1) * self.every_epochs
-        return dropped
