@@ -2,7 +2,7 @@
 
 A *comparison* is the set of runs with the same data, model and clock: simulated runs' times
 are virtual (the virtual clock's), the others' measured, so the two never share a time column
-or a best loss; nor do runs on other data (another dataset, or ``dataset.*`` overrides).
+or a best loss; nor do runs on other data (another dataset, or other ``dataset`` values).
 Within it, every run's normalized loss is (L0 - L) / (L0 - L_best), L0 the run's own initial
 loss and L_best the lowest loss any completed run of the comparison reached, so that
 "0.9" means the same loss for every algorithm and device mix. The loss is the test loss where
@@ -35,7 +35,7 @@ from hetsgd.config.optim import OPTIM_SCHEMAS, SGDConfig
 from hetsgd.errors import UserError
 from hetsgd.outputs.index import (
     UNUSABLE,
-    data_settings,
+    flatten,
     load_csv,
     override_key,
     read_config,
@@ -183,18 +183,13 @@ def _read_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 def comparisons(index: pd.DataFrame) -> list[Comparison]:
     """Group the index by data, model and clock, name each run's variant and put every
-    completed run's curve on the comparison's normalized scale. The data is the dataset's
-    label, and where runs of one label differ in the overrides that change their data, those
-    overrides (``digits [dataset.limit=500]``). Runs that do not name their dataset and model
-    are left out."""
+    completed run's curve on the comparison's normalized scale (the data: see
+    :func:`_data_names`). Runs that do not name their dataset and model are left out."""
     known = index[index["dataset"].notna() & index["model"].notna()].copy()
     known["algo"] = known["algo"].fillna("?")
     known["devices"] = known["devices"].fillna("?")
     known["clock"] = known["simulated"].map(lambda s: CLOCKS[bool(s)])
-    data = known["overrides"].map(data_settings)
-    several = data.groupby(known["dataset"]).transform("nunique") > 1  # one label, other data
-    known["dataset"] = [f"{label} [{changed}]" if apart and changed else label
-                        for label, changed, apart in zip(known["dataset"], data, several)]
+    known["dataset"] = _data_names(known)
     result = []
     for (dataset, model, clock), group in known.groupby(["dataset", "model", "clock"],
                                                         sort=True):
@@ -218,6 +213,29 @@ def comparisons(index: pd.DataFrame) -> list[Comparison]:
         result.append(Comparison(str(dataset), str(model), str(clock), loss, row_order(runs),
                                  curves, l_best, common))
     return result
+
+
+def _data_names(known: pd.DataFrame) -> list[str]:
+    """Each run's data, by name: its dataset's label, and where runs of one label differ in the
+    ``dataset`` section of their config.yaml (an override, or an experiment's file, set
+    ``dataset.limit``), the values they differ in (``digits [dataset.limit=500]``). A key that
+    some of them lack (written before it existed) is no difference."""
+    values = [_dataset_values(Path(run_dir)) for run_dir in known["run_dir"]]
+    names = [str(label) for label in known["dataset"]]
+    for label in set(names):
+        mine = [i for i, name in enumerate(names) if name == label]
+        keys = set.intersection(*(set(values[i]) for i in mine))
+        apart = sorted(key for key in keys if len({values[i][key] for i in mine}) > 1)
+        for i in mine if apart else []:
+            names[i] = f"{label} [{' '.join(f'{key}={values[i][key]}' for key in apart)}]"
+    return names
+
+
+def _dataset_values(run_dir: Path) -> dict[str, str]:
+    """``dataset.<key>`` -> its value as text, from the run's config.yaml ({} without one)."""
+    section = read_config(run_dir).get("dataset")
+    flat = flatten(section, "dataset.") if isinstance(section, dict) else {}
+    return {key: "null" if value is None else plain(value) for key, value in flat.items()}
 
 
 def flagged(run: Mapping[str, Any]) -> bool:

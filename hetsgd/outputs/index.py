@@ -304,13 +304,6 @@ def settings(overrides: Iterable[str]) -> frozenset[str]:
     return frozenset(o for o in overrides if override_key(o) not in NOT_A_SETTING)
 
 
-def data_settings(overrides: Iterable[str]) -> str:
-    """The overrides that change a run's data (``dataset.n_classes=10``, ``dataset.limit=500``,
-    another ``dataset.path``), in one text: runs on other data are another comparison, their
-    losses on another scale and their speed against another baseline."""
-    return " ".join(sorted(o for o in overrides if override_key(o).startswith("dataset.")))
-
-
 def flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"optim": {"lr": ...}}`` as ``{"optim.lr": ...}``: nested keys dotted, as a CSV's
     column or an override names them."""
