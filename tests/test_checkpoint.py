@@ -46,10 +46,14 @@ def _new_run(*args: str) -> Path:
     return result.run_dir
 
 
-def _final_model(run_dir: Path) -> torch.Tensor:
+def _version(run_dir: Path) -> Path:
     version = latest_checkpoint(run_dir)
     assert version is not None
-    return read_checkpoint(version).params
+    return version
+
+
+def _final_model(run_dir: Path) -> torch.Tensor:
+    return read_checkpoint(_version(run_dir)).params
 
 
 @pytest.mark.integration
@@ -112,6 +116,23 @@ def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(results_dir: Pat
     assert (curve["time_s"] <= checkpoint_s).sum() >= 2  # the old curve, up to the checkpoint
     assert curve["time_s"].iloc[-1] >= checkpoint_s + 1 - 0.05
     assert curve["train_loss"].iloc[-1] < curve["train_loss"].iloc[0]
+
+
+@pytest.mark.integration
+def test_a_simulated_run_resumes_from_a_checkpoint_holding_a_snapshot_of_its_own_time(
+        results_dir: Path) -> None:
+    """The virtual clock's last meeting may snapshot the model at the checkpoint's very time:
+    a resume took that snapshot again as its first, and its next checkpoint linked the one file
+    twice (crashed: File exists)."""
+    run = ("algo=local_sgd", "dataset=digits", "model=mlp", "devices=paper_biased_local",
+           "devices.groups.accel.count=1", "budget.seconds=null", "checkpoint.every_s=0.001",
+           "progress=false")
+    first = _new_run(*run, "budget.epochs=1")
+    checkpoint = read_checkpoint(_version(first))
+    assert checkpoint.snapshots[-1].time_s == checkpoint.time_s
+    assert _new_run(f"resume={first}", "budget.epochs=2", "progress=false") == first
+    times = pd.read_csv(first / "convergence.csv")["time_s"]
+    assert times.is_monotonic_increasing and not times.duplicated().any()
 
 
 @pytest.mark.integration

@@ -275,33 +275,42 @@ def test_each_reshuffle_ranks_the_slow_side_by_the_losses_both_sides_recorded(
 @pytest.mark.parametrize("at_round", ["keep", "reset", "average"])
 def test_momentum_at_each_aggregation_is_kept_reset_or_averaged(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_round: str) -> None:
-    """Each rank's momentum just after each round's aggregation, on the virtual clock: its own
-    (the authors' code), zero, or the ranks' weighted average, the same on both ranks."""
+    """Each rank's momentum just before and just after each round's aggregation, on the
+    virtual clock: after it, its own (the authors' code), zero, or the ranks' average weighted
+    as the models are (by examples: 128 and 8 a round), the same on both ranks."""
+    before: dict[tuple[int, int], torch.Tensor] = {}
     after: dict[tuple[int, int], torch.Tensor] = {}
+    weights: list[float] = []
     aggregate = local_sgd.LocalSGDLoop.aggregate
 
     def recorded(self: local_sgd.LocalSGDLoop) -> Verdict:
-        verdict = aggregate(self)
         momentum = self.rank.optimizer.momentum_buffer
         assert momentum is not None
-        after[self.rank.spec.rank, self.position] = momentum.clone()
+        key = self.rank.spec.rank, self.position
+        before[key] = momentum.clone()
+        verdict = aggregate(self)
+        after[key] = momentum.clone()
+        weights[:] = self.plan.weights
         return verdict
 
     monkeypatch.setattr(local_sgd.LocalSGDLoop, "aggregate", recorded)
     cfg = compose_config("algo=local_sgd", *MIX, "algo.tau={accel:4,cpu:1}", "optim.momentum=0.9",
-                         f"algo.momentum_at_round={at_round}", "budget.epochs=0.5",
-                         "budget.seconds=null", "devices.simulated=true",
+                         "algo.aggregation=samples", f"algo.momentum_at_round={at_round}",
+                         "budget.epochs=0.5", "budget.seconds=null", "devices.simulated=true",
                          "devices.groups.accel.profile=v100_sxm2_16gb",
                          "devices.groups.cpu.profile=xeon_e5_2686v4_core", "progress=false")
     summary = runner.run(to_run_config(cfg), tmp_path, cfg).to_dict()
     assert summary["status"] == "completed", summary["error"]
+    assert weights == pytest.approx([128 / 136, 8 / 136])
     rounds = sorted({position for _, position in after})
     assert len(rounds) >= 3 and sorted(after) == [(r, p) for r in (0, 1) for p in rounds]
     for position in rounds:
-        fast, slow = after[0, position], after[1, position]
-        assert {"keep": not torch.equal(fast, slow) and fast.abs().sum() > 0,
-                "reset": fast.abs().sum() == slow.abs().sum() == 0,
-                "average": torch.allclose(fast, slow) and fast.abs().sum() > 0}[at_round]
+        mine = [before[rank, position] for rank in (0, 1)]
+        expected = {"keep": mine, "reset": [torch.zeros_like(m) for m in mine],
+                    "average": [weights[0] * mine[0] + weights[1] * mine[1]] * 2}[at_round]
+        for rank in (0, 1):
+            torch.testing.assert_close(after[rank, position], expected[rank])
+        assert not torch.equal(mine[0], mine[1])  # there was something to average
 
 
 def test_momentum_at_round_acts_on_plain_sgd_only() -> None:

@@ -129,7 +129,9 @@ class VirtualRanks(EngineBase):
             self.state.restore(self.resume)
             self._resume_snapshots(self.resume, self.snapshots)
             self.busy.last_time = self.resume.time_s  # utilization from here on
-        self._take_snapshot(self.previous_meeting, self.snapshots)
+        kept = self.snapshots.items
+        if not (kept and kept[-1].time_s == self.previous_meeting):  # a checkpoint's own last
+            self._take_snapshot(self.previous_meeting, self.snapshots)
         ranks = [threading.Thread(target=self._rank, args=(spec, setup), daemon=True,
                                   name=f"hetsgd-rank-{spec.rank}") for spec in self.specs]
         with simulated_math(self.cfg, self.specs):  # the rank threads inherit its float mode
