@@ -4,6 +4,7 @@ in place on whatever storage the model is bound to; the loop's shared scalars pi
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 
 import pytest
@@ -164,6 +165,54 @@ def test_auto_fuses_mlps_only_and_fused_refuses_other_models() -> None:
 ])
 def test_models_other_than_plain_mlps_are_not_fused(module: nn.Module) -> None:
     assert mlp_layers(module) is None
+
+
+def _tied() -> nn.Sequential:
+    torch.manual_seed(0)
+    shared = nn.Linear(6, 6)
+    return nn.Sequential(nn.Linear(6, 6), nn.ReLU(), shared, nn.ReLU(), shared, nn.ReLU(),
+                         nn.Linear(6, 3))
+
+
+def _frozen() -> nn.Sequential:
+    module = _mlp(nn.ReLU, True, 3)
+    module[0].requires_grad_(False)  # fine-tuning the layers above a fixed one
+    return module
+
+
+@pytest.mark.parametrize("make", [_frozen, _tied], ids=["frozen", "tied"])
+def test_frozen_and_tied_layers_train_as_torch_optim_sgd_trains_them(
+        make: Callable[[], nn.Sequential]) -> None:
+    """The fused step updated a frozen layer with its whole gradient, and took a tied layer's
+    momentum and decay once per use; a frozen parameter was weight-decayed by the autograd
+    step's flat update. Such models take the autograd step, which decays the trained ones."""
+    assert mlp_layers(make()) is None
+    module, reference = make(), make()
+    expected = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=LR,
+                               momentum=0.9, weight_decay=0.01)
+    before = [p.detach().clone() for p in reference.parameters()]
+    for step in range(STEPS):
+        x, y = _batch("multiclass", step)
+        expected.zero_grad()
+        loss_fn("multiclass")(reference(x), y).backward()
+        expected.step()
+    _ours(module, "auto", "multiclass", 0.9, 0.01)
+    for ours, theirs, start in zip(module.parameters(), reference.parameters(), before):
+        torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=0, atol=1e-6)
+        assert theirs.requires_grad != torch.equal(theirs.detach(), start)
+
+
+def test_an_optimizer_of_torch_never_sees_a_frozen_parameter() -> None:
+    """AdamW decays every parameter it is given, gradient or not."""
+    module = _frozen()
+    frozen = [p.detach().clone() for p in module[0].parameters()]
+    cfg = run_config("optim=torch", "optim._target_=torch.optim.AdamW", "optim.lr=0.01",
+                     "+optim.weight_decay=0.1").optim
+    step = build_step("auto", FlatModel(module), cfg, "multiclass")
+    for i in range(STEPS):
+        step(*_batch("multiclass", i), epoch=0.0, batch_size=8)
+    for ours, start in zip(module[0].parameters(), frozen):
+        assert torch.equal(ours.detach(), start)
 
 
 def _through_a_pipe(value: object) -> object:

@@ -132,7 +132,8 @@ class TorchOptimizer:
 def build_optimizer(optim: OptimConfig, flat: FlatModel) -> SGD | TorchOptimizer:
     """The update ``optim`` (the run's ``optim`` group) asks for, over ``flat``'s parameters."""
     if isinstance(optim, TorchOptimConfig):
-        return TorchOptimizer(optim, list(flat.module.parameters()))
+        # a frozen parameter (requires_grad=False) is no optimizer's: it would be decayed
+        return TorchOptimizer(optim, [p for p in flat.module.parameters() if p.requires_grad])
     assert isinstance(optim, SGDConfig), f"an optim schema without an update: {optim.name}"
     return SGD(optim, flat)
 

@@ -42,6 +42,12 @@ class SGD:
         self.cfg = optim
         self.flat = flat
         self.momentum_buffer = torch.zeros_like(flat.params) if optim.momentum > 0 else None
+        # weight decay spares a frozen parameter (requires_grad=False), which torch.optim never
+        # sees: 1 for each trained entry, 0 for each frozen one; None where all are trained
+        trained = [torch.full((p.numel(),), float(p.requires_grad), device=flat.params.device)
+                   for p in flat.module.parameters()]
+        self.decayed = None if all(p.requires_grad for p in flat.module.parameters()) \
+            else torch.cat(trained)
 
     def lr(self, epoch: float, batch_size: int) -> float:
         return scheduled_lr(self.cfg, epoch, batch_size)
@@ -59,10 +65,12 @@ class SGD:
         return self.flat.views(self.momentum_buffer)
 
     def apply(self, param: torch.Tensor, momentum: torch.Tensor | None, grad: torch.Tensor,
-              lr: float) -> None:
-        """One update of ``param`` from its gradient ``grad`` (which may be overwritten)."""
+              lr: float, decayed: torch.Tensor | None = None) -> None:
+        """One update of ``param`` from its gradient ``grad`` (which may be overwritten); weight
+        decay on the entries ``decayed`` marks with 1, where given."""
         if self.cfg.weight_decay:
-            grad = grad.add_(param, alpha=self.cfg.weight_decay)
+            grad = grad.add_(param if decayed is None else param * decayed,
+                             alpha=self.cfg.weight_decay)
         if momentum is not None:
             grad = momentum.mul_(self.cfg.momentum).add_(grad)
         param.add_(grad, alpha=-lr)
@@ -83,4 +91,4 @@ class SGD:
 
     def step(self, lr: float) -> None:
         """Update every parameter from the flat gradient that backward filled."""
-        self.apply(self.flat.params, self.momentum_buffer, self.flat.grads, lr)
+        self.apply(self.flat.params, self.momentum_buffer, self.flat.grads, lr, self.decayed)

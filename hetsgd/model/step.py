@@ -180,7 +180,9 @@ def mlp_layers(module: nn.Module) -> list[tuple[nn.Linear, Activation | None]] |
     last), when the fused step provably computes what the module's forward does: a plain
     ``nn.Sequential`` (a subclass may override ``forward``) of ``nn.Linear`` layers with sigmoid,
     ReLU or tanh between them, no buffers, and nothing that changes a call (see :func:`_plain`);
-    None otherwise."""
+    None otherwise. Every parameter is trained (a frozen one, ``requires_grad=False``, would be
+    updated) and every layer used once (a tied one would take its momentum and decay once per
+    use)."""
     if type(module) is not nn.Sequential:
         return None
     children = list(module)
@@ -188,6 +190,10 @@ def mlp_layers(module: nn.Module) -> list[tuple[nn.Linear, Activation | None]] |
     if not linears or len(linears) != len(activations) + 1:
         return None
     if not all(type(m) is nn.Linear for m in linears):
+        return None
+    if len({id(m) for m in linears}) < len(linears):
+        return None
+    if not all(p.requires_grad for p in module.parameters()):
         return None
     if not all(type(a) in _ACTIVATIONS for a in activations):
         return None
