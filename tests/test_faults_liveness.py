@@ -161,20 +161,29 @@ def test_a_worker_stopped_while_it_sets_up_fails_the_run_before_training(
 
 @pytest.mark.integration
 @pytest.mark.wall
-def test_a_stopped_rank_fails_the_run_and_the_command_exits(results_dir: Path) -> None:
-    """Rank 0 gives up on the stopped rank 1 within dist.timeout_s; rank 1 is named and killed
+@pytest.mark.parametrize(("algo", "signum", "rank", "says"), [
+    ("local_sgd", signal.SIGSTOP, 1, "rank 1 (cpu) made no progress for 7 s"),
+    # sync's rank 0, an accelerator, publishes its replica before each snapshot: stopped, it
+    # held each wait for it, whose late tick restarted its stall window (25-29 s, blaming rank 2)
+    ("sync", signal.SIGSTOP, 0, "rank 0 (accel) made no progress for 7 s"),
+    # killed: the others' broken collectives were reported first, and blamed
+    ("sync", signal.SIGKILL, 1, "rank 1 (cpu) was killed by SIGKILL"),
+], ids=["stopped", "stopped_publisher", "killed"])
+def test_a_stopped_or_killed_rank_fails_the_run_naming_it_and_the_command_exits(
+        results_dir: Path, algo: str, signum: int, rank: int, says: str) -> None:
+    """Rank 0 gives up on the stopped rank within dist.timeout_s; the rank is named and killed
     (the multiprocessing exit handler would otherwise join it forever)."""
-    proc = start(results_dir, *RUN, "algo=local_sgd", "devices=emulated", "devices.groups.cpu.count=1",
-                 "budget.seconds=120", "dist.timeout_s=2")
-    pids = workers(proc, count=2)
+    proc = start(results_dir, *RUN, f"algo={algo}", "devices=emulated",
+                 "devices.groups.cpu.count=2", "budget.seconds=120", "dist.timeout_s=2")
+    pids = workers(proc, count=3)
     await_snapshots(results_dir, count=3)
-    os.kill(pids[1], signal.SIGSTOP)
+    os.kill(pids[rank], signum)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, output
     assert "Traceback" not in output, output
     summary = _summary(results_dir)
     assert summary["status"] == "failed"
-    assert summary["error"].startswith("rank 1 (cpu) made no progress for 7 s"), summary["error"]
+    assert summary["error"].startswith(says), summary["error"]
     assert gone(pids, timeout_s=10)
 
 

@@ -125,6 +125,8 @@ class Coordinator(EngineBase):
         self.died = False  # whether a worker ended without its report
 
     noun = "worker"  # what the messages call one of its processes
+    # how a report begins that says its worker was only released by another's end
+    released: tuple[str, ...] = ()
 
     def _name(self, rank: int) -> str:
         return f"{self.noun} {rank} ({next(s.group for s in self.specs if s.rank == rank)})"
@@ -138,12 +140,15 @@ class Coordinator(EngineBase):
 
     def _publish(self, running: Callable[[], list[int]]) -> dict[int, str]:
         """Ask the publishers to bring the master up to date, and wait for the running ones.
-        Returns those whose link broke its contract: it stepped on without answering."""
+        Returns those whose link broke its contract (it stepped on without answering), and
+        those that made no progress for the whole wait: stopped or hung, which the stall watch
+        cannot see (a wait the coordinator spends aside restarts every worker's window)."""
         signals = self.state.signals
         signals.publish_request += 1
         updates = self.state.counters.column("updates")
         asked_at = {rank: float(updates[rank]) for rank in running()}
-        deadline = time.perf_counter() + min(PUBLISH_TIMEOUT_S, self.stall_s)
+        progress, wait_s = self._progress(), min(PUBLISH_TIMEOUT_S, self.stall_s)
+        deadline = time.perf_counter() + wait_s
         while not signals.answered(running()) and time.perf_counter() < deadline:
             stepped = {r: float(updates[r]) - asked_at.get(r, 0.0) for r in running()}
             broken = {r: (f"{self._name(r)} took {s:g} steps after a publish request without "
@@ -153,7 +158,11 @@ class Coordinator(EngineBase):
             if broken:
                 return broken
             time.sleep(PUBLISH_POLL_S)
-        return {}
+        now = self._progress()  # a first step may take longer: the watch's own window
+        return {r: (f"{self._name(r)} made no progress for {wait_s:g} s and did not answer a "
+                    "publish request (stopped, or hung in a device call or a lock): killed")
+                for r in running()
+                if signals.asked(r) and now[r] == progress[r] and float(updates[r]) > 0}
 
     def _answering(self, live: _Pass) -> list[int]:
         """The publishers a publish request waits for: those still running. One killed (the
@@ -292,14 +301,16 @@ class Coordinator(EngineBase):
             self._take_snapshot(time.perf_counter() - live.t0, live.snapshots)
             training.snapshots = live.snapshots.items
 
-    @staticmethod
-    def _judge(training: Training, live: _Pass, killed: dict[int, str]) -> None:
+    def _judge(self, training: Training, live: _Pass, killed: dict[int, str]) -> None:
         """The run's status from the first failure: the coordinator's verdict on hung workers
         first (the others' failures are their release from a wait on them), unless a worker
         died before any hung: then the workers' own reports and deaths first; last, those that
         never ended."""
         verdict = [("failed", "; ".join(live.hung.values()))] if live.hung else []
-        reports = list(live.finished.values())
+        # a rank whose collective broke was released by another's end: that end first (a
+        # death, which _collect records after the reports queued meanwhile, or a rank's error)
+        reports = sorted(live.finished.values(),
+                         key=lambda report: report[1].startswith(self.released))
         failures = [*reports, *verdict] if live.died_first else [*verdict, *reports]
         failures += [("failed", m) for m in killed.values()]
         for status, message in failures:

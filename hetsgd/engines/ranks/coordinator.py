@@ -21,7 +21,7 @@ from hetsgd.engines.common.coordinator import FAILURE_GRACE_S, Coordinator
 from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.counters import WorkerCounters
 from hetsgd.engines.hooks import SetupSummary
-from hetsgd.engines.ranks.group import check_port, torchrun, with_free_port
+from hetsgd.engines.ranks.group import RankLost, check_port, torchrun, with_free_port
 from hetsgd.engines.ranks.loop import RankLoop
 from hetsgd.engines.ranks.process import rank_process
 from hetsgd.engines.training import Journal, MonitorFactory, OnTick, Training
@@ -45,6 +45,7 @@ class DistributedCoordinator(Coordinator):
     """
 
     noun = "rank"
+    released = (f"{RankLost.__name__}:",)  # a peer's collective broke: another rank ended it
 
     def __init__(self, cfg: RunConfig, specs: list[WorkerSpec], problem: Problem,
                  data: SharedData, master: SharedMaster, on_tick: OnTick | None,
