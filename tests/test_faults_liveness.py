@@ -22,7 +22,7 @@ from processes import await_snapshots, gone, start, workers
 from hetsgd.config import ConfigError, DistConfig
 from hetsgd.engines.base import TICK_S
 from hetsgd.engines.common.watch import STARVED_S, Tick, Watch, ended
-from hetsgd.engines.ranks.group import check_port
+from hetsgd.engines.ranks.group import check_port, free_port
 from hetsgd.engines.virtual.watch import Progress
 from hetsgd.errors import UserError
 
@@ -136,6 +136,19 @@ def test_a_rendezvous_port_in_use_is_one_line_naming_it() -> None:
         with pytest.raises(UserError, match=f"dist.master_port={port} on 127.0.0.1"):
             check_port(DistConfig(master_port=port))
     check_port(DistConfig(master_port=port))  # free again
+
+
+def test_a_rendezvous_address_not_of_this_machine_is_one_line_naming_it() -> None:
+    """It was a bare OSError naming no setting, or, with a port given, the advice to free the
+    port and set dist.master_port=null, which then gave the bare error."""
+    elsewhere = "192.0.2.1"  # TEST-NET-1 (RFC 5737): no machine's address
+    for port in (29511, None):
+        with pytest.raises(UserError, match=f"^dist.master_addr={elsewhere} is not an address "
+                                            "of this machine"):
+            if port is None:
+                free_port(elsewhere)
+            else:
+                check_port(DistConfig(master_addr=elsewhere, master_port=port))
 
 
 # -- processes ----------------------------------------------------------------------------------

@@ -9,10 +9,13 @@ workers' batch sizes; an epoch's last batch may be shorter, as with one worker) 
 one contiguous shard per rank, ``split: equal`` (as DistributedDataParallel) or ``proportional`` to
 each rank's examples/s measured in a short warm-up. Each rank computes the mean-loss gradient of
 its shard; the gradients are all-reduced weighted by shard size (so the result is the gradient of
-the global batch's mean loss) and every replica takes the same step, with its own identical
-momentum. Floating BatchNorm statistics are averaged the same way at every step (DDP instead
-broadcasts rank 0's), which for the running mean equals what one worker on the global batch would
-keep. The learning rate is that of the global batch size (``optim.lr_scaling``).
+the global batch's mean loss, for a model without batch statistics) and every replica takes the
+same step, with its own identical momentum. A BatchNorm layer normalizes each shard by its own
+statistics, as under DDP, so its gradient is not one worker's on the global batch (a shard of
+one row is normalized with a neighbour: ``engines/batches.py``). Floating BatchNorm statistics
+are averaged the same way at every step (DDP instead broadcasts rank 0's), which for the running
+mean equals what one worker on the global batch would keep. The learning rate is that of the
+global batch size (``optim.lr_scaling``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ rank ends the run with an error instead of a hang.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import socket
 from datetime import timedelta
 
@@ -34,21 +35,41 @@ class RankLost(RuntimeError):
 def free_port(addr: str) -> int:
     """A TCP port that is free on `addr` now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((addr, 0))
+        _bind(sock, addr, 0)
         return int(sock.getsockname()[1])
 
 
 def check_port(cfg: DistConfig) -> None:
     """A port the user chose for the ranks started here must be free: rank 0 could not host the
     rendezvous there, and the others would retry connecting until ``dist.timeout_s``."""
+    assert cfg.master_port is not None, "a port the user chose"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own socket
         try:
-            sock.bind((cfg.master_addr, cfg.master_port))
+            _bind(sock, cfg.master_addr, cfg.master_port)
         except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
             raise UserError(f"dist.master_port={cfg.master_port} on {cfg.master_addr} cannot host "
                             f"the ranks' rendezvous ({exc.strerror or exc}): free it, or set "
                             "dist.master_port=null for a free one") from exc
+
+
+def _bind(sock: socket.socket, addr: str, port: int) -> None:
+    """``sock`` bound to ``addr``; an address this machine cannot take (not one of its own, or
+    a name that does not resolve) is a one-line UserError naming the setting."""
+    try:
+        sock.bind((addr, port))
+    except socket.gaierror as exc:
+        raise UserError(f"dist.master_addr={addr} does not resolve ({exc.strerror or exc}): "
+                        "give an address of this machine (the ranks started here meet there)"
+                        ) from exc
+    except OSError as exc:
+        if exc.errno != errno.EADDRNOTAVAIL:
+            raise
+        raise UserError(f"dist.master_addr={addr} is not an address of this machine "
+                        f"({exc.strerror or exc}): give one of its own (the ranks started here "
+                        "meet there)") from exc
 
 
 def with_free_port(cfg: RunConfig) -> RunConfig:
