@@ -45,19 +45,13 @@ def check_port(cfg: DistConfig) -> None:
     assert cfg.master_port is not None, "a port the user chose"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own socket
-        try:
-            _bind(sock, cfg.master_addr, cfg.master_port)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            raise UserError(f"dist.master_port={cfg.master_port} on {cfg.master_addr} cannot host "
-                            f"the ranks' rendezvous ({exc.strerror or exc}): free it, or set "
-                            "dist.master_port=null for a free one") from exc
+        _bind(sock, cfg.master_addr, cfg.master_port)
 
 
 def _bind(sock: socket.socket, addr: str, port: int) -> None:
-    """``sock`` bound to ``addr``; an address this machine cannot take (not one of its own, or
-    a name that does not resolve) is a one-line UserError naming the setting."""
+    """``sock`` bound to ``addr`` and ``port`` (0: any free one); an address this machine cannot
+    take (not one of its own, or a name that does not resolve), or a chosen port it cannot, is
+    a one-line UserError naming the setting."""
     try:
         sock.bind((addr, port))
     except socket.gaierror as exc:
@@ -65,11 +59,16 @@ def _bind(sock: socket.socket, addr: str, port: int) -> None:
                         "give an address of this machine (the ranks started here meet there)"
                         ) from exc
     except OSError as exc:
-        if exc.errno != errno.EADDRNOTAVAIL:
+        reason = exc.strerror or exc
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise UserError(f"dist.master_addr={addr} is not an address of this machine "
+                            f"({reason}): give one of its own (the ranks started here meet "
+                            "there)") from exc
+        if not port:
             raise
-        raise UserError(f"dist.master_addr={addr} is not an address of this machine "
-                        f"({exc.strerror or exc}): give one of its own (the ranks started here "
-                        "meet there)") from exc
+        raise UserError(f"dist.master_port={port} on {addr} cannot host the ranks' rendezvous "
+                        f"({reason}): free it, or set dist.master_port=null for a free one"
+                        ) from exc
 
 
 def with_free_port(cfg: RunConfig) -> RunConfig:
