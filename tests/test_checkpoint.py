@@ -119,6 +119,7 @@ def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(results_dir: Pat
 
 
 @pytest.mark.integration
+@pytest.mark.wall  # a run and its resume, whole
 def test_a_simulated_run_resumes_from_a_checkpoint_holding_a_snapshot_of_its_own_time(
         results_dir: Path) -> None:
     """The virtual clock's last meeting may snapshot the model at the checkpoint's very time:

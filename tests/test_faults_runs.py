@@ -167,6 +167,7 @@ def test_a_resume_killed_before_it_trains_leaves_the_checkpointed_run_to_recover
     assert summary["updates"] == sum(updates)
 
 
+@pytest.mark.wall  # three resumes, each a whole run
 def test_a_resume_takes_the_evaluation_spacing_it_is_given(run_dir: Path) -> None:
     """Its snapshots were taken at the checkpoint's spacing whatever eval.* said; the new
     spacing is doubled as often as thinning had doubled the old (never here: 11 snapshots)."""

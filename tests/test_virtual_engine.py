@@ -308,7 +308,9 @@ def dropout_net(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, .
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("dropout", [False, True], ids=["mlp", "dropout"])
+@pytest.mark.parametrize("dropout", [
+    pytest.param(False, id="mlp"),
+    pytest.param(True, id="dropout", marks=pytest.mark.wall)])  # a second pair of whole runs
 def test_simulated_local_sgd_trains_the_real_engines_model_exactly(
         tmp_path: Path, request: pytest.FixtureRequest, dropout: bool) -> None:
     """The virtual clock runs the algorithm's own rank loop: biased local SGD on two ranks,
