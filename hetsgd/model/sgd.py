@@ -44,10 +44,10 @@ class SGD:
         self.momentum_buffer = torch.zeros_like(flat.params) if optim.momentum > 0 else None
         # weight decay spares a frozen parameter (requires_grad=False), which torch.optim never
         # sees: 1 for each trained entry, 0 for each frozen one; None where all are trained
-        trained = [torch.full((p.numel(),), float(p.requires_grad), device=flat.params.device)
-                   for p in flat.module.parameters()]
-        self.decayed = None if all(p.requires_grad for p in flat.module.parameters()) \
-            else torch.cat(trained)
+        params = list(flat.module.parameters())
+        self.decayed = None if all(p.requires_grad for p in params) else torch.cat([
+            torch.full((p.numel(),), float(p.requires_grad), device=flat.params.device)
+            for p in params])
 
     def lr(self, epoch: float, batch_size: int) -> float:
         return scheduled_lr(self.cfg, epoch, batch_size)

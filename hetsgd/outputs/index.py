@@ -147,13 +147,19 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def config_number(run_dir: Path, *keys: str) -> float | None:
-    """The finite number at ``keys`` (outermost first) in the run's ``config.yaml``, such as
-    ``budget.epochs``; None where there is none."""
-    value: Any = read_config(run_dir)
+def config_at(config: dict[str, Any], *keys: str) -> Any:
+    """The value at ``keys`` (outermost first) of a config read as data (:func:`read_config`),
+    such as ``budget.epochs``; None where there is none."""
+    value: Any = config
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
-    return finite_or_none(value)
+    return value
+
+
+def config_number(run_dir: Path, *keys: str) -> float | None:
+    """The finite number at ``keys`` in the run's ``config.yaml`` (:func:`config_at`); None
+    where there is none."""
+    return finite_or_none(config_at(read_config(run_dir), *keys))
 
 
 def _identity_from_config(run_dir: Path) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import pandas as pd
 from hetsgd.config.checks import finite_or_none
 from hetsgd.errors import UserError
 from hetsgd.outputs.cells import cell, mean_cell
-from hetsgd.outputs.index import find_runs, load_csv, read_config, read_summary
+from hetsgd.outputs.index import config_at, find_runs, load_csv, read_config, read_summary
 from hetsgd.outputs.intervals import CONFIDENCE, METHOD, geometric_interval
 from hetsgd.outputs.metrics import loss_key, loss_name
 from hetsgd.outputs.report import markdown_table
@@ -117,14 +117,6 @@ def _field(summary: dict[str, Any], *path: str) -> Any:
     return value
 
 
-def _at(config: dict[str, Any], *keys: str) -> Any:
-    """The value at ``keys`` (outermost first) of a config read as data; None where there is none."""
-    value: Any = config
-    for key in keys:
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
-
-
 def _number(value: Any) -> str:
     return format(value, "g") if isinstance(value, int | float) else str(value)
 
@@ -133,16 +125,16 @@ def setting(summary: dict[str, Any], config: dict[str, Any]) -> str:
     """What a run was, from its summary and config.yaml: dataset, model, lr and budget, escaped
     (read back). The script's overrides may change any of them, so the tables' caption is this,
     not what the script meant to run."""
-    model = _at(config, "model")
+    model = config_at(config, "model")
     model = model if isinstance(model, dict) else {}
     name = model.get("name", summary.get("model"))
     shape = "".join(f" {model[key]}" for key in ("hidden", "activation") if key in model)
     paper = "" if name == "mlp_paper" else " (not the paper's net, mlp_paper)"
     unit = "virtual s" if summary.get("simulated") else "s"
-    seconds, epochs = _at(config, "budget", "seconds"), _at(config, "budget", "epochs")
+    seconds, epochs = config_at(config, "budget", "seconds"), config_at(config, "budget", "epochs")
     budget = " or ".join(f"{_number(value)} {what}" for value, what in
                          ((seconds, unit), (epochs, "epochs")) if value is not None)
-    lr = _at(config, "optim", "lr")
+    lr = config_at(config, "optim", "lr")
     return shown(f"{summary.get('dataset')} · {name}{shape}{paper} · "
                  f"lr {'not in config.yaml' if lr is None else _number(lr)} · "
                  f"{budget or 'budget not in config.yaml'}")
