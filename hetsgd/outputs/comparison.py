@@ -139,11 +139,11 @@ def row_order(frame: pd.DataFrame) -> pd.DataFrame:
             .drop(columns="_rank").reset_index(drop=True))
 
 
-def optim_settings(run_dir: str) -> frozenset[str]:
-    """``optim.<key>=<value>`` for each optim value of the run's ``config.yaml`` that differs
-    from its optimizer schema's default (``{}`` without a readable file): what a device mix or an
-    experiment set without an override saying so."""
-    optim = read_config(Path(run_dir)).get("optim")
+def optim_settings(config: dict[str, Any]) -> frozenset[str]:
+    """``optim.<key>=<value>`` for each optim value of the run's ``config.yaml`` (``config``, as
+    :func:`read_config` reads it) that differs from its optimizer schema's default (``{}``
+    without one): what a device mix or an experiment set without an override saying so."""
+    optim = config.get("optim")
     if not isinstance(optim, dict):
         return frozenset()
     defaults = dataclasses.asdict(OPTIM_SCHEMAS.get(str(optim.get("name")), SGDConfig)())
@@ -151,15 +151,15 @@ def optim_settings(run_dir: str) -> frozenset[str]:
                      if key in defaults and value != defaults[key])
 
 
-def variants(overrides: pd.Series, run_dirs: pd.Series) -> tuple[pd.Series, str]:
-    """Per run (a tuple of overrides each, and its folder), the settings that not every run
+def variants(overrides: pd.Series, configs: pd.Series) -> tuple[pd.Series, str]:
+    """Per run (a tuple of overrides each, and its config.yaml), the settings that not every run
     shares plus its non-default optim values (:func:`optim_settings`) that no such override
     names, sorted and space-joined ('' for none), so a sweep-wide ``budget.epochs=3`` does not
     split rows; and the settings every run shares, for the section's text."""
     own = overrides.map(settings)
     common = frozenset.intersection(*own) if len(own) else frozenset()
     split = own.map(lambda mine: mine - common)
-    optims = run_dirs.map(optim_settings)
+    optims = configs.map(optim_settings)
     rows = [" ".join(sorted(mine | {o for o in optim if override_key(o) not in
                                     {override_key(m) for m in mine}}))
             for mine, optim in zip(split, optims, strict=True)]
@@ -189,12 +189,13 @@ def comparisons(index: pd.DataFrame) -> list[Comparison]:
     known["algo"] = known["algo"].fillna("?")
     known["devices"] = known["devices"].fillna("?")
     known["clock"] = known["simulated"].map(lambda s: CLOCKS[bool(s)])
+    known["config"] = known["run_dir"].map(lambda run_dir: read_config(Path(run_dir)))  # once
     known["dataset"] = _data_names(known)
     result = []
     for (dataset, model, clock), group in known.groupby(["dataset", "model", "clock"],
                                                         sort=True):
-        variant, common = variants(group["overrides"], group["run_dir"])
-        runs = group.assign(variant=variant)
+        variant, common = variants(group["overrides"], group["config"])
+        runs = group.assign(variant=variant).drop(columns="config")
         # a mix's name does not say whether its accelerator was real (auto, with and without a
         # GPU): where one row's runs differ there, the emulated ones are a row of their own
         emulated = runs["emulated"]  # a bool: the index reads it so
@@ -220,7 +221,7 @@ def _data_names(known: pd.DataFrame) -> list[str]:
     ``dataset`` section of their config.yaml (an override, or an experiment's file, set
     ``dataset.limit``), the values they differ in (``digits [dataset.limit=500]``). A key that
     some of them lack (written before it existed) is no difference."""
-    values = [_dataset_values(Path(run_dir)) for run_dir in known["run_dir"]]
+    values = [_dataset_values(config) for config in known["config"]]
     names = [str(label) for label in known["dataset"]]
     for label in set(names):
         mine = [i for i, name in enumerate(names) if name == label]
@@ -231,9 +232,9 @@ def _data_names(known: pd.DataFrame) -> list[str]:
     return names
 
 
-def _dataset_values(run_dir: Path) -> dict[str, str]:
+def _dataset_values(config: dict[str, Any]) -> dict[str, str]:
     """``dataset.<key>`` -> its value as text, from the run's config.yaml ({} without one)."""
-    section = read_config(run_dir).get("dataset")
+    section = config.get("dataset")
     flat = flatten(section, "dataset.") if isinstance(section, dict) else {}
     return {key: "null" if value is None else plain(value) for key, value in flat.items()}
 
