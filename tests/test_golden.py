@@ -3,13 +3,15 @@ the values checked in under tests/assets/golden/.
 
 The virtual clock decides when each step reads and lands from the device profiles alone, in
 Python floats, so update counts and virtual times are exact on every machine. The losses come
-from real float32 math on one thread (tests/conftest.py; the workers here have one thread
-each, so the simulated math runs on one whatever the core count), yet the CPU's vector width
-still picks the kernels and with them the order of a sum's roundings (AVX-512, AVX2 or none):
-losses are compared to ``LOSS_RTOL``. Forcing this machine's generic kernels
-(``ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41``) moved
-them by 1.4e-6 relatively at most; a learning rate 1 % off moves the farthest of each run's by
-6e-3 or more.
+from real float32 math on one thread (tests/conftest.py), whose roundings differ from one CPU to
+another (the kernels its vector width picks, the BLAS's vendor paths): losses are compared to
+``LOSS_RTOL``. That holds only where a run's losses move in proportion to such a difference. At
+the default rate (0.1) the MLP runs on a shared master do not: a rate 1e-6 off moved their
+losses by 6e-6 but one 1e-5 off by 2e-3, a threshold crossed, and an Intel Xeon (AVX-512)
+differed by 3e-3 from the AMD EPYC that had written the values. At ``SMOOTH_LR`` a perturbation
+of 1e-7 to 3e-5 of the rate moves them by at most 5 times as much, and this machine's generic
+kernels (``ATEN_CPU_CAPABILITY=default``) by 1.5e-6 at most; a rate 1 % off moves the farthest
+loss of every run by 4.7e-4 (local SGD) to 1.7e-2.
 
 When the math changes on purpose, regenerate the values and review their diff:
 
@@ -36,7 +38,9 @@ from hetsgd.runs import runner
 
 GOLDEN = Path(__file__).parent / "assets" / "golden"
 REGENERATE = os.environ.get("HETSGD_REGEN_GOLDEN") == "1"
-LOSS_RTOL = 1e-5
+LOSS_RTOL = 1e-4
+# the MLP runs' rate, at which their losses move in proportion to a perturbation (module doc)
+SMOOTH_LR = "optim.lr=0.01"
 # stands for devices.calibration=<a file of test_virtual_engine's fixed step times>
 CALIBRATED = "devices.calibration=FIXED_STEP_TIMES"
 # each run's own choices, and COMMON for all
@@ -47,11 +51,11 @@ RUNS: dict[str, tuple[str, ...]] = {
                          "devices.groups.cpu.profile=xeon_e5_2686v4_core",
                          "devices.groups.cpu.jitter=0.05", "budget.epochs=1",
                          "budget.seconds=null", "eval.every_s=1000", "eval.every_epochs=0.25"),
-    "hogbatch": ("algo=hogbatch", "model=mlp", "devices=emulated", CALIBRATED,
+    "hogbatch": ("algo=hogbatch", "model=mlp", "devices=emulated", CALIBRATED, SMOOTH_LR,
                  "budget.seconds=0.4", "budget.epochs=null", "eval.every_s=0.1"),
     "adaptive": ("algo=adaptive", "algo.period_s=0.2", "algo.window_s=0.4", "model=mlp",
-                 "devices=emulated", CALIBRATED, "budget.seconds=1", "budget.epochs=null",
-                 "eval.every_s=0.25"),
+                 "devices=emulated", CALIBRATED, SMOOTH_LR, "budget.seconds=1",
+                 "budget.epochs=null", "eval.every_s=0.25"),
     "local_sgd": ("algo=local_sgd", "algo.tau={accel:4,cpu:2}", "algo.aggregation=samples",
                   "model=mlp", "devices=emulated", "devices.groups.cpu.count=1", CALIBRATED,
                   "budget.epochs=1", "budget.seconds=null", "eval.every_s=1000",
