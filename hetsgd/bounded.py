@@ -34,7 +34,26 @@ T = TypeVar("T")
 
 class Stopped(KeyboardInterrupt):
     """Ctrl-C, SIGTERM or SIGHUP that arrived, as the command's handlers raise it; a plain
-    ``KeyboardInterrupt`` raised in a run by user code is that code's own end."""
+    ``KeyboardInterrupt`` raised in a run by user code is that code's own end. ``cause`` is how
+    a run's error names the stop."""
+
+    def __init__(self, cause: str = "interrupted by the user") -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+class Terminated(Stopped):
+    """SIGTERM or SIGHUP, taken like Ctrl-C: stop the workers, keep what was measured, write
+    everything."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+def stop_cause(stop: BaseException) -> str:
+    """How a run's error names the stop signal that ended it: a run that a scheduler, ``kill``
+    or torchrun's agent (when another rank ended) sent SIGTERM was not stopped by its user."""
+    return stop.cause if isinstance(stop, Stopped) else Stopped().cause
 
 
 class Hung(UserError):

@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig
 
-from hetsgd.bounded import Stopped
+from hetsgd.bounded import Terminated
 from hetsgd.config import CONF_DIR, ConfigError, register_configs
 from hetsgd.config.compose import hydra_arguments, quoted
 from hetsgd.config.hydra_private import run_hydra
@@ -49,11 +49,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # (:class:`_Job`) and compose their own config, so the schemas and resolvers are registered
 # wherever this module loads.
 register_configs()
-
-
-class Terminated(Stopped):
-    """SIGTERM or SIGHUP, taken like Ctrl-C: stop the workers, keep what was measured, write
-    everything."""
 
 
 @dataclass
@@ -259,7 +254,7 @@ def _take_stop_signals(arrived: list[int]) -> dict[signal.Signals, Any]:
 
     def terminate(signum: int, frame: object) -> None:
         arrived.append(signum)
-        raise Terminated()
+        raise Terminated(signum)
 
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum, handler in previous.items():

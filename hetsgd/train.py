@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from hetsgd.bounded import stop_cause
 from hetsgd.config import ConfigError, to_run_config
 from hetsgd.engines.processes import warm_up
 from hetsgd.engines.ranks.torchrun import torchrun
@@ -33,8 +34,8 @@ def train(cfg: DictConfig, started_at: float | None = None) -> RunSummary:
     try:
         _redact_hydra_files(hydra_cfg)
         summary = _run(cfg, run_dir, hydra_cfg, started_at)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before the run wrote its summary, if it did
-        _interrupted_before_start(run_dir, cfg)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM before the run wrote its summary
+        _interrupted_before_start(run_dir, cfg, stop_cause(stop))
         raise
     _log_to_trackers(run_dir, cfg)
     return replace(summary, run_dir=str(run_dir))
@@ -67,7 +68,7 @@ def _run(cfg: DictConfig, run_dir: Path, hydra_cfg: HydraConf, started_at: float
     return summary
 
 
-def _interrupted_before_start(run_dir: Path, cfg: DictConfig) -> None:
+def _interrupted_before_start(run_dir: Path, cfg: DictConfig, cause: str) -> None:
     """A run stopped before it wrote its summary (starting its workers' server, loading torch)
     says so, as every other stopped run does, instead of reading as crashed. Nothing is
     written where a summary is (the run's own, or the one a resume in place continues), and a
@@ -80,7 +81,7 @@ def _interrupted_before_start(run_dir: Path, cfg: DictConfig) -> None:
         from hetsgd.runs.refused import refuse
 
         if not (run_dir / SUMMARY).exists():
-            refuse(run_dir, cfg, cfg, "interrupted by the user as the run started",
+            refuse(run_dir, cfg, cfg, f"{cause} as the run started",
                    status="interrupted")
 
 

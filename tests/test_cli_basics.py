@@ -318,6 +318,28 @@ def run_error(*args: str) -> str:
     return line
 
 
+@pytest.mark.parametrize("override", ["+devices.groups.extra={kind: cpu, count: 1}",
+                                      "++devices.groups.extra.kind=cpu"])
+def test_a_device_group_added_by_an_override_says_how_to_add_one(
+        results_dir: Path, tmp_path: Path, override: str) -> None:
+    """OmegaConf cannot type a new devices.groups entry from the command line, which Hydra's own
+    error suggests: the line says so and gives the way that works (a mix file of one's own)."""
+    assert run_error("algo=hogwild", override) == (
+        f"hetsgd: error: {override}: a device group cannot be added by an override (OmegaConf "
+        "cannot type a new entry of devices.groups); write the mix in DIR/devices/NAME.yaml "
+        "(`defaults: [MIX, _self_]`, MIX the mix it extends, then its `groups:`) and give "
+        "--config-dir DIR devices=NAME (docs/devices.md)")
+    assert not results_dir.exists()
+    (tmp_path / "devices").mkdir()
+    (tmp_path / "devices" / "mine.yaml").write_text(
+        "defaults: [cpu, _self_]\ngroups: {extra: {kind: cpu, count: 1}}\n")
+    shown = CliRunner().invoke(app, ["run", "--config-dir", str(tmp_path), "algo=hogwild",
+                                     "devices=mine", "--cfg", "job"])
+    assert shown.exit_code == 0, shown.output
+    groups = OmegaConf.create(shown.stdout).devices.groups
+    assert (groups.extra.kind, groups.extra.count, "cpu" in groups) == ("cpu", 1, True)
+
+
 def test_the_nearest_key_is_of_the_chosen_configs(results_dir: Path) -> None:
     assert "did you mean algo.tau?" in run_error("algo=local_sgd", "algo.tauu=2")
     assert "did you mean devices.groups.cpu.count?" in run_error("devices.groups.cpu.cont=2")

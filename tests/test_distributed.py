@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -28,7 +31,8 @@ from hetsgd.data import load_dataset
 from hetsgd.engines import processes
 from hetsgd.engines.common.memory import SharedData, SharedMaster
 from hetsgd.engines.factory import build_engine
-from hetsgd.engines.ranks.group import free_port
+from hetsgd.engines.ranks.group import RankLost, free_port
+from hetsgd.engines.reports import reporting
 from hetsgd.engines.training import OnTick, Training
 from hetsgd.model.architectures import build_model
 from hetsgd.model.flat import FlatModel
@@ -282,6 +286,30 @@ def _torchrun_nodes(tmp_path: Path, overrides: dict[int, list[str]]) -> tuple[li
         for node in nodes:
             node.kill()
     return [node.returncode for node in nodes], "\n".join(outputs)
+
+
+def _reported(exc: BaseException) -> str:
+    """What a rank's process reports when its body raised ``exc``."""
+    reports: queue.SimpleQueue = queue.SimpleQueue()
+    state = SimpleNamespace(signals=SimpleNamespace(retire=lambda rank: None,
+                                                    stop=threading.Event()))
+    with reporting(1, state, reports):  # type: ignore[arg-type]
+        raise exc
+    return reports.get()[2]
+
+
+def test_a_follower_says_a_peers_end_in_one_line_and_its_own_failure_with_its_traceback() -> None:
+    """A rank that another's end released prints its RankLost line alone: its traceback is the
+    broken collective's, not the cause. Its own failure keeps the traceback, which a follower
+    (which writes no files) keeps nowhere else."""
+    from hetsgd.runs.follow import _said
+
+    released = _reported(RankLost("rank 1: a collective failed (another rank died)"))
+    assert "Traceback" in released
+    assert _said(released) == released.splitlines()[0]
+    assert _said(released).startswith("RankLost: rank 1: a collective failed")
+    own = _reported(ValueError("a bad shape"))
+    assert _said(own) == own and "Traceback" in own
 
 
 @pytest.mark.integration

@@ -342,11 +342,13 @@ def test_a_thread_left_running_fails_the_run_and_the_command_ends(
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum, code, why", [(signal.SIGINT, 130, "interrupted by the user"),
+                                               (signal.SIGTERM, 143, "stopped by SIGTERM")])
 @pytest.mark.wall
 def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
-        evil: Path, results_dir: Path, tmp_path: Path, signum: int, code: int) -> None:
-    """The other ranks wait for the hung one at a barrier, which the signal releases."""
+        evil: Path, results_dir: Path, tmp_path: Path, signum: int, code: int, why: str) -> None:
+    """The other ranks wait for the hung one at a barrier, which the signal releases. The error
+    names the stop: a SIGTERM (a scheduler's, torchrun's agent's) is not its user's Ctrl-C."""
     hung = tmp_path / "hung"
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetsgd", "run", "algo=custom", f"algo._target_={PACKAGE}.hung_rank",
@@ -363,7 +365,7 @@ def test_ctrl_c_and_sigterm_end_a_simulated_run_whose_rank_hangs(
     assert proc.returncode == code, output
     assert "Traceback" not in output, output
     (summary,) = [json.loads(p.read_text()) for p in results_dir.rglob("summary.json")]
-    assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by the user")
+    assert (summary["status"], summary["error"]) == ("interrupted", why)
 
 
 @pytest.mark.integration

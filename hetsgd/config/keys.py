@@ -20,6 +20,10 @@ from hetsgd.errors import out_of_memory
 GROUPS = ("algo", "devices", "dataset", "model", "optim", "logger", "+method", "+experiment")
 # Hydra's "Could not override 'budget.second'." (a key that the config does not have)
 _NOT_OVERRIDDEN = re.compile(r"Could not override '([^']+)'")
+# OmegaConf's refusal of a plain dict where devices.groups holds a GroupConfig: what
+# `+devices.groups.NEW=...` asks for
+_NEW_GROUP = re.compile(r"Error merging override (\+{1,2}devices\.groups\..+?): Invalid type "
+                        r"assigned: dict is not a subclass of GroupConfig")
 
 
 def group_choices(group: str) -> list[str]:
@@ -94,4 +98,10 @@ def composition_error(exc: Exception, arguments: Sequence[str] = ()) -> str:
     if (typo := mistyped_key(exc, arguments)) is not None:
         return typo
     message = str(exc) or f"the overrides cannot be composed into a config ({type(exc).__name__})"
-    return message + (f": {exc.__cause__}" if exc.__cause__ is not None else "")
+    message += f": {exc.__cause__}" if exc.__cause__ is not None else ""
+    if (added := _NEW_GROUP.search(message)) is not None:
+        return (f"{added.group(1)}: a device group cannot be added by an override (OmegaConf "
+                "cannot type a new entry of devices.groups); write the mix in DIR/devices/"
+                "NAME.yaml (`defaults: [MIX, _self_]`, MIX the mix it extends, then its "
+                "`groups:`) and give --config-dir DIR devices=NAME (docs/devices.md)")
+    return message

@@ -21,6 +21,7 @@ from hetsgd.config.compose import hydra_arguments
 from hetsgd.engines.common.memory import SharedMaster
 from hetsgd.engines.common.state import SharedState
 from hetsgd.engines.hooks import RankLoopHooks
+from hetsgd.engines.ranks.coordinator import DistributedCoordinator
 from hetsgd.engines.ranks.handoff import receive
 from hetsgd.engines.ranks.process import rank_process
 from hetsgd.engines.ranks.torchrun import check_distributed, torchrun
@@ -58,9 +59,16 @@ def follow(overrides: Sequence[str]) -> int:
     while not reports.empty():
         topic, rank, message = reports.get()
         if topic in ("failed", "diverged"):
-            print(f"hetsgd: rank {rank} {topic}: {message}", file=sys.stderr)
+            print(f"hetsgd: rank {rank} {topic}: {_said(message)}", file=sys.stderr)
             return 1
     return 0
+
+
+def _said(message: str) -> str:
+    """A failed rank's report as its stderr shows it: a rank that another's end released (its
+    collective broke) in its one line, since the cause is the other rank's; a failure of its
+    own with its traceback, which nothing else keeps (a follower writes no files)."""
+    return message.partition("\n")[0] if message.startswith(DistributedCoordinator.released) else message
 
 
 def _named_here(args: Sequence[str]) -> list[str]:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hetsgd import algorithms
 from hetsgd.algorithms.base import Plan
-from hetsgd.bounded import Hung, exits_caught, own_interrupt, stops_marked
+from hetsgd.bounded import Hung, exits_caught, own_interrupt, stop_cause, stops_marked
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.algorithms import CustomAlgoConfig
 from hetsgd.config.plain import plain
@@ -314,7 +314,7 @@ def _attempted(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
         if own_interrupt(exc):  # files written so far stay; else the code's own end
             attempt.note(status="failed", error=_ended_by_code(cfg, exc))
         else:
-            attempt.note(status="interrupted", error=_interrupted(attempt))
+            attempt.note(status="interrupted", error=_interrupted(attempt, stop_cause(exc)))
     except Hung as exc:  # the engine named the call that hung; whose code it is, the run knows
         targets = _targets(cfg)
         attempt.note(status="failed", error=f"{', '.join(targets)}: {exc}" if targets else str(exc))
@@ -333,15 +333,15 @@ def _attempted(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
     return attempt.summary
 
 
-def _interrupted(attempt: _Attempt) -> str:
+def _interrupted(attempt: _Attempt, cause: str) -> str:
     """Why a run a stop signal ended outside its engine's own stop is ``interrupted``. Snapshots
     it took stay on disk, unevaluated (a second Ctrl-C during the final evaluation, the first
     having stopped training; a simulation left behind): ``hetsgd recover`` evaluates them."""
     run_dir = attempt.out.path
     if not any((run_dir / SNAPSHOTS).glob("*.pt")):
-        return "interrupted by the user"
+        return cause
     when = "during the final evaluation" if attempt.trained is not None else "while it trained"
-    return (f"interrupted by the user {when}; its snapshots are kept: `hetsgd recover {run_dir}` "
+    return (f"{cause} {when}; its snapshots are kept: `hetsgd recover {run_dir}` "
             "evaluates them")
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 
+from hetsgd.bounded import stop_cause
 from hetsgd.config import RunConfig
 from hetsgd.engines.base import TICK_S, EngineBase
 from hetsgd.engines.checkpoint import Checkpoint, WorkerState
@@ -217,8 +218,8 @@ class Coordinator(EngineBase):
             self._begin(live, monitor)
             self._train(live)
             self._end_clock(live, training)
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one: keep what was measured
-            training.status, training.error = "interrupted", "interrupted by the user"
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM turned into one: keep what was
+            training.status, training.error = "interrupted", stop_cause(stop)  # measured
             self.state.signals.stop.set()
             self._end_clock(live, training)
         finally:

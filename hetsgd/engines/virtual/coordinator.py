@@ -87,7 +87,7 @@ class VirtualCoordinator(EngineBase):
         self.stale: list[tuple[int, int]] = [(0, 0)] * len(specs)  # each worker's sum and max
         self.busy = BusyTime(specs)
         self.progress = Progress(cfg.workers.stall_s, "workers.stall_s")
-        self.interrupted = False  # a stop signal arrived: the events stop at the next one
+        self.interrupted: str | None = None  # a stop's cause: the events stop at the next one
 
     def run(self, monitor_factory: MonitorFactory) -> Training:
         """Train on the virtual clock. ``monitor_factory`` is not used: utilization is each
@@ -96,8 +96,8 @@ class VirtualCoordinator(EngineBase):
             training = simulated(self._simulate, self.progress, self._interrupt)
         return self._finish(training)
 
-    def _interrupt(self) -> None:
-        self.interrupted = True
+    def _interrupt(self, cause: str) -> None:
+        self.interrupted = cause
         self.state.signals.stop.set()
 
     def _calling(self, rank: int, call: str) -> None:
@@ -191,8 +191,8 @@ class VirtualCoordinator(EngineBase):
                     self._start(rank, now)
         except Diverged as exc:
             training.status, training.error = "diverged", str(exc)
-        if self.interrupted:  # a stop signal (:meth:`_interrupt`): keep what was simulated
-            training.status, training.error = "interrupted", "interrupted by the user"
+        if self.interrupted is not None:  # a stop signal (:meth:`_interrupt`): keep what ran
+            training.status, training.error = "interrupted", self.interrupted
         stop.set()
         training.time_s = now
         self._snapshot(now, snapshots)

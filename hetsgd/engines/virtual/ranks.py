@@ -139,7 +139,7 @@ class VirtualRanks(EngineBase):
                 thread.start()
             ended = False
             try:
-                ended = wait(ranks, self._late, lambda: self._stop(training))
+                ended = wait(ranks, self._late, lambda cause: self._stop(training, cause))
             finally:  # ranks left behind, hung or waiting for one: released from the barriers
                 if not ended:  # (daemon threads, they end with the process)
                     self.meeting.abort()
@@ -155,9 +155,9 @@ class VirtualRanks(EngineBase):
             training.extra = self.setup_summary(self.specs, setup)
         return training
 
-    def _stop(self, training: Training) -> None:
+    def _stop(self, training: Training, cause: str) -> None:
         """A stop signal: the ranks stop at their next exchange, keeping what ran."""
-        training.status, training.error = "interrupted", "interrupted by the user"
+        training.status, training.error = "interrupted", cause
         self.state.signals.stop.set()
 
     def _late(self) -> str | None:

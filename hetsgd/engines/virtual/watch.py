@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from hetsgd.bounded import Hung, Stopped
+from hetsgd.bounded import Hung, Stopped, stop_cause
 
 T = TypeVar("T")
 JOIN_POLL_S = 0.1  # how often the waiting thread wakes (a Ctrl-C, a bound passed)
@@ -52,8 +52,9 @@ class Progress:
 
 
 def wait(threads: list[threading.Thread], late: Callable[[], str | None],
-         stop: Callable[[], None]) -> bool:
-    """Wait for ``threads``; whether they all ended. A stop signal calls ``stop`` once; threads
+         stop: Callable[[str], None]) -> bool:
+    """Wait for ``threads``; whether they all ended. A stop signal calls ``stop`` once, with
+    its :func:`~hetsgd.bounded.stop_cause`; threads
     that have not ended ``STOP_GRACE_S`` later, or at a second signal, are left behind (False).
     ``late`` is asked at each wake until then: what it names is raised as :class:`Hung`."""
     stopping: float | None = None
@@ -64,15 +65,15 @@ def wait(threads: list[threading.Thread], late: Callable[[], str | None],
                 raise Hung(why)
             if stopping is not None and time.monotonic() - stopping > STOP_GRACE_S:
                 return False
-        except KeyboardInterrupt:  # a stop signal: the threads wait on nothing of it
+        except KeyboardInterrupt as signalled:  # a stop signal: the threads wait on nothing of it
             if stopping is not None:
                 return False
-            stop()
+            stop(stop_cause(signalled))
             stopping = time.monotonic()
     return True
 
 
-def simulated(call: Callable[[], T], progress: Progress, stop: Callable[[], None]) -> T:
+def simulated(call: Callable[[], T], progress: Progress, stop: Callable[[str], None]) -> T:
     """``call()`` (a simulation) in a daemon thread, watched by ``progress``; what it raised is
     raised here. Left behind after a stop signal, it is the user's :class:`Stopped`: the run is
     interrupted, and what its journal wrote stays for ``hetsgd recover``."""
@@ -84,15 +85,22 @@ def simulated(call: Callable[[], T], progress: Progress, stop: Callable[[], None
         except BaseException as exc:  # noqa: BLE001 - raised in the waiting thread
             outcome.append(exc)
 
+    causes: list[str] = []
+
+    def stopping(cause: str) -> None:
+        causes.append(cause)
+        stop(cause)
+
     thread = threading.Thread(target=run, name="hetsgd-simulation", daemon=True)
     thread.start()
     try:
-        ended = wait([thread], progress.late, stop)
-    except Hung:
-        stop()  # should the hung call return after all, the simulation ends at its next event
+        ended = wait([thread], progress.late, stopping)
+    except Hung as exc:  # should the hung call return after all, the simulation ends at its next
+        stop(str(exc))  # event
         raise
+    # a join a stop signal interrupted can leave the thread reading as ended, its outcome unset
     if not ended or not outcome:
-        raise Stopped()
+        raise Stopped(*causes[:1])
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
