@@ -89,6 +89,7 @@ def test_a_resumed_run_ends_where_a_straight_run_ends(results_dir: Path,
 
 
 @pytest.mark.integration
+@pytest.mark.wall  # a run killed after real seconds, and its resume
 def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(results_dir: Path) -> None:
     env = {**os.environ, "HETSGD_RESULTS": str(results_dir)}
     proc = subprocess.Popen([sys.executable, "-m", "hetsgd", "run", *SYNC, "budget.epochs=null",

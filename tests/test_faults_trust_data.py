@@ -191,6 +191,7 @@ def _modes(*folders: Path) -> dict[str, set[str]]:
 
 
 @pytest.mark.integration
+@pytest.mark.wall  # a whole run in its own process
 @pytest.mark.parametrize("umask", [0o077, 0o022])
 def test_a_runs_files_and_the_data_cache_honour_the_umask(home: Path, results_dir: Path,
                                                           umask: int) -> None:

@@ -142,6 +142,7 @@ def test_a_factory_in_the_main_script_is_refused_in_one_line() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.wall  # a whole real-time run in its own process
 def test_run_from_a_thread_that_is_not_the_main_one(results_dir: Path, tmp_path: Path) -> None:
     script = tmp_path / "in_a_thread.py"
     script.write_text(textwrap.dedent(f"""

@@ -185,6 +185,7 @@ def test_a_wrong_class_or_argument_is_one_line(overrides: tuple[str, ...], line:
 
 
 @pytest.mark.integration
+@pytest.mark.wall  # three commands, one of them a whole run
 def test_a_wrong_optimizer_on_the_command_line_is_one_line_in_a_dry_run_and_a_run(
         results_dir: Path) -> None:
     bad = ("optim=torch", "optim._target_=torch.optim.AdamW", "+optim.momentum=0.9")
