@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hetsgd.bounded import stop_verb
 from hetsgd.errors import UserError
 from hetsgd.invocation import Invocation, invoke
 from hetsgd.outputs.index import load_csv
@@ -71,7 +72,8 @@ def _invoke(arguments: list[str]) -> Invocation:
     invocation = invoke(arguments)
     if invocation.code > 128:  # 128 + the number of the signal that stopped it (SIGHUP: 129)
         where = invocation.started_sweep or (invocation.runs[-1] if invocation.runs else None)
-        raise KeyboardInterrupt(f"hetsgd run {' '.join(arguments)} was interrupted"
+        raise KeyboardInterrupt(f"hetsgd run {' '.join(arguments)} was "
+                                f"{stop_verb(invocation.stopped())}"
                                 + (f"; what it wrote is in {where}" if where else ""))
     if not invocation.runs and (invocation.started_sweep is None or invocation.errors):
         raise UserError(invocation.errors[-1] if invocation.errors else

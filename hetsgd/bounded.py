@@ -48,12 +48,22 @@ class Terminated(Stopped):
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    def __reduce__(self) -> tuple[type[Terminated], tuple[int]]:  # rebuilt from its signal
+        return Terminated, (self.signum,)
 
 
 def stop_cause(stop: BaseException) -> str:
     """How a run's error names the stop signal that ended it: a run that a scheduler, ``kill``
     or torchrun's agent (when another rank ended) sent SIGTERM was not stopped by its user."""
     return stop.cause if isinstance(stop, Stopped) else Stopped().cause
+
+
+def stop_verb(stop: BaseException) -> str:
+    """How a line says that a stop ended a sweep, a search or a call: ``interrupted``
+    (Ctrl-C), or ``stopped by SIGTERM``."""
+    return stop.cause if isinstance(stop, Terminated) else "interrupted"
 
 
 class Hung(UserError):

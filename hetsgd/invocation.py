@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig
 
-from hetsgd.bounded import Terminated
+from hetsgd.bounded import Stopped, Terminated, stop_verb
 from hetsgd.config import CONF_DIR, ConfigError, register_configs
 from hetsgd.config.compose import hydra_arguments, quoted
 from hetsgd.config.hydra_private import run_hydra
@@ -61,7 +61,8 @@ class Invocation:
     runs: list[Path] = field(default_factory=list)  # the run directory of each run started here
     statuses: list[str] = field(default_factory=list)  # how each run trained here ended
     errors: list[str] = field(default_factory=list)  # the error lines printed
-    stop_signals: list[int] = field(default_factory=list)  # SIGTERM or SIGHUP, as they arrived
+    # the stop signals (Ctrl-C's SIGINT, SIGTERM, SIGHUP) as they arrived: the first names the stop
+    stop_signals: list[int] = field(default_factory=list)
     sweep_dir: Path | None = None  # a sweep's folder, known before its first job
     code: int = 0  # the exit status
 
@@ -86,6 +87,11 @@ class Invocation:
 
         sweep_dir = self.started_sweep
         return job_statuses(sweep_dir) if sweep_dir else self.statuses
+
+    def stopped(self) -> Stopped:
+        """The first stop that arrived, as the exception that ends a sweep and names the stop."""
+        first = self.stop_signals[0] if self.stop_signals else signal.SIGINT
+        return Stopped() if first == signal.SIGINT else Terminated(first)
 
     def exit_code(self, statuses: list[str]) -> int:
         """The gravest outcome's code. A status that is none of EXIT_CODES' (a sweep job that left
@@ -127,7 +133,7 @@ class _Job:
             return math.nan
         if summary.status == "interrupted" and summary.final is None:  # nothing to tabulate:
             err.print(f"hetsgd: {shown(summary.error)}", soft_wrap=True)  # it says why
-            raise KeyboardInterrupt
+            raise invocation.stopped()
         try:
             console.print(summary_table(summary.to_dict()))
         except Exception as exc:  # noqa: BLE001 - the run's files are written: only the table is lost
@@ -136,7 +142,7 @@ class _Job:
         if (line := contention_warning(summary.contention or {})) is not None:
             log.warning("%s", line)  # the run's last word: its times are not the machine's
         if summary.status == "interrupted":
-            raise KeyboardInterrupt  # a sweep stops here; its summary covers the jobs that ran
+            raise invocation.stopped()  # a sweep stops here; its summary covers the jobs that ran
         return run_objective(cfg, summary.to_dict())
 
 
@@ -165,7 +171,8 @@ def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
         if isinstance(stop, SearchInterrupted):  # a tuned comparison's search: its trials
             err.print(str(stop), soft_wrap=True)
         elif (sweep_dir := invocation.started_sweep) is not None:
-            err.print(f"hetsgd: sweep interrupted after {len(invocation.ended())} job(s); the "
+            err.print(f"hetsgd: sweep {stop_verb(invocation.stopped())} after "
+                      f"{len(invocation.ended())} job(s); the "
                       f"others did not run ({_close_sweep(sweep_dir)})", soft_wrap=True)
     except (UserError, ConfigError) as exc:
         invocation.fail(exc)
@@ -236,8 +243,9 @@ def _continue_in_place(args: Sequence[str]) -> list[str]:
 
 def _take_stop_signals(arrived: list[int]) -> dict[signal.Signals, Any]:
     """Route the stop signals to a handler that records them in ``arrived`` and stops the run as
-    Ctrl-C does, except one the user chose to ignore (`nohup` ignores SIGHUP); returns the
-    handlers to put back. Multiprocessing's resource tracker, which the run's workers share,
+    Ctrl-C does, except one the user chose to ignore (`nohup` ignores SIGHUP); Python's own
+    Ctrl-C is recorded too, so that the first stop names the exit code. Returns the handlers to
+    put back. Multiprocessing's resource tracker, which the run's workers share,
     starts first with SIGHUP blocked, which it keeps (it unblocks only what it ignores itself):
     a hangup, which reaches the whole process group, then stops the run through its coordinator
     rather than killing the tracker.
@@ -256,10 +264,16 @@ def _take_stop_signals(arrived: list[int]) -> dict[signal.Signals, Any]:
         arrived.append(signum)
         raise Terminated(signum)
 
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    def interrupt(signum: int, frame: object) -> None:
+        arrived.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *STOP_SIGNALS)}
     for signum, handler in previous.items():
-        if handler is not signal.SIG_IGN:
+        if signum != signal.SIGINT and handler is not signal.SIG_IGN:
             signal.signal(signum, terminate)
+        elif handler is signal.default_int_handler:  # Python's own Ctrl-C, recorded in order
+            signal.signal(signum, interrupt)
     return previous
 
 

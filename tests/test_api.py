@@ -129,6 +129,17 @@ def test_a_stopped_call_raises_the_stop(monkeypatch: pytest.MonkeyPatch, results
     run_dir = Path(str(got.value).rsplit(" is in ", 1)[1])
     assert hetsgd.load(run_dir).status == "interrupted"
 
+    def sigterm(*args: object) -> None:
+        signal.raise_signal(signal.SIGTERM)  # a scheduler's stop: not the user's Ctrl-C
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "_train", sigterm)
+        with pytest.raises(KeyboardInterrupt, match="was stopped by SIGTERM; what it wrote is in "
+                           ) as got:
+            hetsgd.run("progress=false")
+    stopped_run = hetsgd.load(Path(str(got.value).rsplit(" is in ", 1)[1]))
+    assert (stopped_run.status, stopped_run.summary.error) == ("interrupted", "stopped by SIGTERM")
+
     def stopped(*args: object) -> None:
         raise KeyboardInterrupt
 

@@ -318,26 +318,37 @@ def run_error(*args: str) -> str:
     return line
 
 
-@pytest.mark.parametrize("override", ["+devices.groups.extra={kind: cpu, count: 1}",
-                                      "++devices.groups.extra.kind=cpu"])
+@pytest.mark.parametrize("override, key", [
+    ("+devices.groups.extra={kind: cpu, count: 1}", "devices.groups.extra"),
+    ("++devices.groups.extra.kind=cpu", "devices.groups.extra.kind"),
+    ("devices.groups.extra.kind=cpu", "devices.groups.extra.kind"),  # Hydra's advice: add `+`
+    ("+devices.groups.extra=5", "devices.groups.extra")])
 def test_a_device_group_added_by_an_override_says_how_to_add_one(
-        results_dir: Path, tmp_path: Path, override: str) -> None:
+        results_dir: Path, tmp_path: Path, override: str, key: str) -> None:
     """OmegaConf cannot type a new devices.groups entry from the command line, which Hydra's own
     error suggests: the line says so and gives the way that works (a mix file of one's own)."""
     assert run_error("algo=hogwild", override) == (
-        f"hetsgd: error: {override}: a device group cannot be added by an override (OmegaConf "
+        f"hetsgd: error: {key}: a device group cannot be added by an override (OmegaConf "
         "cannot type a new entry of devices.groups); write the mix in DIR/devices/NAME.yaml "
-        "(`defaults: [MIX, _self_]`, MIX the mix it extends, then its `groups:`) and give "
-        "--config-dir DIR devices=NAME (docs/devices.md)")
+        "(`defaults: [MIX, _self_]`, MIX the mix it extends, `name: NAME`, then its `groups:`) "
+        "and give --config-dir DIR devices=NAME (docs/devices.md)")
     assert not results_dir.exists()
     (tmp_path / "devices").mkdir()
     (tmp_path / "devices" / "mine.yaml").write_text(
-        "defaults: [cpu, _self_]\ngroups: {extra: {kind: cpu, count: 1}}\n")
+        "defaults: [single_cpu, _self_]\nname: mine\ngroups: {extra: {kind: cpu, count: 1}}\n")
     shown = CliRunner().invoke(app, ["run", "--config-dir", str(tmp_path), "algo=hogwild",
                                      "devices=mine", "--cfg", "job"])
     assert shown.exit_code == 0, shown.output
-    groups = OmegaConf.create(shown.stdout).devices.groups
-    assert (groups.extra.kind, groups.extra.count, "cpu" in groups) == ("cpu", 1, True)
+    devices = OmegaConf.create(shown.stdout).devices
+    assert (devices.name, devices.groups.extra.kind, devices.groups.extra.count,
+            devices.groups.cpu.count) == ("mine", "cpu", 1, 1)
+
+
+def test_a_mistyped_device_group_added_with_a_plus_gets_the_nearest_key(
+        results_dir: Path) -> None:
+    assert run_error("algo=hogwild", "+devices.groups.cpuu.count=1") == (
+        "hetsgd: error: the config has no key devices.groups.cpuu.count (did you mean "
+        "devices.groups.cpu.count?)")
 
 
 def test_the_nearest_key_is_of_the_chosen_configs(results_dir: Path) -> None:

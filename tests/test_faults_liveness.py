@@ -4,8 +4,10 @@ port in use is one line. The watch itself is checked on a made-up clock."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import re
 import signal
 import socket
@@ -19,6 +21,7 @@ import pytest
 from conftest import run_config
 from processes import await_snapshots, gone, start, workers
 
+from hetsgd.bounded import Stopped, Terminated, stop_cause, stop_verb
 from hetsgd.config import ConfigError, DistConfig
 from hetsgd.engines.base import TICK_S
 from hetsgd.engines.common.watch import STARVED_S, Tick, Watch, ended
@@ -347,3 +350,14 @@ def test_a_virtual_call_past_its_bound_is_named_with_the_bound() -> None:
     progress.beat(None)
     progress.since -= 100.0
     assert progress.late() is None
+
+
+def test_a_stop_keeps_its_cause_through_pickling_and_copies() -> None:
+    """``hetsgd.run`` in a worker process of the caller's sends a stop back pickled."""
+    for stop in (Stopped(), Terminated(signal.SIGTERM), Terminated(signal.SIGHUP)):
+        for again in (pickle.loads(pickle.dumps(stop)), copy.copy(stop), copy.deepcopy(stop)):
+            assert type(again) is type(stop) and stop_cause(again) == stop_cause(stop)
+    assert [stop_cause(s) for s in (KeyboardInterrupt(), Stopped(), Terminated(signal.SIGHUP))] \
+        == ["interrupted by the user", "interrupted by the user", "stopped by SIGHUP"]
+    assert [stop_verb(s) for s in (Stopped(), Terminated(signal.SIGTERM))] == [
+        "interrupted", "stopped by SIGTERM"]

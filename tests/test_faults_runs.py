@@ -486,17 +486,19 @@ import os, signal, sys
 from hetsgd.engines.base import EngineBase
 from hetsgd.observe.evaluate import Evaluator
 
-def ctrl_c_at(method, call):
+FIRST, SECOND = os.environ.get("STOPS", "SIGINT,SIGINT").split(",")
+
+def stop_at(method, call, name):
     calls = []
     def patched(*args, **kwargs):
         calls.append(call)
         if len(calls) == call:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.Signals[name])
         return method(*args, **kwargs)
     return patched
 
-EngineBase._take_snapshot = ctrl_c_at(EngineBase._take_snapshot, 3)
-Evaluator.__call__ = ctrl_c_at(Evaluator.__call__, 2)
+EngineBase._take_snapshot = stop_at(EngineBase._take_snapshot, 3, FIRST)
+Evaluator.__call__ = stop_at(Evaluator.__call__, 2, SECOND)
 from hetsgd.cli import main
 main()
 """
@@ -534,6 +536,29 @@ def test_a_second_ctrl_c_during_the_final_evaluation_keeps_the_snapshots_for_rec
     assert not (run_dir / SNAPSHOTS).exists()  # evaluated: they went, as a run's do
     again = _hetsgd("recover", str(run_dir))
     assert again.exit_code == 1 and "was evaluated already" in again.output
+
+
+@pytest.mark.integration
+@pytest.mark.wall
+@pytest.mark.parametrize("stops, code, cause", [("SIGTERM,SIGINT", 143, "stopped by SIGTERM"),
+                                                ("SIGINT,SIGTERM", 130, "interrupted by the user"),
+                                                ("SIGTERM,SIGHUP", 143, "stopped by SIGTERM")])
+def test_the_stop_that_ended_training_names_the_run_s_error_and_exit_code(
+        results_dir: Path, stops: str, code: int, cause: str) -> None:
+    """A second stop during the final evaluation only cuts it short: the error and the exit
+    code both name the first, which ended training."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_TWICE, "run", "devices=paper_hogbatch_v100",
+         "devices.groups.cpu.count=2", "model=mlp", "budget.seconds=0.05", "budget.epochs=null",
+         "eval.every_s=0.01", "progress=false"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HETSGD_RESULTS": str(results_dir), "STOPS": stops},
+        preexec_fn=as_a_terminal_starts_it)
+    run_dir, = (results_dir / "runs").iterdir()
+    why = (f"{cause} during the final evaluation; its snapshots are kept: "
+           f"`hetsgd recover {run_dir}` evaluates them")
+    assert done.returncode == code, done.stderr
+    assert done.stderr.splitlines()[-1] == f"hetsgd: {why}" and "Traceback" not in done.stderr
+    assert read_summary(run_dir)["error"] == why
 
 
 @pytest.fixture

@@ -108,18 +108,29 @@ def test_ctrl_c_as_the_run_starts_writes_it_interrupted(results_dir: Path) -> No
     assert summary["error"].startswith("interrupted by the user"), summary["error"]
 
 
-def test_ctrl_c_in_a_sweep_stops_it_and_summarises_the_jobs_that_ran(results_dir: Path) -> None:
+def _ctrl_c(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
+
+
+@pytest.mark.parametrize(("stop", "code", "said", "cause"), [
+    (_ctrl_c, 130, "sweep interrupted", "interrupted by the user"),
+    (_kill_command, 143, "sweep stopped by SIGTERM", "stopped by SIGTERM")])
+def test_ctrl_c_in_a_sweep_stops_it_and_summarises_the_jobs_that_ran(
+        results_dir: Path, stop: Callable[[subprocess.Popen], None], code: int, said: str,
+        cause: str) -> None:
+    """A sweep's line, as its job's error, names the stop: a SIGTERM is not its user's Ctrl-C."""
     proc = start(results_dir, "run", "-m", *LONG_RUN[1:], "seed=0,1,2")
     pids = workers(proc, count=2)
     await_snapshots(results_dir / "sweeps", count=3)
-    os.killpg(proc.pid, signal.SIGINT)
+    stop(proc)
     output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, output
+    assert proc.returncode == code, output
     assert "Traceback" not in output, output
-    assert "sweep interrupted after 1 job(s); the others did not run" in " ".join(output.split())
+    assert f"{said} after 1 job(s); the others did not run" in " ".join(output.split())
     sweep_dir, = (results_dir / "sweeps").iterdir()
     job_dir, = (p for p in sweep_dir.iterdir() if p.is_dir() and (p / "summary.json").exists())
-    assert json.loads((job_dir / "summary.json").read_text())["status"] == "interrupted"
+    job = json.loads((job_dir / "summary.json").read_text())
+    assert (job["status"], job["error"]) == ("interrupted", cause)
     summary = pd.read_csv(sweep_dir / "summary.csv")
     assert summary["status"].tolist() == ["interrupted"]  # seeds 1 and 2 never started
     assert (sweep_dir / "report.md").exists()

@@ -18,12 +18,12 @@ from hetsgd.errors import out_of_memory
 
 #: The config groups an override chooses from; those with ``+`` are not in the defaults list.
 GROUPS = ("algo", "devices", "dataset", "model", "optim", "logger", "+method", "+experiment")
-# Hydra's "Could not override 'budget.second'." (a key that the config does not have)
+# Hydra's "Could not override 'budget.second'." (a key that the config does not have), and
+# OmegaConf's refusal of a value where devices.groups holds a GroupConfig (what
+# `+devices.groups.NEW=...` asks for), each with its key
 _NOT_OVERRIDDEN = re.compile(r"Could not override '([^']+)'")
-# OmegaConf's refusal of a plain dict where devices.groups holds a GroupConfig: what
-# `+devices.groups.NEW=...` asks for
-_NEW_GROUP = re.compile(r"Error merging override (\+{1,2}devices\.groups\..+?): Invalid type "
-                        r"assigned: dict is not a subclass of GroupConfig")
+_NEW_GROUP = re.compile(r"Error merging override \+{1,2}(devices\.groups\.[^=]+)=.*: Invalid type "
+                        r"assigned: \w+ is not a subclass of GroupConfig")
 
 
 def group_choices(group: str) -> list[str]:
@@ -66,16 +66,23 @@ def config_keys(arguments: Sequence[str]) -> list[str]:
     return [] if config is None else dotted_keys(config)
 
 
-def mistyped_key(exc: BaseException, arguments: Sequence[str]) -> str | None:
-    """For Hydra's refusal of an override whose key the config does not have
-    (``budget.second=3``): that it has none, and the nearest key it has; None for any other
-    error, or where no key is near."""
-    match = _NOT_OVERRIDDEN.search(str(exc))
+def mistyped_key(message: str, arguments: Sequence[str]) -> str | None:
+    """For the refusal of an override whose key the config does not have (Hydra's of
+    ``budget.second=3``, OmegaConf's of ``+devices.groups.cpuu.count=1``): that it has none and
+    the nearest key it has; for a device group no key is near, how to add one; None for any
+    other error, or where no key is near."""
+    match = _NOT_OVERRIDDEN.search(message) or _NEW_GROUP.search(message)
     if match is None:
         return None
     key = match.group(1)
-    near = nearest_key(key, config_keys(arguments))
-    return None if near is None else f"the config has no key {key}{did_you_mean(near)}"
+    if (near := nearest_key(key, config_keys(arguments))) is not None:
+        return f"the config has no key {key}{did_you_mean(near)}"
+    if key.startswith("devices.groups."):
+        return (f"{key}: a device group cannot be added by an override (OmegaConf cannot type a "
+                "new entry of devices.groups); write the mix in DIR/devices/NAME.yaml "
+                "(`defaults: [MIX, _self_]`, MIX the mix it extends, `name: NAME`, then its "
+                "`groups:`) and give --config-dir DIR devices=NAME (docs/devices.md)")
+    return None
 
 
 def missing_config(exc: MissingConfigException) -> str:
@@ -95,13 +102,6 @@ def composition_error(exc: Exception, arguments: Sequence[str] = ()) -> str:
         return missing_config(exc)
     if (memory := out_of_memory(exc)) is not None:  # not the overrides' fault
         return memory
-    if (typo := mistyped_key(exc, arguments)) is not None:
-        return typo
     message = str(exc) or f"the overrides cannot be composed into a config ({type(exc).__name__})"
     message += f": {exc.__cause__}" if exc.__cause__ is not None else ""
-    if (added := _NEW_GROUP.search(message)) is not None:
-        return (f"{added.group(1)}: a device group cannot be added by an override (OmegaConf "
-                "cannot type a new entry of devices.groups); write the mix in DIR/devices/"
-                "NAME.yaml (`defaults: [MIX, _self_]`, MIX the mix it extends, then its "
-                "`groups:`) and give --config-dir DIR devices=NAME (docs/devices.md)")
-    return message
+    return mistyped_key(message, arguments) or message

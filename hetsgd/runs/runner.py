@@ -336,7 +336,11 @@ def _attempted(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
 def _interrupted(attempt: _Attempt, cause: str) -> str:
     """Why a run a stop signal ended outside its engine's own stop is ``interrupted``. Snapshots
     it took stay on disk, unevaluated (a second Ctrl-C during the final evaluation, the first
-    having stopped training; a simulation left behind): ``hetsgd recover`` evaluates them."""
+    having stopped training; a simulation left behind): ``hetsgd recover`` evaluates them. The
+    stop that ended training names it, as it names the exit code: a later one only cut its
+    evaluation short."""
+    if attempt.summary.status == "interrupted" and attempt.summary.error is not None:
+        cause = attempt.summary.error
     run_dir = attempt.out.path
     if not any((run_dir / SNAPSHOTS).glob("*.pt")):
         return cause

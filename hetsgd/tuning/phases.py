@@ -19,6 +19,7 @@ import yaml
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
+from hetsgd.bounded import stop_verb
 from hetsgd.config import compose_run
 from hetsgd.config.compose import quoted
 from hetsgd.errors import SearchInterrupted, UserError
@@ -86,7 +87,7 @@ def tune_then_compare(tuning: Tuning, overrides: list[str], sweep_dir: Path, swe
             [*fixed, f"hydra.sweep.dir={quoted(folder)}", *extra]))
     except KeyboardInterrupt as stop:
         ran = _write(sweep_dir, trial_table(rounds, list(tuning.grid), tuning.objective))
-        raise SearchInterrupted(f"hetsgd: search interrupted after {ran} trial(s), in "
+        raise SearchInterrupted(f"hetsgd: search {stop_verb(stop)} after {ran} trial(s), in "
                                 f"{sweep_dir / TUNING_CSV}; no comparison ran") from stop
     conf = trials_dir / "conf"
     (conf / TUNED_GROUP).mkdir(parents=True, exist_ok=True)
