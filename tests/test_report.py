@@ -362,6 +362,27 @@ def test_bad_paths_and_files_are_user_errors(tmp_path: Path) -> None:
     assert index.loc[0, "status"] == "failed" and "unreadable" in index.loc[0, "error"]
 
 
+@pytest.mark.parametrize("damage", ["missing", "empty", "header"])
+def test_a_completed_run_without_its_curve_is_unusable_not_slow(tmp_path: Path,
+                                                                damage: str) -> None:
+    """A completed run evaluated its first and last snapshot at least: a curve that is gone is
+    damage, named, and never a run that did not reach the target, which would make every
+    speedup over it a lower bound."""
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_run(results / f"sync_{seed}", algo="sync", devices="gpu", seed=seed)
+        write_run(results / f"hogwild_{seed}", algo="hogwild", devices="gpu", seed=seed, speed=2)
+    curve = results / "sync_1" / "convergence.csv"
+    {"missing": curve.unlink, "empty": lambda: curve.write_text(""),
+     "header": lambda: curve.write_text("time_s,epoch,updates,train_loss\n")}[damage]()
+    markdown = write_report(results)
+    rows = {row[0]: row for row in table_rows(markdown)}
+    assert rows["sync"][2:4] == ["1", "1/2 completed, 1 unusable"]
+    assert "≥" not in markdown and "never stayed" not in markdown
+    failed = markdown.split("## Failed runs", 1)[1]
+    assert f"{curve} is missing or holds no training loss" in failed
+
+
 def test_one_bad_run_costs_only_its_own_row(tmp_path: Path) -> None:
     results = write_broken_runs(tmp_path / "results")
     markdown = write_report(results)

@@ -21,7 +21,7 @@ from typer.testing import CliRunner, Result
 
 from hetsgd.cli import app
 from hetsgd.config.schema import LoggersConfig, MlflowConfig, TensorBoardConfig
-from hetsgd.outputs.index import MULTIRUN, OVERRIDES
+from hetsgd.outputs.index import MULTIRUN, OVERRIDES, find_runs
 from hetsgd.outputs.run_directory import SUMMARY
 from hetsgd.outputs.trackers import track
 from hetsgd.outputs.trackers.failures import drop, tried
@@ -141,6 +141,11 @@ def test_a_sweep_is_one_experiment_with_a_run_per_job_tagged_with_its_seed(resul
                            for png in (swept / run.info.run_name / "figures").glob("*.png")} != set()
     assert all("budget.seconds" not in r.data.tags for r in runs)  # set, not swept
     assert not (results / "tensorboard").joinpath(swept.name).exists()  # mlflow only
+    # MLflow's store under the results holds each run's summary.json and config.yaml again:
+    # copies, which listings, reports and figures do not take for runs
+    assert list((results / "mlruns").rglob("artifacts/summary.json"))
+    assert [p for p in find_runs(results) if p.parent == swept] == [swept / job for job in jobs]
+    assert not [p for p in find_runs(results) if "mlruns" in p.parts]
 
 
 def test_swept_values_are_those_the_command_line_and_the_sweeper_vary(tmp_path: Path) -> None:

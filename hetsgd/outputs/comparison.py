@@ -167,7 +167,9 @@ def variants(overrides: pd.Series, configs: pd.Series) -> tuple[pd.Series, str]:
 
 
 def _read_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """The completed runs' convergence.csv; an unreadable one marks its run ``unusable``."""
+    """The completed runs' convergence.csv; an unreadable one, or one missing or without a
+    training loss (a completed run evaluated at least its first and last snapshot), marks its
+    run ``unusable``, so that it is never timed as a run that did not reach a target."""
     raw = {}
     for i, run_dir in runs.loc[runs["status"] == "completed", "run_dir"].items():
         try:
@@ -176,8 +178,12 @@ def _read_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
             log.warning("left out %s: %s", shown(run_dir), shown(err))
             runs.loc[i, ["status", "error"]] = [UNUSABLE, str(err)]
             continue
-        if frame is not None and frame["train_loss"].notna().any():
-            raw[run_dir] = frame
+        if frame is None or not frame["train_loss"].notna().any():  # a completed run evaluated
+            why = f"{Path(run_dir) / 'convergence.csv'} is missing or holds no training loss"
+            log.warning("left out %s: %s", shown(run_dir), shown(why))  # its curve: damaged, not
+            runs.loc[i, ["status", "error"]] = [UNUSABLE, why]  # slow
+            continue
+        raw[run_dir] = frame
     return raw
 
 

@@ -39,6 +39,7 @@ MULTIRUN = "multirun.yaml"
 CLAIM = ".hetsgd-claim.json"
 CONFIG = "config.yaml"
 HYDRA = ".hydra"
+_MLFLOW_RUN_ID = re.compile(r"[0-9a-f]{32}")  # the folder of a run in MLflow's store
 OVERRIDES = Path(HYDRA) / "overrides.yaml"
 #: The status of a run whose process is still training or evaluating.
 RUNNING = "running"
@@ -106,10 +107,13 @@ def _natural(path: Path) -> list[tuple[int, int | str]]:
 
 def is_run_dir(path: Path) -> bool:
     """Whether ``path`` is a run directory: it holds ``summary.json``, ``config.yaml`` or
-    ``.hydra/`` (a run that died early may hold only the last two)."""
+    ``.hydra/`` (a run that died early may hold only the last two). MLflow's store keeps a
+    tracked run's summary.json and config.yaml in ``<experiment>/<run id>/artifacts/``
+    (``logger=mlflow`` puts it under the results): a copy, not a run of its own."""
     path = Path(path)
-    return path.name != HYDRA and ((path / SUMMARY).is_file() or (path / CONFIG).is_file()
-                                   or (path / HYDRA).is_dir())
+    mlflow_copy = path.name == "artifacts" and _MLFLOW_RUN_ID.fullmatch(path.parent.name)
+    return path.name != HYDRA and not mlflow_copy and (
+        (path / SUMMARY).is_file() or (path / CONFIG).is_file() or (path / HYDRA).is_dir())
 
 
 def find_runs(path: Path) -> list[Path]:
