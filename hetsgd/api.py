@@ -19,7 +19,7 @@ import pandas as pd
 from hetsgd.bounded import stop_verb
 from hetsgd.errors import UserError
 from hetsgd.invocation import Invocation, invoke
-from hetsgd.outputs.index import load_csv
+from hetsgd.outputs.index import is_run_dir, load_csv
 from hetsgd.outputs.summary import RunSummary
 from hetsgd.outputs.sweep import job_dirs
 
@@ -55,10 +55,14 @@ class SweepResult:
 
 def load(run_dir: str | Path) -> RunResult:
     """Read the run directory ``run_dir``: a missing or unreadable summary reads as a crashed or
-    failed run that says why, as in `hetsgd report`."""
+    failed run that says why, as in `hetsgd report`. A folder that is no run's (a sweep's, the
+    results') is refused, as `hetsgd recover` refuses it, not read as a crashed run."""
     path = Path(run_dir)
     if not path.is_dir():
         raise UserError(f"no such run directory: {path}")
+    if not is_run_dir(path):
+        raise UserError(f"{path} is not a run directory (one holds summary.json, config.yaml or "
+                        ".hydra/; a sweep's runs are the folders in it)")
     return RunResult(path, RunSummary.read(path), load_csv(path, "convergence"),
                      load_csv(path, "utilization"), load_csv(path, "workers"))
 

@@ -111,19 +111,21 @@ def run(ctx: typer.Context,
     Results go to results/runs/ (or $HETSGD_RESULTS); sweeps to results/sweeps/.
     """
     args = [*(overrides or []), *ctx.args]
-    _refuse_hydra_completion(args)
+    _refuse_hydra_completion(ctx, args)
     code = _dry_run(args) if dry_run else invoke(args, ctx.obj).code
     if code:
         raise typer.Exit(code)
 
 
-def _refuse_hydra_completion(args: list[str]) -> None:
-    """Hydra's own completion script (`-sc install=bash`) would call `hetsgd -sc query=...`,
-    which is no command of hetsgd's: Typer's completes `hetsgd run`'s overrides instead."""
+def _refuse_hydra_completion(ctx: typer.Context, args: list[str]) -> None:
+    """A command line Hydra's parser refuses (``--bogus``, ``--cfg bogus``) is a usage error,
+    exit code 2, as every command's is. Hydra's own completion script (`-sc install=bash`)
+    would call `hetsgd -sc query=...`, which is no command of hetsgd's: Typer's completes
+    `hetsgd run`'s overrides instead."""
     try:
         _, parsed = hydra_arguments(args)
-    except UserError:  # said by the run itself, as it parses them again
-        return
+    except UserError as exc:
+        raise _CLICK_ERRORS.UsageError(str(exc).removeprefix("hetsgd run: "), ctx) from None
     if parsed.shell_completion:
         _fail("hetsgd run: Hydra's shell completion does not know hetsgd's commands: "
               "`hetsgd --install-completion` installs hetsgd's (`--show-completion` prints it)")

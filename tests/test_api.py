@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -224,6 +225,12 @@ def test_a_runs_timing_splits_its_wall_time_around_training(results: Path) -> No
 def test_load_of_no_directory_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no such run directory"):
         hetsgd.load(tmp_path / "absent")
+    (tmp_path / "sweep" / "0_seed=0").mkdir(parents=True)  # a sweep's folder, not its job's
+    (tmp_path / "sweep" / "0_seed=0" / "config.yaml").write_text("seed: 0\n")
+    for folder in (tmp_path / "sweep", tmp_path):  # was read as a crashed run
+        with pytest.raises(UserError, match=rf"^{re.escape(str(folder))} is not a run directory"):
+            hetsgd.load(folder)
+    assert hetsgd.load(tmp_path / "sweep" / "0_seed=0").summary.status == "crashed"
 
 
 def test_a_summary_keeps_what_it_does_not_name() -> None:

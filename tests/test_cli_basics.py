@@ -391,7 +391,13 @@ def test_a_command_line_that_does_not_parse_is_one_line_with_the_usage_code() ->
     for args, line in [(("runs", "--stauts", "failed"),
                         "No such option: --stauts (Possible options: --status) (see hetsgd runs "
                         "--help)"),
-                       (("bogus",), "No such command 'bogus'. (see hetsgd --help)")]:
+                       (("bogus",), "No such command 'bogus'. (see hetsgd --help)"),
+                       # Hydra's own parser: `hetsgd run`'s flags, with and without --dry-run
+                       (("run", "seed=0", "--bogus"),
+                        "unrecognized arguments: --bogus (see hetsgd run --help)"),
+                       (("run", "--dry-run", "--cfg", "bogus"),
+                        "argument --cfg/-c: invalid choice: 'bogus' (choose from 'job', 'hydra', "
+                        "'all') (see hetsgd run --help)")]:
         done = hetsgd(*args)
         assert (done.returncode, done.stderr.splitlines()) == (2, [f"hetsgd: error: {line}"])
     shown = hetsgd("data")
