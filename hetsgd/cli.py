@@ -284,12 +284,15 @@ def data_info(name: str) -> None:
 def data_fetch(name: str) -> None:
     """Download a dataset into the cache (checksums verified)."""
     from hetsgd import data as datasets
+    from hetsgd.data.registry import get_source
     try:
         paths = datasets.fetch(name)
     except UserError as exc:
         _fail(str(exc))
     for path in paths:
         console.print(str(path))
+    if not paths:  # nothing to download (digits is scikit-learn's own): say why, not nothing
+        console.print(f"{name}: {get_source(name).note()}", highlight=False)
 
 
 # -- machine -------------------------------------------------------------------------------------

@@ -402,3 +402,6 @@ def test_a_command_line_that_does_not_parse_is_one_line_with_the_usage_code() ->
         assert (done.returncode, done.stderr.splitlines()) == (2, [f"hetsgd: error: {line}"])
     shown = hetsgd("data")
     assert "info" in shown.stdout and "fetch" in shown.stdout and not errors(shown.stderr)
+    bundled = CliRunner().invoke(app, ["data", "fetch", "digits"])  # printed nothing at all
+    assert (bundled.exit_code, bundled.stdout) == (
+        0, "digits: bundled with scikit-learn: nothing to fetch\n")

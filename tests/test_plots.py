@@ -170,6 +170,18 @@ def test_one_bad_run_does_not_stop_the_figures_of_the_others(
     assert "corrupt/convergence.csv" in warned
 
 
+def test_a_format_asked_twice_is_drawn_and_counted_once(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hetsgd.cli import app
+
+    run = write_run(tmp_path / "run", algo="sync", devices="gpu", seed=0)
+    done = CliRunner().invoke(app, ["plot", str(run), "--format", "png,PNG,.png"])
+    written = list((run / "figures").iterdir())
+    assert done.exit_code == 0 and {p.suffix for p in written} == {".png"}
+    assert f"{len(written)} figure file(s) written" in " ".join(done.stdout.split())
+
+
 def test_failed_run_and_bad_format(tmp_path: Path) -> None:
     failed = write_failed(tmp_path / "failed", algo="sync", devices="gpu", seed=0,
                           error="boom")

@@ -273,6 +273,11 @@ def test_baseline_selector(tmp_path: Path) -> None:
         write_report(sweep, baseline="colour=red")
     with pytest.raises(UserError, match="key=value"):
         write_report(sweep, baseline="sync")
+    before = (sweep / "report.md").read_text()
+    with pytest.raises(UserError, match="^baseline 'algo=nope' matches no completed run of any "
+                                        "comparison$"):  # a typo: it wrote a report, exit 0
+        write_report(sweep, baseline="algo=nope")
+    assert (sweep / "report.md").read_text() == before
 
 
 def test_normalized_loss_uses_the_comparison_wide_best(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ FORMATS = ("png", "svg", "pdf")
 
 
 def check_formats(formats: Iterable[str]) -> tuple[str, ...]:
-    chosen = tuple(f.strip().lower().lstrip(".") for f in formats)
+    chosen = tuple(dict.fromkeys(f.strip().lower().lstrip(".") for f in formats))  # each once
     bad = [f for f in chosen if f not in FORMATS]
     if bad or not chosen:
         raise UserError(f"unknown figure format {bad[0] if bad else ''!r}: "

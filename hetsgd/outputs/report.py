@@ -44,7 +44,7 @@ from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.outputs.safe_text import shown
 from hetsgd.outputs.search_cost import edge_mark, search_cost
-from hetsgd.outputs.speedup import add_speedup, ranking
+from hetsgd.outputs.speedup import add_speedup, baseline_row, ranking
 from hetsgd.outputs.time_split import split_markdown
 
 IDENTITY = ("algo", "devices", "dataset", "model", "seed")
@@ -247,9 +247,11 @@ def build_report(index: pd.DataFrame, root: Path, baseline: str | None = None,
     sections = [f"# hetsgd report: {shown(title or root.name or root)}"]
     tables = []
     comps = comparisons(index)
+    matched = False  # whether the baseline asked for names a row of some comparison
     for comp in comps:
         metrics = run_metrics(comp, keep_flagged)
         table = aggregate(comp, metrics)
+        matched = matched or baseline_row(comp, table, baseline) is not None
         text = add_speedup(comp, table, metrics, baseline)
         tuned = add_tuning(table, trials) if trials is not None else []
         sections.append(comparison_markdown(comp, table, text, ranking(table, metrics), tuned))
@@ -258,6 +260,8 @@ def build_report(index: pd.DataFrame, root: Path, baseline: str | None = None,
             sections.append(search_cost(trials))
         tables.append(table.assign(dataset=comp.dataset, model=comp.model, clock=comp.clock,
                                    l_best=comp.l_best))
+    if baseline is not None and comps and not matched:  # a typo, not a report without speedups
+        raise UserError(f"baseline '{baseline}' matches no completed run of any comparison")
     # the comparisons' runs carry the statuses found while reading their curves (unusable)
     unnamed = index[index["dataset"].isna() | index["model"].isna()]
     sections.append(_failed_markdown(pd.concat([unnamed, *(c.runs for c in comps)]), root))

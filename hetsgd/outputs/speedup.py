@@ -36,7 +36,7 @@ def parse_selector(text: str) -> dict[str, str]:
     return dict(pairs)  # type: ignore[arg-type]
 
 
-def _baseline_row(comp: Comparison, usable: pd.DataFrame, selector: str | None) -> int | None:
+def baseline_row(comp: Comparison, usable: pd.DataFrame, selector: str | None) -> int | None:
     """Index of the baseline row among the rows ``usable`` (of :func:`aggregate`'s table).
     Default: the comparison's sync row (preferring plain over variants and the mix named gpu
     over others, as in the papers)."""
@@ -90,10 +90,10 @@ def add_speedup(comp: Comparison, table: pd.DataFrame, metrics: pd.DataFrame,
     table[["speedup", "speedup_low", "speedup_high"]] = math.nan
     table["speedup_bound"] = False
     table["verdict"] = ""
-    base = _baseline_row(comp, table[table["timed"] > 0], selector)
+    base = baseline_row(comp, table[table["timed"] > 0], selector)
     how = f"matching '{selector}'" if selector else "default: the comparison's sync run"
     if base is None:
-        untimed = _baseline_row(comp, table, selector)
+        untimed = baseline_row(comp, table, selector)
         if untimed is None:
             return f"No baseline ({how}) in this comparison: no speedups."
         flagged = int(_runs_of(metrics, table.loc[untimed])["flagged"].sum())
