@@ -164,10 +164,15 @@ def test_one_bad_run_does_not_stop_the_figures_of_the_others(
     for p in paths:
         by_dir.setdefault(p.parent, set()).add(p.stem)
     assert by_dir[results / "good" / "figures"] == RUN_FIGURES
-    assert not (results / "corrupt" / "figures").exists()
+    # an unreadable file costs only the figures drawn from it: the utilization one stays, as
+    # the loss figures stay beside an unreadable utilization.csv
+    assert by_dir[results / "corrupt" / "figures"] == {"utilization", "update_shares", "batch_sizes"}
     assert {"loss_vs_time_digits", "loss_vs_epoch_digits"} <= by_dir[results / "figures"]
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
     assert "corrupt/convergence.csv" in warned
+    good = results / "good"
+    (good / "utilization.csv").write_bytes(b"time_s,host\x00\xff")
+    assert {p.stem for p in plot_all(good)} == RUN_FIGURES - {"utilization"}
 
 
 def test_a_format_asked_twice_is_drawn_and_counted_once(tmp_path: Path) -> None:

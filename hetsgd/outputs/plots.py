@@ -51,6 +51,7 @@ from hetsgd.outputs.figure_style import (
 from hetsgd.outputs.index import find_sweeps, index_dirs, index_runs, is_run_dir
 from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.run_figures import plot_run
+from hetsgd.outputs.safe_text import shown
 
 log = logging.getLogger(__name__)
 #: Every how many grid points a line with a marker shows it.
@@ -202,7 +203,7 @@ def plot_all(path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
         try:
             written += plot_run(Path(run_dir), formats)
         except (UserError, OSError, ValueError, TypeError, KeyError) as err:
-            log.warning("no figures for %s: %s", run_dir, err)
+            log.warning("no figures for %s: %s", shown(run_dir), shown(err))
     if is_run_dir(path):
         return written  # a run's unreadable files: comparisons() warns and leaves the run out
     for where in sorted(set(find_sweeps(path)) | {path}):

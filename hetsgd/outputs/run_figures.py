@@ -6,6 +6,7 @@ and test accuracy."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from hetsgd.errors import UserError
 from hetsgd.outputs.comparison import flagged
 from hetsgd.outputs.figure_formats import check_formats
 from hetsgd.outputs.figure_style import (
@@ -32,6 +34,8 @@ from hetsgd.outputs.index import flatten, load_csv
 from hetsgd.outputs.report import mix_label
 from hetsgd.outputs.safe_text import shown
 from hetsgd.outputs.summary import RunSummary
+
+log = logging.getLogger(__name__)
 
 
 def run_title(summary: RunSummary) -> str:
@@ -174,6 +178,16 @@ def _run_batches(batches: pd.DataFrame, end_s: float, title: str, xlabel: str) -
     return fig
 
 
+def _readable(run_dir: Path, name: str) -> pd.DataFrame | None:
+    """``<name>.csv`` of the run, or None with a warning naming it where it cannot be read: an
+    unreadable file costs only the figures drawn from it."""
+    try:
+        return load_csv(run_dir, name)
+    except UserError as err:
+        log.warning("no figures from %s.csv of %s: %s", name, shown(run_dir), shown(err))
+        return None
+
+
 @styled
 def plot_run(run_dir: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     """Draw one run's figures into ``<run_dir>/figures/``; a run without curves (a failed run)
@@ -183,9 +197,8 @@ def plot_run(run_dir: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     title = run_title(summary)
     simulated = bool(summary.simulated)
     xlabel = time_label([simulated])
-    conv = load_csv(run_dir, "convergence")
-    util = load_csv(run_dir, "utilization")
-    batches = load_csv(run_dir, "batches")
+    conv, util, batches = (_readable(run_dir, name)
+                           for name in ("convergence", "utilization", "batches"))
     figures: list[tuple[str, Figure]] = []
     if conv is not None and conv["train_loss"].notna().any():
         targets = (summary.target_losses.losses or []) if summary.target_losses else []
