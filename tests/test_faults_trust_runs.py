@@ -299,7 +299,7 @@ def test_a_summary_that_is_no_regular_file_lists_its_run_as_failed(run_dir: Path
 @pytest.mark.parametrize(("name", "command", "said"), [
     ("convergence", "report", "left out {run_dir}: "),
     ("workers", "report", "left out of the time split: "),
-    ("utilization", "plot", "no figures for {run_dir}: "),
+    ("utilization", "plot", "no figures from utilization.csv of {run_dir}: "),
 ])
 def test_a_csv_that_is_a_fifo_is_never_waited_for(run_dir: Path, name: str, command: str,
                                                   said: str) -> None:

@@ -323,11 +323,15 @@ def rebuild_config(recorded: DictConfig | Path, overrides: Sequence[str], failur
     file), so that later changes to the defaults do not count. Returned as composed, with
     ``now`` (a resume's overrides) composed on top and kept over the recorded values (the
     resume checks it), and typed, without ``now``. A config that cannot be rebuilt (e.g. with a
-    key this version no longer has) is a one-line :class:`UserError` after ``failure``."""
+    key this version no longer has, or an emptied file, which would merge into no config at
+    all) is a one-line :class:`UserError` after ``failure``."""
     try:
         loaded = OmegaConf.create(load_yaml(recorded)) if isinstance(recorded, Path) else recorded
         if not isinstance(loaded, DictConfig):
             raise ConfigError("the recorded config is not a mapping")
+        if not loaded:  # an empty file's None, or {}: no value of the run's, nothing to type
+            name = recorded.name if isinstance(recorded, Path) else "the recorded config"
+            raise ConfigError(f"{name} is empty")
         names = recorded_groups(loaded)
         loaded = _with_added_keys(recorded_config(loaded))
         overrides = [*_recorded_choices(loaded), *(recorded_override(o, names) for o in overrides

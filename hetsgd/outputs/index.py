@@ -207,7 +207,7 @@ def _wrong_type(summary: dict[str, Any]) -> str | None:
     return None
 
 
-def _read_summary(run_dir: Path) -> tuple[dict[str, Any], str | None]:
+def summary_values(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     """:func:`read_summary`, and why the file is unreadable (None when it is not)."""
     file = Path(run_dir) / SUMMARY
     if not file.exists():
@@ -280,7 +280,7 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     runner never writes) reads as a failed run that says why, and a missing one, or one that
     still says ``running`` while the process it names is gone, as a crashed run, so that one
     broken run is listed instead of hiding every other run of a report."""
-    return _read_summary(run_dir)[0]
+    return summary_values(run_dir)[0]
 
 
 def read_overrides(run_dir: Path) -> list[str]:
@@ -336,7 +336,7 @@ def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
     for run_dir in run_dirs:
         row: dict[str, Any] = {key: None for key in ("algo", "dataset", "model", "devices", "seed")}
         row.update(status="unknown", error=None, emulated=False, simulated=False)
-        summary, unreadable = _read_summary(run_dir)
+        summary, unreadable = summary_values(run_dir)
         if unreadable is not None:
             log.warning("unreadable %s: %s; the run is listed as failed",
                         Path(run_dir) / SUMMARY, unreadable)
