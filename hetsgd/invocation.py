@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig
 
-from hetsgd.bounded import Stopped, Terminated, stop_verb
+from hetsgd.bounded import Stopped, Terminated, stop_cause, stop_verb
 from hetsgd.config import CONF_DIR, ConfigError, register_configs
 from hetsgd.config.compose import hydra_arguments, quoted
 from hetsgd.config.hydra_private import run_hydra
@@ -122,6 +122,11 @@ class _Job:
         invocation.runs.append(Path(HydraConfig.get().runtime.output_dir))
         try:
             summary = train(cfg, started_at)
+        except KeyboardInterrupt:  # stopped outside the runner (as the run started, or drawing
+            invocation.statuses.append("interrupted")  # its figures): its folder says so, and
+            err.print(f"hetsgd: {stop_cause(invocation.stopped())}; what the run wrote is in "
+                      f"{shown(invocation.runs[-1])}", soft_wrap=True)  # so does the console
+            raise
         except UserError as exc:  # a refused resume of RUN_DIR in place: nothing written, so no
             invocation.runs.pop()  # run of this invocation's (RUN_DIR is another's)
             invocation.statuses.append("failed")

@@ -106,6 +106,9 @@ def test_ctrl_c_as_the_run_starts_writes_it_interrupted(results_dir: Path) -> No
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert summary["error"].startswith("interrupted by the user"), summary["error"]
+    # the console says so too (it printed nothing where the stop came before the runner's
+    # own; a stop just after it says the same through the runner)
+    assert output.splitlines()[-1].startswith("hetsgd: interrupted by the user"), output
 
 
 def _ctrl_c(proc: subprocess.Popen) -> None:
