@@ -228,6 +228,9 @@ def plot(path: Path = typer.Argument(None, show_default=False, help=(
         _fail(str(exc))
     except OSError as exc:
         _write_failed(exc, path)
+    if not written:  # runs that failed before their first snapshot: say so, not "0 written"
+        _fail(f"no figures written under {path}: no run there has a curve, utilization or "
+              "update shares to draw (see `hetsgd runs`)")
     console.print(f"{len(written)} figure file(s) written under {path}")
 
 

@@ -253,6 +253,16 @@ def test_report_and_plot_default_to_hetsgd_results_as_runs_does(
     assert (root / "report.md").is_file() and list((root / "figures").glob("*.png"))
 
 
+
+def test_plot_that_draws_nothing_fails_and_says_why(tmp_path: Path) -> None:
+    """A folder of runs that failed before their first snapshot: an error, not "0 written"."""
+    run = tmp_path / "runs" / "r0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    done = CliRunner().invoke(app, ["plot", str(tmp_path)])
+    assert done.exit_code == 1
+    assert "no figures written under" in done.output and "Traceback" not in done.output
+
 # -- hetsgd runs ---------------------------------------------------------------------------------
 
 
