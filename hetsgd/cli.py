@@ -384,7 +384,7 @@ def main() -> None:
     try:  # obj: for its first run's timing (`hetsgd run`: ctx.obj)
         code = command.main(prog_name="hetsgd", obj=started_at, standalone_mode=False)
     except _CLICK_ERRORS.UsageError as exc:
-        _usage(exc)
+        _usage(exc, command)
     except typer.Abort:  # Ctrl-C outside a run, which stops itself
         print("Aborted!", file=sys.stderr)
         _end(1)
@@ -398,16 +398,29 @@ def _asks_for_help(exc: Any) -> bool:
     return isinstance(exc, getattr(_CLICK_ERRORS, "NoArgsIsHelpError", ()))
 
 
-def _usage(exc: Any) -> NoReturn:
+def _usage(exc: Any, top: Any) -> NoReturn:
     """A command line Click refuses (an unknown command or option, an option's value of the
     wrong type) in one line, as every other refusal, with its usage code 2; no arguments at
     all (``hetsgd``, ``hetsgd data``) print the help instead."""
     if _asks_for_help(exc):
         exc.show()
     else:
-        where = exc.ctx.command_path if exc.ctx is not None else "hetsgd"
+        where = exc.ctx.command_path if exc.ctx is not None else _named(top, sys.argv[1:])
         print_error(f"{exc.format_message()} (see {where} --help)")
     _end(exc.exit_code)
+
+
+def _named(top: Any, args: list[str]) -> str:
+    """The (sub)command that ``args`` name, for a refusal Click raised without its context (an
+    option given no value: ``hetsgd runs --status``), whose help is that command's, not the
+    top level's."""
+    path, command = ["hetsgd"], top
+    for arg in args:
+        command = getattr(command, "commands", {}).get(arg)
+        if command is None:
+            break
+        path.append(arg)
+    return " ".join(path)
 
 
 def _end(code: int | str | None) -> NoReturn:

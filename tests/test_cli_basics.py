@@ -402,6 +402,9 @@ def test_a_command_line_that_does_not_parse_is_one_line_with_the_usage_code() ->
                         "No such option: --stauts (Possible options: --status) (see hetsgd runs "
                         "--help)"),
                        (("bogus",), "No such command 'bogus'. (see hetsgd --help)"),
+                       # an option given no value: Click names no command; the line still does
+                       (("runs", "--status"),
+                        "Option '--status' requires an argument. (see hetsgd runs --help)"),
                        # Hydra's own parser: `hetsgd run`'s flags, with and without --dry-run
                        (("run", "seed=0", "--bogus"),
                         "unrecognized arguments: --bogus (see hetsgd run --help)"),
