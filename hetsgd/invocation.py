@@ -64,6 +64,7 @@ class Invocation:
     # the stop signals (Ctrl-C's SIGINT, SIGTERM, SIGHUP) as they arrived: the first names the stop
     stop_signals: list[int] = field(default_factory=list)
     sweep_dir: Path | None = None  # a sweep's folder, known before its first job
+    sweep_made: Path | None = None  # the outermost folder its claim created (results/sweeps/)
     code: int = 0  # the exit status
 
     def error(self, message: object) -> None:
@@ -197,7 +198,7 @@ def invoke(args: Sequence[str], started_at: float | None = None) -> Invocation:
         if invocation.sweep_dir is not None:
             from hetsgd.outputs.sweep import release_unstarted
 
-            release_unstarted(invocation.sweep_dir)
+            release_unstarted(invocation.sweep_dir, invocation.sweep_made)
     if not invocation.code:
         statuses = invocation.ended()
         invocation.code = invocation.exit_code([*statuses, "interrupted"] if interrupted
@@ -211,8 +212,8 @@ def _launch(invocation: Invocation, args: list[str]) -> None:
     (:func:`~hetsgd.runs.sweep_dir.settle_sweep_dir`), so that the invocation knows it whichever
     launcher runs the jobs."""
     parser, parsed = hydra_arguments(args)
-    invocation.sweep_dir, tuning = settle_sweep_dir(parsed.overrides, parsed.multirun,
-                                                    parsed.config_dir)
+    invocation.sweep_dir, tuning, invocation.sweep_made = settle_sweep_dir(
+        parsed.overrides, parsed.multirun, parsed.config_dir)
     if invocation.sweep_dir is not None:
         parsed.overrides.append(f"hydra.sweep.dir={quoted(invocation.sweep_dir)}")
     else:

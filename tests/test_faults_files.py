@@ -110,11 +110,14 @@ def test_a_sweep_into_a_claimed_folder_is_refused_before_any_job(results_dir: Pa
 def test_a_sweep_refused_before_its_first_job_leaves_no_folder_and_no_claim(
         results_dir: Path, tmp_path: Path) -> None:
     """A job that does not compose (a misspelt method) stops the sweep after its folder was
-    claimed: an empty sweep left to list, and a claim refusing the folder to the next sweep."""
-    folder = tmp_path / "sweep"
+    claimed: an empty sweep left to list, and a claim refusing the folder to the next sweep;
+    and the folders created above it (an empty results/sweeps/), not those that were there."""
+    (tmp_path / "kept").mkdir()  # empty, and the user's: it stays
+    folder = tmp_path / "kept" / "made" / "sweeps" / "sweep"
     refused = invoke(["-m", "algo=sync,hogbach", f"hydra.sweep.dir={folder}"])
     assert refused.code == 1 and len(refused.errors) == 1 and "hogbach" in refused.errors[0]
-    assert not folder.exists()
+    assert not (tmp_path / "kept" / "made").exists() and (tmp_path / "kept").is_dir()
+    folder = tmp_path / "sweep"
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")  # a folder that holds more is left as it is
     invoke(["-m", "algo=sync,hogbach", f"hydra.sweep.dir={folder}"])

@@ -90,14 +90,17 @@ def check_unused(sweep_dir: Path) -> None:
                         "new folder under results/sweeps/), or move that sweep away first")
 
 
-def claim_folder(folder: Path, what: str = "hydra.sweep.dir") -> None:
+def claim_folder(folder: Path, what: str = "hydra.sweep.dir") -> Path | None:
     """Claim ``folder`` for this process's sweep before its first job: create it if need be and
     create its claim file exclusively (a hard link of the whole file, which fails where the
     name exists: one process alone can make it), so that of two sweeps started together into
     one folder the second is refused in one line rather than both running and one's results
     being lost. The claim names this process, so
     the refusal can say whose it is; a folder whose claimant is gone stays claimed (its jobs may
-    be there) until it is moved away. ``what`` names the folder's setting in the refusal."""
+    be there) until it is moved away. ``what`` names the folder's setting in the refusal.
+    Returns the outermost folder this created (None: ``folder`` was there), which
+    :func:`release_unstarted` removes again where the sweep never started."""
+    made = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), None)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file of that name, a read-only or missing parent
@@ -113,6 +116,7 @@ def claim_folder(folder: Path, what: str = "hydra.sweep.dir") -> None:
         raise UserError(f"{what} {shown(folder)}: cannot claim it: {reason(exc)}") from None
     finally:
         written.unlink(missing_ok=True)
+    return made
 
 
 def record_sampled_sweep(folder: Path, overrides: Sequence[str], params: Any) -> None:
@@ -125,15 +129,21 @@ def record_sampled_sweep(folder: Path, overrides: Sequence[str], params: Any) ->
     write_text(folder / MULTIRUN, yaml.safe_dump(record, sort_keys=False))
 
 
-def release_unstarted(folder: Path) -> None:
+def release_unstarted(folder: Path, made: Path | None) -> None:
     """A sweep that ended before its first job (a job's overrides did not compose, ``--cfg``):
     its claim and Hydra's ``multirun.yaml`` removed, and the folder if that was all it held, so
-    that no empty sweep is left to list, nor a claim that refuses the folder to the next."""
+    that no empty sweep is left to list, nor a claim that refuses the folder to the next; and
+    the folders :func:`claim_folder` ``made`` above it (``results/sweeps/``), where empty."""
     try:
         if {entry.name for entry in folder.iterdir()} <= {CLAIM, MULTIRUN}:
             for name in (CLAIM, MULTIRUN):
                 (folder / name).unlink(missing_ok=True)
             folder.rmdir()
+        if made is not None and made != folder:
+            for parent in folder.parents:
+                parent.rmdir()  # OSError where it holds more: left, with those above it
+                if parent == made:
+                    break
     except OSError:  # gone already, or not ours to tidy: left as it is
         pass
 

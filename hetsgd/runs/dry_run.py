@@ -59,7 +59,7 @@ def dry_run(args: Sequence[str]) -> list[Job]:
     if parsed.config_dir is not None:
         raise UserError("hetsgd run --dry-run composes from hetsgd's own configs: "
                         "--config-dir is not supported with it")
-    sweep_dir, tuning = settle_sweep_dir(parsed.overrides, parsed.multirun, claim=False)
+    sweep_dir, tuning, _ = settle_sweep_dir(parsed.overrides, parsed.multirun, claim=False)
     if sweep_dir is None:
         check_run_dir(parsed.overrides)
     overrides = parsed.overrides

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
@@ -30,8 +30,17 @@ CONCURRENT_LAUNCHER = "hydra_submitit_launcher.submitit_launcher.LocalLauncher"
 MODE_SETTERS = frozenset({"experiment", "hydra.mode"})
 
 
+class SweepFolder(NamedTuple):
+    """Where a sweep writes (None: a single run), the tuning it asks for, and the outermost
+    folder its claim created (to remove again if no job starts)."""
+
+    folder: Path | None = None
+    tuning: Tuning | None = None
+    made: Path | None = None
+
+
 def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | None = None,
-                     claim: bool = True) -> tuple[Path | None, Tuning | None]:
+                     claim: bool = True) -> SweepFolder:
     """The folder the sweep of ``overrides`` writes into, as Hydra resolves it (from everything
     but the swept values), refused if an earlier sweep is there (:func:`check_unused`) or
     another claimed it (:func:`claim_folder`), and the tuning it asks for, checked; claimed for
@@ -45,23 +54,23 @@ def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | Non
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception:  # noqa: BLE001 - Hydra's own parser says what is wrong, just after
-        return None, None
+        return SweepFolder()
     refuse_swept(parsed)
     try:
         # without -m only an experiment (or hydra.mode itself) can make it a sweep: a single
         # run is not composed an extra time
         if not multirun and not any(o.key_or_group in MODE_SETTERS for o in parsed):
-            return None, None
+            return SweepFolder()
         fixed = [override.input_line for override in parsed
                  if not override.is_sweep_override() and override.input_line is not None]
         if config_dir is not None:  # the user's configs (their +method, their experiment)
             fixed.append(f"hydra.searchpath=[{quoted('file://' + str(Path(config_dir).resolve()))}]")
         config = compose_run(fixed, hydra_config=True)
     except Exception:  # noqa: BLE001 - Hydra's own composition says what is wrong, just after
-        return None, None
+        return SweepFolder()
     hydra = config.hydra
     if not multirun and hydra.mode != RunMode.MULTIRUN:
-        return None, None
+        return SweepFolder()
     from hetsgd.outputs.sweep import (
         check_unclaimed,
         check_unused,
@@ -82,13 +91,13 @@ def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | Non
     tuning = Tuning.of(config)
     if tuning is not None:
         check_knobs(tuning, fixed)
-    if claim:
-        claim_folder(sweep_dir)  # the last check: a refused sweep leaves no claim behind
-        if draws_jobs(hydra.sweeper):
-            record_sampled_sweep(sweep_dir, overrides, hydra.sweeper.get("params"))
-    else:
+    if not claim:
         check_unclaimed(sweep_dir)
-    return sweep_dir, tuning
+        return SweepFolder(sweep_dir, tuning)
+    made = claim_folder(sweep_dir)  # the last check: a refused sweep leaves no claim behind
+    if draws_jobs(hydra.sweeper):
+        record_sampled_sweep(sweep_dir, overrides, hydra.sweeper.get("params"))
+    return SweepFolder(sweep_dir, tuning, made)
 
 
 def check_run_dir(overrides: Sequence[str]) -> None:
