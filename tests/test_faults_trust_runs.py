@@ -26,7 +26,7 @@ from hetsgd.cli import app
 from hetsgd.engines.ranks.handoff import receive
 from hetsgd.errors import UserError
 from hetsgd.outputs.checkpoint import latest_checkpoint
-from hetsgd.outputs.index import OVERRIDES
+from hetsgd.outputs.index import CONFIG, OVERRIDES
 from hetsgd.outputs.run_directory import SUMMARY, RunDirectory
 from hetsgd.outputs.safe_text import redacted, shown
 from hetsgd.outputs.terminal import run_script
@@ -258,6 +258,18 @@ def test_a_runs_yaml_is_read_as_plain_data_within_bounds(
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         f"cannot read {file}: {why}; the run is listed without its overrides"]
     assert "1 run(s) under" in result.output
+
+
+def test_a_runs_damaged_config_is_named_not_read_as_no_settings_in_silence(
+        run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The report compares runs by their config.yaml's settings (optim, dataset): one that does
+    not parse read as none at all, without a word."""
+    (run_dir / CONFIG).write_text("optim: [\n")
+    result = _hetsgd("runs", str(run_dir.parent))
+    assert result.exit_code == 0, result.output
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"unreadable {run_dir / CONFIG}: expected the node content, but found '<stream end>' "
+        "(line 2); the run is read without its config"]
 
 
 def _bounded(*args: str) -> subprocess.CompletedProcess[str]:

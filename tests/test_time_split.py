@@ -148,3 +148,20 @@ def test_a_worker_that_landed_no_update_in_a_run_is_left_out_of_that_run(tmp_pat
     assert (row["compute_ms"], row["copy_ms"], row["compute_pct"], row["runs"]) == \
         pytest.approx((10.0, 5.0, 50.0, 1))
     assert row["compute_low"] == pytest.approx(10.0)
+
+
+def test_a_completed_run_without_worker_rows_is_named_not_dropped_in_silence(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every completed run writes a row per worker: a header alone (or no file) is a damaged
+    run, which the split leaves out saying so, as it does an unreadable file."""
+    kept = _run(tmp_path, "kept", (1.0, 0.0, 0.0, 0.0))
+    header = _run(tmp_path, "header", (9.0, 0.0, 0.0, 0.0))
+    path = Path(header["run_dir"]) / "workers.csv"
+    path.write_text(path.read_text().splitlines()[0] + "\n")
+    gone = _run(tmp_path, "gone", (9.0, 0.0, 0.0, 0.0))
+    (Path(gone["run_dir"]) / "workers.csv").unlink()
+    split = worker_split(pd.DataFrame([kept, header, gone]), KEYS)
+    assert split["runs"].tolist() == [1]
+    named = [r.getMessage() for r in caplog.records if "left out of the time split" in r.getMessage()]
+    assert named == [f"left out of the time split: {tmp_path / name}/workers.csv is missing or has "
+                     "no rows" for name in ("header", "gone")]

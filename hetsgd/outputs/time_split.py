@@ -74,12 +74,14 @@ def worker_split(runs: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
 
 def _run_rows(run: pd.Series, keys: tuple[str, ...]) -> list[dict[str, Any]]:
     """One run's workers as rows of the split: none where its workers.csv or batches.csv cannot
-    be read, or its workers.csv predates the split; a worker whose numbers are not finite, or
+    be read (a warning), or its workers.csv predates the split; a worker whose numbers are not finite, or
     that landed no update or spent no time (no split to show: read as 0 ms it would halve its
     row's mean and its compute range's low end), is left out."""
     try:
         workers = load_csv(run["run_dir"], "workers")
-        if workers is None or not {*SPLIT, "updates"} <= set(workers.columns):
+        if workers is None:  # every completed run writes one, a row per worker
+            raise UserError(f"{run['run_dir']}/workers.csv is missing or has no rows")
+        if not {*SPLIT, "updates"} <= set(workers.columns):
             return []
         changes = load_csv(run["run_dir"], "batches")
     except UserError as err:  # one unreadable file costs only its own run
