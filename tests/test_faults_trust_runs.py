@@ -346,8 +346,13 @@ def test_a_resume_refuses_a_checkpoints_config_that_expands(run_dir: Path) -> No
 def test_report_escapes_what_a_run_folder_says(run_dir: Path, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    shutil.copytree(run_dir, sweep / "completed", symlinks=True)
-    failed = Path(shutil.copytree(run_dir, sweep / f"run{ESCAPES}", symlinks=True))
+    completed = Path(shutil.copytree(run_dir, sweep / "completed", symlinks=True))
+    # a setting every run shares ("Settings every run shares: ...") and a group (report.csv's
+    # columns share_<group>_mean...), each with its escapes
+    (completed / OVERRIDES).write_text(json.dumps([f"+note=a{ESCAPES}"]))
+    summary = json.loads((completed / SUMMARY).read_text())
+    RunDirectory(completed).write_summary({**summary, "update_share": {f"cpu{ESCAPES}": 1.0}})
+    failed = Path(shutil.copytree(completed, sweep / f"run{ESCAPES}", symlinks=True))
     summary = json.loads((failed / SUMMARY).read_text())
     RunDirectory(failed).write_summary({**summary, "status": "failed",
                                         "algo": f"sync{ESCAPES}", "error": f"boom{ESCAPES}"})
@@ -360,6 +365,24 @@ def test_report_escapes_what_a_run_folder_says(run_dir: Path, tmp_path: Path) ->
     for text in (" ".join(result.stdout.split()), files[0]):  # the terminal's lines wrap
         assert f"- `run{escaped}` (algo sync{escaped}, " in text
         assert f"**failed**: boom{escaped}" in text
+    assert f"Settings every run shares: +note=a{escaped}." in files[0]
+    assert f"share_cpu{escaped}_mean" in files[1]
+
+
+@pytest.mark.parametrize("round_", ["x", "inf", ""])
+def test_a_tuning_csv_is_data_its_names_escaped_a_damaged_round_none(round_: str) -> None:
+    """tuning.csv is read back like every file of a sweep: a method or edge carrying escapes
+    reached the report raw, and a round that is no finite number was a traceback."""
+    import pandas as pd
+
+    from hetsgd.outputs.search_cost import edge_mark, search_cost
+
+    trials = pd.DataFrame([{"method": f"hog{ESCAPES}", "chosen": True, "round": round_,
+                            "edge": f"optim.lr:high{ESCAPES}"}])
+    assert search_cost(trials) == (
+        "Search: 1 trials. On an edge of the values tried, so the optimum may lie beyond: "
+        f"hog{shown(ESCAPES)} (optim.lr:high{shown(ESCAPES)}).")
+    assert edge_mark(trials, "optim.lr") == f" (high{shown(ESCAPES)} edge)"
 
 
 @pytest.mark.integration

@@ -190,7 +190,7 @@ def comparison_markdown(comp: Comparison, table: pd.DataFrame, baseline_text: st
     best = DASH if comp.l_best is None else f"{comp.l_best:.4g}"
     unit = "virtual seconds (the virtual clock's)" if comp.clock == "virtual" else \
         "measured training wall seconds"
-    common = f" Settings every run shares: {comp.common}." if comp.common else ""
+    common = f" Settings every run shares: {shown(comp.common)}." if comp.common else ""
     return "\n\n".join(s for s in [
         f"## {shown(comp.title)}",
         (f"Normalized loss = (L0 - L) / (L0 - L_best) on the {loss}, L0 each run's initial "
@@ -311,5 +311,6 @@ def write_report(paths: Path | Sequence[Path], baseline: str | None = None,
     markdown, numbers = build_report(index, out, baseline, keep_flagged,
                                      tuned[0] if tuned else None, title)
     write_text(out / "report.md", markdown)
-    write_csv(out / "report.csv", numbers.map(lambda v: shown(v) if isinstance(v, str) else v))
+    write_csv(out / "report.csv", numbers.map(lambda v: shown(v) if isinstance(v, str) else v)
+              .rename(columns=lambda c: shown(str(c))))  # group names and knobs are the folders
     return markdown

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from hetsgd.config.checks import finite_or_none
+from hetsgd.outputs.safe_text import shown
+
 EDGE = "edge"  # tuning.csv's column: on a chosen trial, the knobs at an edge (optim.lr:high)
 
 
@@ -13,13 +16,15 @@ def edge_mark(chosen: pd.DataFrame, knob: str) -> str:
     if EDGE not in chosen.columns or chosen.empty:
         return ""
     sides = dict(item.rsplit(":", 1) for item in str(chosen[EDGE].iloc[0]).split() if ":" in item)
-    return f" ({sides[knob]} edge)" if knob in sides else ""
+    return f" ({shown(sides[knob])} edge)" if knob in sides else ""
 
 
 def search_cost(trials: pd.DataFrame) -> str:
     """One sentence: how many trials the search ran (and in how many rounds past its grid),
-    their wall seconds, and any choice left on an edge."""
-    rounds = int(pd.to_numeric(trials.get("round", pd.Series([0])), errors="coerce").max() or 0)
+    their wall seconds, and any choice left on an edge. The file is data: a round that is no
+    finite number counts as none, names are escaped."""
+    rounds = int(finite_or_none(pd.to_numeric(trials.get("round", pd.Series([0])),
+                                              errors="coerce").max()) or 0)
     wall = pd.to_numeric(trials.get("wall_s", pd.Series(dtype=float)), errors="coerce")
     text = (f"Search: {len(trials)} trials" + (f" (the grid, then {rounds} round(s) past edge "
                                                "choices)" if rounds else "") +
@@ -28,7 +33,7 @@ def search_cost(trials: pd.DataFrame) -> str:
             + ".")
     chosen = trials[trials["chosen"].astype(bool)] if "chosen" in trials.columns else trials[:0]
     if EDGE in chosen.columns:
-        flagged = sorted({f"{m} ({e})" for m, e in zip(chosen["method"], chosen[EDGE])
+        flagged = sorted({shown(f"{m} ({e})") for m, e in zip(chosen["method"], chosen[EDGE])
                           if isinstance(e, str) and e.strip()})
         if flagged:
             text += (" On an edge of the values tried, so the optimum may lie beyond: "
