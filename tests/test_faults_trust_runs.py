@@ -282,6 +282,20 @@ def _bounded(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, preexec_fn=limited, check=False)
 
 
+@pytest.mark.parametrize("target,why", [("summary.json", "Too many levels of symbolic links"),
+                                        ("/nonexistent/summary.json", "No such file or directory")])
+def test_a_summary_that_links_nowhere_is_unreadable_not_missing(
+        tmp_path: Path, target: str, why: str) -> None:
+    """A link to nowhere (or to itself) is a summary that cannot be read, whose run failed, as
+    docs/runs.md says; it read as no summary, a run killed before writing one."""
+    from hetsgd.outputs.index import summary_values
+
+    (tmp_path / SUMMARY).symlink_to(target)
+    summary, unreadable = summary_values(tmp_path)
+    assert (summary["status"], summary["error"], unreadable) == (
+        "failed", f"unreadable {SUMMARY}: {why}", why)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("kind", ["a FIFO or pipe", "a character device"])
 def test_a_summary_that_is_no_regular_file_lists_its_run_as_failed(run_dir: Path,

@@ -222,7 +222,7 @@ def _wrong_type(summary: dict[str, Any]) -> str | None:
 def summary_values(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     """:func:`read_summary`, and why the file is unreadable (None when it is not)."""
     file = Path(run_dir) / SUMMARY
-    if not file.exists():
+    if not file.exists() and not file.is_symlink():  # a link to nowhere is read, and named, below
         if _starting(Path(run_dir)):
             return {**_identity_from_config(run_dir), "status": RUNNING, "error": None}, None
         return {**_identity_from_config(run_dir), "status": CRASHED,
