@@ -3,10 +3,11 @@ whichever entry started it (:mod:`hetsgd.invocation`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
@@ -31,19 +32,21 @@ def train(cfg: DictConfig, started_at: float | None = None) -> RunSummary:
     in place raises :class:`~hetsgd.errors.UserError`, with nothing written over it."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    trained_with = [cfg]  # a resume trains with its checkpoint's config, trackers included
     try:
         _redact_hydra_files(hydra_cfg)
-        summary = _run(cfg, run_dir, hydra_cfg, started_at)
+        summary = _run(cfg, run_dir, hydra_cfg, started_at, trained_with.append)
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM before the run wrote its summary
         _interrupted_before_start(run_dir, cfg, stop_cause(stop))
         raise
-    _log_to_trackers(run_dir, cfg)
+    _log_to_trackers(run_dir, trained_with[-1].logger)
     return replace(summary, run_dir=str(run_dir))
 
 
-def _run(cfg: DictConfig, run_dir: Path, hydra_cfg: HydraConf, started_at: float | None
-         ) -> RunSummary:
-    """:func:`train`'s run: refused, failed to load, or run; then a single run's figures."""
+def _run(cfg: DictConfig, run_dir: Path, hydra_cfg: HydraConf, started_at: float | None,
+         trained_with: Callable[[Any], None]) -> RunSummary:
+    """:func:`train`'s run: refused, failed to load, or run (``trained_with`` is told its
+    config); then a single run's figures."""
     refusal = _refusal(cfg)
     if refusal is None and not cfg.devices.simulated:  # its imports overlap this process's own
         warm_up(cfg.workers.start)
@@ -60,7 +63,7 @@ def _run(cfg: DictConfig, run_dir: Path, hydra_cfg: HydraConf, started_at: float
     except Exception as exc:  # noqa: BLE001 - e.g. torch's libraries not mapped: said, in the run
         return refuse(run_dir, cfg, cfg, out_of_memory(exc) or
                       f"loading the training stack raised {type(exc).__name__}: {exc}")
-    summary = runner.run(cfg, run_dir, cfg, hydra_cfg.overrides.task, started_at)
+    summary = runner.run(cfg, run_dir, cfg, hydra_cfg.overrides.task, started_at, trained_with)
     if hydra_cfg.mode != RunMode.MULTIRUN:
         from hetsgd.outputs.drawing import draw_figures  # loaded by the run
 
@@ -110,12 +113,12 @@ def _refusal(cfg: DictConfig) -> str | None:
     return None
 
 
-def _log_to_trackers(run_dir: Path, cfg: DictConfig) -> None:
+def _log_to_trackers(run_dir: Path, loggers: Any) -> None:
     """The trackers `logger=...` chose (none by default) log the files just written, figures
     included; like drawing them, failing never fails the run."""
-    if cfg.logger.tensorboard is None and cfg.logger.mlflow is None:
+    if loggers.tensorboard is None and loggers.mlflow is None:
         return
     from hetsgd.outputs.trackers import track  # tensorboard and mlflow load only here
 
-    track(run_dir, cfg.logger)
+    track(run_dir, loggers)
 

@@ -364,3 +364,28 @@ def test_tensorboard_s_hparams_are_the_run_s_tags_beside_its_final_results(
     # what the tab shows for each: the scalar series' last value
     assert {tag: events.Scalars(tag)[-1].value for tag in metrics} == {"train/loss": 0.25,
                                                                        "test/accuracy": 0.75}
+
+
+@pytest.mark.integration
+def test_a_resumed_run_is_logged_to_the_trackers_its_checkpoint_chose(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`resume=RUN_DIR` trains with the checkpoint's config, `logger=mlflow` included: its live
+    feed opened an MLflow run that the final log, which read the command's (no logger), never
+    ended or filled."""
+    from conftest import CHECKPOINTED_RUN
+
+    import hetsgd
+
+    monkeypatch.setenv("HETSGD_RESULTS", str(tmp_path))
+    monkeypatch.setenv("HETSGD_DATA", str(tmp_path / "data"))
+    first = hetsgd.run(*CHECKPOINTED_RUN, "logger=mlflow")
+    assert first.exit_code == 0, first.summary.error
+    resumed = hetsgd.run(f"resume={first.summary.run_dir}", "budget.seconds=0.6", "progress=false")
+    assert resumed.exit_code == 0, resumed.summary.error
+    client = _client(tmp_path)
+    runs = client.search_runs([client.get_experiment_by_name("hetsgd").experiment_id])
+    assert sorted(run.info.status for run in runs) == ["FINISHED", "FINISHED"]
+    for run in runs:  # each with its own final losses, the resumed run's past the checkpoint
+        losses = client.get_metric_history(run.info.run_id, "train/loss")
+        assert losses and run.data.params["budget.seconds"] in ("0.5", "0.6")
+    assert {run.data.params["budget.seconds"] for run in runs} == {"0.5", "0.6"}

@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -264,7 +264,8 @@ def _keep_traceback(run_dir: Path, trace: str) -> None:
 
 
 def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
-        overrides: Sequence[str] = (), started_at: float | None = None) -> RunSummary:
+        overrides: Sequence[str] = (), started_at: float | None = None,
+        trained_with: Callable[[RunConfig | DictConfig], None] | None = None) -> RunSummary:
     """Run one experiment into `run_dir` and return its summary (also on failure): the
     pipeline (:func:`_train`) inside what turns each way it can end into a status. A composed
     config (`hetsgd run`'s) is checked in the pipeline, so an out-of-range value ends like any
@@ -276,7 +277,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
     is written over it. A full disk (a :class:`WriteError`) ends the run ``crashed``, as a
     killed run does, so that ``hetsgd recover`` takes what it left once there is room.
     ``started_at`` is when the run began on the wall clock, for ``timing`` (default: now; the
-    command passes its process's start for its first run)."""
+    command passes its process's start for its first run). ``trained_with`` is told the config
+    the run trained with: a resume's is the checkpoint's, with ``overrides`` on top."""
     started_at = time.time() if started_at is None else started_at  # for summary.json's timing
     if torchrun() is not None and (cfg.resume is not None or cfg.checkpoint.every_s is not None):
         error = ("checkpoints are not supported under torchrun (the other nodes' ranks can neither "
@@ -293,6 +295,8 @@ def run(cfg: RunConfig | DictConfig, run_dir: Path, resolved_config: Any,
                 raise
             return refuse(run_dir, cfg, resolved_config, str(exc))
         cfg = resolved_config = resumption.cfg
+    if trained_with is not None:
+        trained_with(cfg)
     try:
         return _attempted(cfg, run_dir, resolved_config, resumption, started_at)
     finally:
