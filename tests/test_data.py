@@ -26,7 +26,9 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 from conftest import W8A, W8A_NAME
+from typer.testing import CliRunner
 
+from hetsgd.cli import app
 from hetsgd.config import DatasetConfig
 from hetsgd.config.problem import SCALINGS, FilesConfig, SyntheticConfig
 from hetsgd.data import data_home, fetch, images, libsvm, list_sources, load_dataset, source_info
@@ -40,10 +42,11 @@ COMPRESS = {".xz": lzma.compress, ".bz2": bz2.compress, ".gz": gzip.compress, ""
 
 @pytest.fixture(autouse=True)
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty cache per test, no mirror, and nothing that could reach past 127.0.0.1."""
+    """An empty cache per test, and nothing that could reach past 127.0.0.1: the mirror is a
+    port nothing listens on (a missing published test file is downloaded), unless a test's own."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("HETSGD_DATA", str(cache))
-    monkeypatch.delenv("HETSGD_DATA_MIRROR", raising=False)
+    monkeypatch.setenv("HETSGD_DATA_MIRROR", f"http://127.0.0.1:{closed_port()}")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setattr(images, "DEBIAN_FASHION_DIR", tmp_path / "no-debian")
     return cache
@@ -219,6 +222,18 @@ def test_libsvm_corrupt_line_is_named(tmp_path: Path) -> None:
         load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
 
 
+@pytest.mark.parametrize("value,problem", [
+    ("1e39", "has a value past float32's range (±3.4e+38): 1:1e39"),
+    ("nan", "has a value that is not a finite number: 1:nan")])
+def test_a_libsvm_value_no_float32_holds_is_named_with_its_line(tmp_path: Path, value: str,
+                                                                problem: str) -> None:
+    """1e39 is finite as a Python float, infinite as the float32 scikit-learn reads it as."""
+    path = write(tmp_path / "big.txt", libsvm_text(["-1", "+1"] * 10) + f"+1 1:{value} 2:1\n")
+    with pytest.raises(UserError, match=re.escape(
+            f"{path}: line 21 {problem} ('+1 1:{value} 2:1')")):
+        load_dataset(cfg("libsvm", path=str(path)), seed=0, progress=False)
+
+
 @pytest.mark.parametrize("empty", ["train", "test"])
 def test_a_libsvm_file_of_no_examples_is_refused_before_training(tmp_path: Path,
                                                                   empty: str) -> None:
@@ -385,6 +400,21 @@ def test_standard_still_scales_dense_to_unit_variance_and_sparse_by_max_abs(
                                rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int64, np.float32])
+def test_maxabs_divides_by_a_signed_minimums_magnitude(tmp_path: Path, dtype: type) -> None:
+    """abs(-128) is -128 in int8 (any signed minimum wraps in its own type): the divisor was the
+    next largest value, and the scaled features fell outside [-1, 1]."""
+    low = np.iinfo(dtype).min if np.issubdtype(dtype, np.integer) else -128
+    x = np.array([[low, 1], [low // 2, 2], [-5, 3], [7, 4]] * 3, dtype=dtype)
+    np.savez(tmp_path / "train.npz", X=x, y=np.array([0, 1] * 6))
+    np.savez(tmp_path / "test.npz", X=x[:4], y=np.array([0, 1] * 2))
+    data = load_dataset(FilesConfig(path=str(tmp_path / "train.npz"), scale="maxabs",
+                                    test_path=str(tmp_path / "test.npz")), seed=0, progress=False)
+    np.testing.assert_array_equal(data.x_train[:4], [[-1, 0.25], [-0.5, 0.5],
+                                                     [-5 / -float(low), 0.75], [7 / -float(low), 1]])
+    np.testing.assert_array_equal(data.x_test, data.x_train[:4])
+
+
 LIBSVM_AS_PUBLISHED = {"libsvm", "w8a", "real_sim", "rcv1", "news20"}
 
 
@@ -405,7 +435,9 @@ def test_every_libsvm_format_source_is_covered() -> None:
 
 
 @pytest.mark.skipif(not W8A.exists(), reason=f"the real w8a file is absent ({W8A}; set HETSGD_W8A)")
-def test_w8a_from_the_shared_file(home: Path) -> None:
+def test_w8a_from_the_shared_file(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """w8a alone in the cache: a test part is split off it, as its source says, and nothing
+    is downloaded (the mirror is a closed port: a try would warn)."""
     home.mkdir()
     shutil.copy(W8A, home / W8A_NAME)
     assert source_info("w8a").cached
@@ -413,13 +445,20 @@ def test_w8a_from_the_shared_file(home: Path) -> None:
     assert data.num_train + data.num_test == 49749 and data.num_features == 300
     assert data.task == "binary" and not data.is_sparse
     assert set(np.unique(data.x_train)) == {0.0, 1.0}
-    assert "no w8a.t" in data.source and "split" in data.source
+    assert "no w8a.t beside it" in data.source and "split" in data.source
+    assert "could not be downloaded" not in capsys.readouterr().err
 
 
-def test_tampered_file_fails_the_published_checksum(home: Path) -> None:
+def test_a_tampered_cached_file_fails_its_checksum_in_a_load_and_in_a_fetch(home: Path) -> None:
+    """`hetsgd data fetch` says it verifies checksums: a copy already cached is checked too, and
+    fails as a load does, in one line, exit status 1."""
     write(home / "w8a.bz2", libsvm_text(["-1", "1"] * 10))
-    with pytest.raises(UserError, match="checksum mismatch: .*w8a.bz2"):
+    with pytest.raises(UserError, match="checksum mismatch: .*w8a.bz2 does not hold the "
+                                        "published w8a .*; delete it and fetch again$") as loaded:
         load_dataset(cfg("w8a"), seed=0, progress=False)
+    done = CliRunner().invoke(app, ["data", "fetch", "w8a"])
+    assert done.exit_code == 1
+    assert done.stderr.splitlines() == [f"hetsgd: error: {loaded.value}"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,8 +466,10 @@ def test_tampered_file_fails_the_published_checksum(home: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_download_checks_the_known_checksum(server: tuple[str, Path], home: Path) -> None:
+def test_download_checks_the_known_checksum(server: tuple[str, Path], home: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     base, root = server
+    monkeypatch.delenv("HETSGD_DATA_MIRROR")
     payload = b"1 1:1\n-1 2:1\n"
     (root / "good.txt").write_bytes(payload)
     sha = hashlib.sha256(payload).hexdigest()
@@ -441,25 +482,49 @@ def test_download_checks_the_known_checksum(server: tuple[str, Path], home: Path
     assert not (home / "bad.txt").exists()
 
 
-def test_first_download_is_trusted_then_checked(server: tuple[str, Path], home: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_is_trusted_once_it_has_parsed_then_checked(server: tuple[str, Path], home: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     base, root = server
     monkeypatch.setenv("HETSGD_DATA_MIRROR", base)
     write(root / "real-sim.bz2", libsvm_text(["-1", "1"] * 20))
+    tofu = home / "real-sim.bz2.sha256"
     assert not source_info("real_sim").cached
     assert fetch("real_sim", progress=False) == [home / "real-sim.bz2"]
-    recorded = (home / "real-sim.bz2.sha256").read_text().split()[0]
-    assert recorded == hashlib.sha256((home / "real-sim.bz2").read_bytes()).hexdigest()
-    assert source_info("real_sim").cached
+    assert source_info("real_sim").cached and not tofu.exists()  # downloaded, not yet used
     data = load_dataset(cfg("real_sim"), seed=0, progress=False)
     assert data.num_train + data.num_test == 40 and data.is_sparse
+    recorded = tofu.read_text().split()[0]
+    assert recorded == hashlib.sha256((home / "real-sim.bz2").read_bytes()).hexdigest()
     write(home / "real-sim.bz2", libsvm_text(["-1", "1"] * 20, seed=9))
-    with pytest.raises(UserError, match="checksum mismatch"):
+    with pytest.raises(UserError, match=re.escape(f"recorded in {tofu}); delete it and {tofu}, "
+                                                  "and it is fetched again")):
         load_dataset(cfg("real_sim"), seed=0, progress=False)
     (home / "real-sim.bz2").unlink()  # a new download must match the first one too
     write(root / "real-sim.bz2", libsvm_text(["-1", "1"] * 20, seed=9))
-    with pytest.raises(UserError, match="checksum mismatch for .*real-sim.bz2"):
+    with pytest.raises(UserError, match=f"checksum mismatch for .*real-sim.bz2: .* delete "
+                                        f"{re.escape(str(tofu))} and fetch it again$"):
         fetch("real_sim", progress=False)
+    tofu.unlink()  # as the message says: the new file is downloaded, and trusted once it parses
+    assert fetch("real_sim", progress=False) == [home / "real-sim.bz2"]
+
+
+@pytest.mark.parametrize("served,refused", [
+    (b"<!DOCTYPE html><html><body>Please log in</body></html>", "the server sent a web page"),
+    (bz2.compress(libsvm_text(["-1", "1"] * 400).encode())[:300], "cannot read")])
+def test_a_download_that_is_no_data_file_is_never_trusted(
+        server: tuple[str, Path], home: Path, monkeypatch: pytest.MonkeyPatch, served: bytes,
+        refused: str) -> None:
+    """A web page served with status 200 (a captive portal's) is refused at once; a body cut
+    short fails to parse. Neither records its checksum, which would refuse the real file later."""
+    base, root = server
+    monkeypatch.setenv("HETSGD_DATA_MIRROR", base)
+    (root / "real-sim.bz2").write_bytes(served)
+    with pytest.raises(UserError, match=refused):
+        load_dataset(cfg("real_sim"), seed=0, progress=False)
+    assert not (home / "real-sim.bz2.sha256").exists()
+    (home / "real-sim.bz2").unlink(missing_ok=True)
+    write(root / "real-sim.bz2", libsvm_text(["-1", "1"] * 20))
+    assert load_dataset(cfg("real_sim"), seed=0, progress=False).num_features == 20958
 
 
 def test_a_recorded_checksum_of_an_unknown_hash_names_its_file(home: Path) -> None:
@@ -467,8 +532,64 @@ def test_a_recorded_checksum_of_an_unknown_hash_names_its_file(home: Path) -> No
     (home / "real-sim.bz2.sha256").write_text("md6:abc\n")
     with pytest.raises(UserError, match=re.escape(
             f"{home / 'real-sim.bz2.sha256'} holds no checksum hetsgd can compute (md6 is no hash "
-            "it knows): delete it, and the next download records one")):
+            "it knows): delete it, and the next use records one")):
         load_dataset(cfg("real_sim"), seed=0, progress=False)
+
+
+def test_a_published_test_file_comes_with_its_train_file_and_a_cached_set_stays_offline(
+        server: tuple[str, Path], home: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A run that downloads the train file downloads the test file with it; one whose train
+    file is cached takes what the cache holds (a split where the test file is not there, said
+    in its source) without reaching for the network."""
+    base, root = server
+    monkeypatch.setenv("HETSGD_DATA_MIRROR", base)
+    write(root / "rcv1_train.binary.bz2", "1 1:1 9:2\n-1 3:1\n" * 10)
+    write(root / "rcv1_test.binary.bz2", "1 2:1\n-1 1:1\n" * 3)
+    data = load_dataset(cfg("rcv1"), seed=0, progress=False)
+    assert (data.num_train, data.num_test) == (20, 6)
+    assert data.source.endswith(f" + {home / 'rcv1_test.binary.bz2'}")
+    (home / "rcv1_test.binary.bz2").unlink()
+    monkeypatch.setenv("HETSGD_DATA_MIRROR", f"http://127.0.0.1:{closed_port()}")
+    capsys.readouterr()
+    data = load_dataset(cfg("rcv1"), seed=0, progress=False)
+    assert (data.num_train, data.num_test) == (16, 4)
+    assert "; no rcv1_test.binary.bz2 beside it; test: stratified 0.2 split" in data.source
+    assert "could not be downloaded" not in capsys.readouterr().err
+
+
+def test_a_test_file_that_cannot_be_downloaded_is_named_and_the_split_said(
+        server: tuple[str, Path], home: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The run that downloads the train file but cannot get the test file warns, naming it, and
+    splits, as the next run (the train file cached) does; `hetsgd data fetch` fails on it."""
+    base, root = server
+    monkeypatch.setenv("HETSGD_DATA_MIRROR", base)
+    write(root / "rcv1_train.binary.bz2", "1 1:1 9:2\n-1 3:1\n" * 10)
+    failed = (f"rcv1's rcv1_test.binary.bz2 is not in the cache and could not be downloaded from "
+              f"{base}/rcv1_test.binary.bz2 (HTTPError): put the file at "
+              f"{home / 'rcv1_test.binary.bz2'}")
+    for first in (True, False):
+        data = load_dataset(cfg("rcv1"), seed=0, progress=False)
+        assert (data.num_train, data.num_test) == (16, 4) and "split" in data.source
+        warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith(failed)]
+        assert warned == ([failed + " (or the same content as rcv1_test.binary, rcv1_test.binary.xz "
+                           "or rcv1_test.binary.gz); until then, the test part is split off "
+                           "rcv1_train.binary.bz2, not the published one"] if first else [])
+    with pytest.raises(UserError, match=f"^{re.escape(failed)} "):
+        fetch("rcv1", progress=False)
+
+
+def test_offline_error_names_url_and_path(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("HETSGD_DATA_MIRROR", base)
+    with pytest.raises(UserError) as caught:
+        load_dataset(cfg("w8a"), seed=0, progress=False)
+    message = str(caught.value)
+    assert message.startswith(
+        f"w8a is not in the cache and could not be downloaded from {base}/w8a ")
+    assert f"put the file at {home / 'w8a'} (or a .xz/.bz2/.gz of it)" in message
+    assert "\n" not in message
 
 
 def test_load_downloads_through_the_mirror(server: tuple[str, Path],
@@ -492,18 +613,6 @@ def test_a_covtype_cell_that_is_no_finite_number_is_named(tmp_path: Path, row: i
     path = write(tmp_path / "covtype.data", "\n".join(map(",".join, rows)) + "\n")
     with pytest.raises(UserError, match=f"^{path}: line {row + 1}, {said}, not a finite number$"):
         load_dataset(cfg("covtype", path=str(path)), seed=0, progress=False)
-
-
-def test_offline_error_names_url_and_path(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    base = f"http://127.0.0.1:{closed_port()}"
-    monkeypatch.setenv("HETSGD_DATA_MIRROR", base)
-    with pytest.raises(UserError) as caught:
-        load_dataset(cfg("w8a"), seed=0, progress=False)
-    message = str(caught.value)
-    assert message.startswith(
-        f"w8a is not in the cache and could not be downloaded from {base}/w8a ")
-    assert f"put the file at {home / 'w8a'} (or a .xz/.bz2/.gz of it)" in message
-    assert "\n" not in message
 
 
 # --------------------------------------------------------------------------------------------

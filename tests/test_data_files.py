@@ -149,7 +149,7 @@ def test_a_test_table_with_its_columns_in_another_order_is_read_by_name(tmp_path
 # --------------------------------------------------------------------------------------------
 
 
-def load_error(cfg: FilesConfig) -> str:
+def load_error(cfg: DatasetConfig) -> str:
     with pytest.raises(UserError) as caught:
         load_dataset(cfg, seed=0, progress=False)
     message = str(caught.value)
@@ -206,6 +206,26 @@ def test_an_infinite_npy_feature_is_named(tmp_path: Path) -> None:
     cfg = write_digits(tmp_path, "npy", x, np.arange(10) % 2)
     assert load_error(cfg) == (f"{cfg.path} (labels {cfg.labels_path}): x[8, 0] is inf, not a "
                                "finite number")
+
+
+@pytest.mark.parametrize("fmt,shape", [("npz", (200, 0)), ("npy", (200, 0)),
+                                       ("npy", (200, 0, 3)), ("libsvm", None)])
+def test_data_without_a_feature_is_refused(tmp_path: Path, fmt: str,
+                                           shape: tuple[int, ...] | None) -> None:
+    """Zero feature columns (LIBSVM: labels alone, read as scikit-learn's placeholder column)
+    trained on nothing and completed at chance, where a CSV without one is refused."""
+    y = np.arange(200) % 2
+    if shape is None:
+        cfg = FilesConfig(path=str(tmp_path / "labels.svm"))
+        Path(cfg.path).write_text("".join(f"{label * 2 - 1:+d}\n" for label in y))
+        said = "labels but not one feature value (index:value) to learn from"
+    else:
+        cfg = write_digits(tmp_path, fmt, np.zeros(shape), y)
+        said = f"features of shape {shape} hold no feature to learn from"
+    where = f"{cfg.path} (labels {cfg.labels_path})" if fmt == "npy" else cfg.path
+    assert load_error(cfg) == f"{where}: {said}"
+    if fmt == "libsvm":
+        assert load_error(DatasetConfig(name="libsvm", path=cfg.path)) == f"{where}: {said}"
 
 
 def test_a_float64_feature_past_float32s_range_is_named(tmp_path: Path) -> None:

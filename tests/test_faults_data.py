@@ -8,10 +8,14 @@ import gzip
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +26,7 @@ from rich.console import Console
 from hetsgd.atomic import writing_path
 from hetsgd.config import DatasetConfig
 from hetsgd.config.problem import FilesConfig
+from hetsgd.data import download as download_module
 from hetsgd.data import download_progress, files, load_dataset
 from hetsgd.data.dataset import Dataset
 from hetsgd.data.download import RemoteFile, download
@@ -158,23 +163,73 @@ def test_a_failed_download_removes_a_killed_ones_leftovers_and_leaves_none(
     assert list(home.iterdir()) == []
 
 
+class _Trickle(BaseHTTPRequestHandler):
+    """Serves 100 bytes a byte every 0.2 s: each read well within the per-read timeout, the
+    whole transfer far below any usable rate."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Length", "100")
+        self.end_headers()
+        try:
+            for _ in range(100):
+                self.wfile.write(b"1")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:  # the client gave up
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_download_that_trickles_fails_in_one_line(home: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that sends a byte at a time never trips the per-read timeout: the transfer's
+    average rate, checked as each byte arrives, ends it (past a grace of 1 s here, not 30)."""
+    monkeypatch.setattr(download_module, "RATE_GRACE_S", 1.0)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_port}/w8a"
+    try:
+        message = error_within_bound(lambda: download(RemoteFile("w8a", url), "w8a", False), 15,
+                                     f"downloading {url}")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert re.fullmatch(
+        rf"w8a is not in the cache and could not be downloaded from {re.escape(url)} \(\d+ bytes "
+        r"in \d+ s, under the 32 KiB/s a download must average\): put the file at "
+        rf"{re.escape(str(home / 'w8a'))} \(or a \.xz/\.bz2/\.gz of it\)", message), message
+    assert not (home / "w8a").exists()
+
+
 def refused_within_bound(path: Path) -> str:
     """The error loading ``path``, from a thread given 60 s: a read that blocks fails the test
     rather than hanging it (and is unblocked by opening the FIFO's other end)."""
+    return error_within_bound(lambda: load(path), 60, f"loading {path}",
+                              lambda: os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK)))
+
+
+def error_within_bound(call: Callable[[], object], bound_s: float, what: str,
+                       unblock: Callable[[], None] = lambda: None) -> str:
+    """The UserError of ``call()``, from a thread given ``bound_s``: a call that blocks fails
+    the test (after ``unblock()``) rather than hanging it."""
     caught: list[BaseException] = []
 
     def target() -> None:
         try:
-            load(path)
+            call()
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             caught.append(exc)
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    thread.join(timeout=60)
+    thread.join(timeout=bound_s)
     if thread.is_alive():
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        pytest.fail(f"loading {path} blocked")
+        unblock()
+        pytest.fail(f"{what} blocked")
     assert len(caught) == 1 and isinstance(caught[0], UserError), caught
     return str(caught[0])
 

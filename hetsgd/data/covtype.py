@@ -1,7 +1,7 @@
 """UCI covertype, the 7-class version: 581,012 x 54 (10 quantities, 4 + 40 one-hot), classes 1..7.
 
 The file is comma-separated with the class last; there is no published test split. UCI gives no
-checksum, so the first download is trusted (see :mod:`hetsgd.data.download`).
+checksum, so the file is trusted once it first parses (see :mod:`hetsgd.data.download`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ Features: TypeAlias = np.ndarray | sp.csr_matrix
 Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 # what a load reads, generates or scales at a time: bounds what it holds besides its result
 BLOCK_BYTES = 4 << 20
+# the largest feature value a model trains on: past it, float32 is infinite
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Rows(Protocol):

@@ -20,7 +20,7 @@ import numpy as np
 from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import existing_file, find_local, load_or_parse
 from hetsgd.data.dataset import Parsed
-from hetsgd.data.download import RemoteFile, verify
+from hetsgd.data.download import RemoteFile, checked_parse, ensure
 from hetsgd.data.download_progress import status
 from hetsgd.data.files import open_data
 from hetsgd.data.source import SingleFile, Source, SourceInfo
@@ -99,18 +99,16 @@ class FashionMnist(Source):
         else:
             files = self._in(DEBIAN_FASHION_DIR)
             if files is None:
-                files, checked = self.fetch(progress), True
+                files, checked = [ensure(r, self.name, progress) for r in self.remotes], True
 
         def parse() -> Parsed:
-            if checked:
-                for path, remote in zip(files, self.remotes, strict=True):
-                    verify(path, remote)
             with status("parsing Fashion-MNIST", progress):
                 images_train, labels_train, images_test, labels_test = files  # one per remote
                 return read_fashion(images_train, labels_train, images_test, labels_test,
                                     source=f"Fashion-MNIST: {files[0].parent}")
 
-        return load_or_parse(self.name, files, {}, parse)
+        pairs = list(zip(files, self.remotes, strict=True)) if checked else []
+        return load_or_parse(self.name, files, {}, lambda: checked_parse(pairs, parse))
 
     def cached(self) -> bool:
         return self._in(DEBIAN_FASHION_DIR) is not None or super().cached()

@@ -6,8 +6,9 @@ than w8a), widened further to the published feature count where it is known; and
 1-based unless some file uses index 0 (scikit-learn's ``zero_based="auto"`` over both files). Sets
 with at most ``DENSE_MAX_FEATURES`` features are made dense (a dense float32 array is then small
 and faster to train on); wider ones stay CSR. A line that is not LIBSVM, a value that is not a
-finite number, a feature index past ``MAX_FEATURES``, or a line past the bounds every text file is
-read within (:mod:`hetsgd.data.files`) is a UserError naming file and line.
+finite number or is past float32's range, a feature index past ``MAX_FEATURES``, or a line past
+the bounds every text file is read within (:mod:`hetsgd.data.files`) is a UserError naming file
+and line; files that hold labels but not one feature value are refused.
 
 LIBSVM files are published already scaled (binary indicators, [0, 1] or [-1, 1] ranges, unit-length
 tf-idf rows), so ``dataset.scale=auto`` leaves them as they are; covtype_binary is the exception:
@@ -27,9 +28,9 @@ import scipy.sparse as sp
 
 from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import existing_file, find_local, load_or_parse
-from hetsgd.data.dataset import Parsed
-from hetsgd.data.download import RemoteFile, local, verify
-from hetsgd.data.download_progress import status
+from hetsgd.data.dataset import FLOAT32_MAX, Parsed
+from hetsgd.data.download import NotDownloaded, RemoteFile, checked_parse, ensure, local
+from hetsgd.data.download_progress import console, status
 from hetsgd.data.files import open_data
 from hetsgd.data.labels import encode, multi_hot
 from hetsgd.data.native import loading_native
@@ -60,7 +61,10 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
         if x.shape[0] == 0:
             raise UserError(f"{path} holds no examples")
     valued = [x for x in xs if x.nnz]  # a file of labels alone says nothing of the base
-    if valued and all(x.indices.min() > 0 for x in valued):  # no index 0 anywhere: 1-based
+    where = " and ".join(map(str, paths))
+    if not valued:  # else scikit-learn's placeholder width would be trained on as a feature
+        raise UserError(f"{where}: labels but not one feature value (index:value) to learn from")
+    if all(x.indices.min() > 0 for x in valued):  # no index 0 anywhere: 1-based
         for x in xs:
             x.indices -= 1
         width = max(x.shape[1] for x in xs) - 1
@@ -68,7 +72,6 @@ def read_libsvm(train: Path, test: Path | None, task: str, source: str,
         width = max(x.shape[1] for x in xs)
     width = max(width, n_features or 0)
     xs = [sp.csr_matrix((x.data, x.indices, x.indptr), shape=(x.shape[0], width)) for x in xs]
-    where = " and ".join(map(str, paths))
     # each file's labels as scikit-learn reads them: if multilabel, a list of one tuple of labels
     # per example, else an array
     if multilabel:
@@ -137,7 +140,7 @@ def corrupt_error(path: Path, multilabel: bool, exc: ValueError,
 
 def _problem(tokens: list[str], multilabel: bool) -> str | None:
     """What is wrong with a line ``label[,label...] [qid:N] index:value ...`` (indices
-    increasing, values finite numbers), or None."""
+    increasing, values finite numbers within float32's range), or None."""
     labels, features = tokens[0], tokens[1:]
     if multilabel and ":" in labels:
         labels, features = "", tokens  # an example without labels
@@ -157,6 +160,8 @@ def _problem(tokens: list[str], multilabel: bool) -> str | None:
                 return f"has feature index {int(index)}, past the bound of {MAX_FEATURES:,}"
             if not math.isfinite(float(value)):
                 return f"has a value that is not a finite number: {token}"
+            if abs(float(value)) > FLOAT32_MAX:  # scikit-learn reads it as float32: infinite
+                return f"has a value past float32's range (±{FLOAT32_MAX:.3g}): {token}"
             previous = int(index)
     except ValueError:
         return "is not valid LIBSVM"
@@ -194,41 +199,54 @@ class LibsvmFile(Source):
 @dataclass(frozen=True)
 class LibsvmSet(Source):
     """A set published on the LIBSVM site: ``remotes`` is the train file, then the test file if
-    one is published. The train file alone is enough: without the test file, a test part is split
-    off it. ``dataset.path`` replaces the train file; a test file is then looked for beside it."""
+    one is published. A run that downloads the train file downloads the test file too; where the
+    test file cannot be had, a test part is split off the train file, with a warning, as it is
+    (stated in the run's ``dataset_source``) where only the train file is in the cache: a run
+    whose data is already at hand never reaches for the network (``hetsgd data fetch`` gets
+    both). ``dataset.path`` replaces the train file; a test file is then looked for beside it,
+    and without one a test part is split off, as for ``dataset=libsvm``."""
 
     default_scale: str = "none"
     n_features: int | None = None
 
     def load(self, cfg: DatasetConfig, seed: int, progress: bool) -> Parsed:
         train_remote, test_remote = self.remotes[0], (self.remotes[1:] or [None])[0]
-        train: Path | None  # None only until fetched, where the cache lacks it
         if cfg.path:
             train = existing_file(cfg.path)
             test = find_local(train.parent, test_remote.name) if test_remote else None
         else:
-            train = local(train_remote)
-            if train is None:
-                train, *rest = self.fetch(progress)
-                test = rest[0] if rest else None
-            else:
-                test = local(test_remote) if test_remote else None
+            cached = local(train_remote)
+            train = cached or ensure(train_remote, self.name, progress)
+            test = None if test_remote is None else (
+                local(test_remote) if cached else self._published_test(test_remote, progress))
         source = f"{self.name} from {train_remote.url}: {train}"
         if test is not None:
             source += f" + {test}"
         elif test_remote is not None:
             source += f"; no {test_remote.name} beside it"
+        # a file the user points at explicitly is taken as it is
+        checked = [] if cfg.path else [(path, remote) for path, remote in
+                                       ((train, train_remote), (test, test_remote))
+                                       if path is not None and remote is not None]
 
         def parse() -> Parsed:
-            if not cfg.path:  # a file the user points at explicitly is taken as it is
-                verify(train, train_remote)
-                if test is not None and test_remote is not None:
-                    verify(test, test_remote)
             with status(f"parsing {train.name}", progress):
                 return read_libsvm(train, test, self.task, source, self.n_features)
 
         files = [train] + ([test] if test is not None else [])
-        return load_or_parse(self.name, files, {"n_features": self.n_features}, parse)
+        return load_or_parse(self.name, files, {"n_features": self.n_features},
+                             lambda: checked_parse(checked, parse))
+
+    def _published_test(self, remote: RemoteFile, progress: bool) -> Path | None:
+        """The published test file, downloaded beside the train file just downloaded; None where
+        it cannot be, with a warning: the run goes on, but never on other data without a word."""
+        try:
+            return ensure(remote, self.name, progress)
+        except NotDownloaded as exc:
+            console.print(f"{exc}; until then, the test part is split off "
+                          f"{self.remotes[0].name}, not the published one", markup=False,
+                          soft_wrap=True)
+            return None
 
     def cached(self) -> bool:
         return local(self.remotes[0]) is not None
@@ -236,7 +254,8 @@ class LibsvmSet(Source):
     def note(self) -> str:
         if len(self.remotes) == 1:
             return "no published test file: a seeded stratified test part is split off"
-        return f"without {self.remotes[1].name}, a test part is split off {self.remotes[0].name}"
+        return (f"{self.remotes[1].name} is downloaded with {self.remotes[0].name}; without it, "
+                f"a test part is split off {self.remotes[0].name}")
 
 
 _BASE = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"

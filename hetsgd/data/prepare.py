@@ -204,7 +204,8 @@ def fit_scaler(x: Rows | sp.csr_matrix, train: np.ndarray, parsed: Parsed, how: 
     if how == "maxabs":
         top = np.zeros(x.shape[1])
         for part in picked(x, train):
-            top = np.maximum(top, np.abs(part).max(axis=0))
+            # in float64: the absolute value of int8's -128 (any signed minimum) wraps in its own type
+            top = np.maximum(top, np.abs(part, dtype=np.float64).max(axis=0))
         return Scaler(how, None, _nonzero(top))
     mean, var = column_moments(x, train)
     return Scaler(how, mean, _nonzero(np.sqrt(var)))

@@ -9,7 +9,7 @@ from pathlib import Path
 from hetsgd.config import DatasetConfig
 from hetsgd.data.cache import data_home, existing_file, load_or_parse
 from hetsgd.data.dataset import Parsed
-from hetsgd.data.download import RemoteFile, ensure, local, verify
+from hetsgd.data.download import RemoteFile, checked_parse, ensure, local
 from hetsgd.data.download_progress import status
 from hetsgd.errors import UserError
 
@@ -49,8 +49,9 @@ class Source:
         return all(local(remote) is not None for remote in self.remotes)
 
     def fetch(self, progress: bool) -> list[Path]:
-        """Download whatever is missing; return the paths of all the source's files."""
-        return [ensure(remote, self.name, progress) for remote in self.remotes]
+        """Download whatever is missing and check what was cached against its checksum; return
+        the paths of all the source's files."""
+        return [ensure(remote, self.name, progress, check=True) for remote in self.remotes]
 
     def note(self) -> str:
         return ""
@@ -83,9 +84,9 @@ class SingleFile(Source):
         path = existing_file(cfg.path) if cfg.path else ensure(remote, self.name, progress)
 
         def parse() -> Parsed:
-            if not cfg.path:
-                verify(path, remote)
             with status(f"reading {path.name}", progress):
                 return reader(path, f"{self.label} from {remote.url}: {path}")
 
-        return load_or_parse(self.name, [path], {}, parse)
+        # a file the user points at is taken as it is
+        checked = [] if cfg.path else [(path, remote)]
+        return load_or_parse(self.name, [path], {}, lambda: checked_parse(checked, parse))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import zipfile
 from collections import Counter
 from collections.abc import Callable
@@ -48,7 +49,7 @@ from hetsgd.config import DatasetConfig
 from hetsgd.config.problem import FilesConfig
 from hetsgd.data.cache import existing_file, load_or_parse, strip_compression
 from hetsgd.data.columns import Encoding, complete_rows, feature_columns, listing, short
-from hetsgd.data.dataset import Parsed, Rows, row_blocks
+from hetsgd.data.dataset import FLOAT32_MAX, Parsed, Rows, row_blocks
 from hetsgd.data.download_progress import status
 from hetsgd.data.files import COMPRESSIONS, open_data
 from hetsgd.data.labels import encode_named
@@ -69,9 +70,6 @@ def file_format(path: Path, wanted: str) -> str:
     if wanted != "auto":
         return wanted
     return _SUFFIXES.get(Path(strip_compression(path.name)).suffix.lower(), "libsvm")
-
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -144,12 +142,16 @@ def _parsed(parts: list[_Part], task: str, source: str,
 
 
 def _features(x: np.ndarray, where: str) -> np.ndarray:
-    """Numeric features as [rows, features]; higher ranks (images) are flattened per row."""
+    """Numeric features as [rows, features]; higher ranks (images) are flattened per row. None
+    at all is refused: a model would train on nothing and score chance."""
     if x.dtype.kind not in "biuf":
         raise UserError(f"{where}: features must be numbers, not of dtype {x.dtype}")
     if x.ndim < 2:
         raise UserError(f"{where}: features must be [rows, features], not of shape {x.shape}")
-    return x if x.ndim == 2 else x.reshape(len(x), -1)
+    width = math.prod(x.shape[1:])
+    if width == 0:
+        raise UserError(f"{where}: features of shape {x.shape} hold no feature to learn from")
+    return x if x.ndim == 2 else x.reshape(len(x), width)
 
 
 def _array_part(x: np.ndarray, y: np.ndarray, where: str, x_name: str, y_name: str) -> _Part:
