@@ -19,7 +19,7 @@ from hetsgd.outputs import plots, run_figures
 from hetsgd.outputs.index import index_runs
 from hetsgd.outputs.plots import plot_all, plot_comparison
 from hetsgd.outputs.run_figures import _run_utilization, plot_run, run_title
-from hetsgd.outputs.summary import Mix, RunSummary
+from hetsgd.outputs.summary import Launch, Mix, RunSummary
 
 RUN_FIGURES = {"loss_vs_time", "loss_vs_epoch", "accuracy_vs_time", "utilization",
                "update_shares"}
@@ -207,6 +207,10 @@ def test_utilization_figure_shows_the_runs_own_cpu_apart_from_the_hosts(tmp_path
     assert summary.cores_sampled == 4
     # simulated, the accelerator is a GPU column: the workers' CPU is the host group's 3 cores
     assert replace(summary, simulated=True).cores_sampled == 3
+    # under torchrun the monitor samples rank 0's process alone: worker 0's (the first group's)
+    ranks = replace(summary, launch=Launch(torchrun=True, nodes=1, ranks_per_node=2))
+    assert (list(summary.mix.groups)[0], ranks.cores_sampled) == ("accel", 1)
+    assert replace(ranks, mix=Mix(dict(reversed(groups.items())))).cores_sampled == 3
     fig = _run_utilization(util, None, "title", summary.cores_sampled)
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
     workers = lines["workers' CPU\n(of the 4 cores given)"]

@@ -303,10 +303,15 @@ class RunSummary:
     def cores_sampled(self) -> int | None:
         """The cores the workers' sampled CPU (``workers_cpu_percent``) can come from: the
         mix's, its host groups' alone in a simulated run, whose accelerators are GPU columns
-        (counted in both, a lone host worker busy throughout read half busy); None where the
-        summary does not say."""
+        (counted in both, a lone host worker busy throughout read half busy); under torchrun,
+        rank 0's (worker 0's, of the mix's first group), the one process its monitor samples
+        (the mix's: half the CPU of two ranks read as a quarter); None where the summary does
+        not say."""
         if self.mix is None:
             return None
+        if self.launch is not None and self.launch.torchrun:
+            first = next(iter(self.mix.groups.values()), None)
+            return Mix({"rank0": dataclasses.replace(first, count=1)}).cores if first else None
         return (self.mix.host_cores if self.simulated else self.mix.cores) or None
 
     @classmethod
