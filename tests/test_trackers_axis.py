@@ -88,3 +88,28 @@ def test_a_sweeps_job_is_tracked_with_its_figures(tmp_path: Path, store: MlflowC
     mlflow_run, = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
     logged = {f.path for f in client.list_artifacts(mlflow_run.info.run_id, "figures")}
     assert logged == drawn
+
+
+@pytest.mark.parametrize("simulated", [False, True])
+def test_each_point_is_at_its_wall_time_a_simulated_runs_spread_over_its_real_seconds(
+        tmp_path: Path, simulated: bool) -> None:
+    """Training ended when workers.csv was last written; a simulated run's 2.25 virtual s took
+    90 real s, over which its points lie (where its live feed put them): laid one for one,
+    they came before the run began."""
+    import os
+
+    run = _run_dir(tmp_path)
+    summary = json.loads((run / SUMMARY).read_text())
+    if simulated:
+        summary.update(simulated=True, simulation={"real_s": 90.0, "probed_virtual_s": 0.01,
+                                                   "real_s_per_virtual_s": 40.0,
+                                                   "estimated_real_s": 90.0})
+    (run / SUMMARY).write_text(json.dumps(summary))
+    (run / "workers.csv").write_text("worker,group\n0,cpu\n")
+    end = 1_800_000_000.0
+    os.utime(run / "workers.csv", (end, end))
+    rate = 40.0 if simulated else 1.0
+    record = read_run(run)
+    assert record.started == pytest.approx(end - rate * TIMES[-1], abs=1e-3)
+    assert [p.time for p in record.series["train/loss"]] == pytest.approx(
+        [end - rate * (TIMES[-1] - t) for t in TIMES], abs=1e-3)  # rel: 1.8e3 s at 1.8e9

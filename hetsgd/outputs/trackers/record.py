@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from hetsgd.config.checks import finite_or_none
 from hetsgd.config.swept import sweep_overrides, swept_keys
 from hetsgd.outputs.index import (
     MULTIRUN,
@@ -112,9 +114,9 @@ def series_name(column: str, logged: dict[str, float]) -> str:
     return CONVERGENCE_SERIES.get(column) or re.sub(r"^updates_", "updates/", column)
 
 
-def _points(frame: pd.DataFrame, column: str, started: float) -> list[Point]:
+def _points(frame: pd.DataFrame, column: str, wall: Callable[[float], float]) -> list[Point]:
     """The column's numbers; an empty cell (NaN) has nothing to draw and is left out."""
-    return [Point(step_of(time_s), started + float(time_s), float(value))
+    return [Point(step_of(time_s), wall(float(time_s)), float(value))
             for time_s, value in zip(frame["time_s"], frame[column])
             if not math.isnan(value) and not math.isnan(time_s)]
 
@@ -126,10 +128,11 @@ def _table(run_dir: Path, name: str) -> pd.DataFrame:
     return pd.read_csv(file).apply(pd.to_numeric, errors="coerce")
 
 
-def _series(run_dir: Path, summary: dict[str, Any], started: float) -> dict[str, list[Point]]:
+def _series(run_dir: Path, summary: dict[str, Any],
+            wall: Callable[[float], float]) -> dict[str, list[Point]]:
     conv = _table(run_dir, "convergence")
     logged = summary.get("method_log") or {}
-    series = {series_name(column, logged): _points(conv, column, started)
+    series = {series_name(column, logged): _points(conv, column, wall)
               for column in conv.columns if column != "time_s"}
     if "epoch" in conv and summary.get("epochs") and summary.get("examples"):
         # the summary's epochs are its examples / the training examples, as each row's epoch
@@ -137,7 +140,7 @@ def _series(run_dir: Path, summary: dict[str, Any], started: float) -> dict[str,
         series["progress/examples"] = [Point(p.step, p.time, round(p.value * per_epoch))
                                        for p in series["progress/epoch"]]
     util = _table(run_dir, "utilization")
-    series.update({f"utilization/{column}": _points(util, column, started)
+    series.update({f"utilization/{column}": _points(util, column, wall)
                    for column in util.columns
                    if column != "time_s" and not PER_CORE.fullmatch(column)})
     return series
@@ -148,17 +151,29 @@ def read_run(run_dir: Path) -> RunRecord:
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
     ended = (run_dir / SUMMARY).stat().st_mtime
-    trained = run_dir / "workers.csv"
-    started = (trained.stat().st_mtime if trained.is_file() else ended) - (summary.get("time_s")
-                                                                              or 0.0)
+    wall = _wall_clock(run_dir, summary, ended)
     config = read_config(run_dir)
     tags = {key: str(summary[key]) for key in IDENTITY if summary.get(key) is not None}
     sweep = run_dir.parent.name if (run_dir.parent / MULTIRUN).is_file() else None
-    return RunRecord(run_dir=run_dir, sweep=sweep, status=summary["status"], started=started,
+    return RunRecord(run_dir=run_dir, sweep=sweep, status=summary["status"], started=wall(0.0),
                      ended=ended, params=flatten(config or {}),
                      tags={**tags, **swept_values(run_dir)},
-                     series=_series(run_dir, summary, started),
+                     series=_series(run_dir, summary, wall),
                      figures=sorted((run_dir / "figures").glob("*.png")))
+
+
+def _wall_clock(run_dir: Path, summary: dict[str, Any], ended: float) -> Callable[[float], float]:
+    """The wall-clock time of the run's time ``t``: its training ended when it last wrote
+    workers.csv (else the summary). A simulated run's virtual seconds are spread over the real
+    seconds its training took (``simulation.real_s``), where its live feed's points were: one
+    for one, 0.5 virtual s that took minutes would be logged before the run began."""
+    trained = run_dir / "workers.csv"
+    end = trained.stat().st_mtime if trained.is_file() else ended
+    time_s = finite_or_none(summary.get("time_s")) or 0.0
+    simulation = summary.get("simulation")
+    real_s = finite_or_none(simulation.get("real_s")) if isinstance(simulation, dict) else None
+    rate = real_s / time_s if summary.get("simulated") and real_s and time_s > 0 else 1.0
+    return lambda t: end - rate * (time_s - t)
 
 
 def _unfed(points: list[Point], last: int, at_last: int) -> list[Point]:
