@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import threading
@@ -114,7 +113,7 @@ class _Job:
 
     def __call__(self, cfg: DictConfig) -> float:
         """The run's objective (:func:`hetsgd.tuning.objective.run_objective`), which Hydra's
-        sweepers (Optuna's) rank by; NaN for a run that did not complete and learn."""
+        sweepers (Optuna's) rank by; the metric's worst for a run that did not complete and learn."""
         from hetsgd.tuning.objective import run_objective
 
         invocation = self.invocation
@@ -132,11 +131,11 @@ class _Job:
             invocation.runs.pop()  # run of this invocation's (RUN_DIR is another's)
             invocation.statuses.append("failed")
             invocation.error(exc)
-            return math.nan
+            return run_objective(cfg, None)
         invocation.statuses.append(summary.status)
         if summary.status == "failed":
             invocation.error(f"{summary.error} (details in {summary.run_dir})")
-            return math.nan
+            return run_objective(cfg, summary.to_dict())
         if summary.status == "interrupted" and summary.final is None:  # nothing to tabulate:
             err.print(f"hetsgd: {shown(summary.error)}", soft_wrap=True)  # it says why
             raise invocation.stopped()

@@ -24,6 +24,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from processes import start
 
+from hetsgd.invocation import invoke
 from hetsgd.outputs.run_directory import WriteError
 from hetsgd.outputs.sweep import SweepReport
 
@@ -291,3 +292,19 @@ def test_a_forkserver_killed_mid_job_is_named_and_the_next_job_runs(results_dir:
         "failed", f"the forkserver (pid {server.pid}) that started the workers was killed by "
                   "SIGKILL (signal 9), ending worker 0 (cpu)"), output[-3000:]
     assert job_errors(results_dir)[1][0] == "completed"
+
+
+@pytest.mark.integration
+def test_a_tuned_comparison_refused_before_its_first_trial_leaves_no_folder(
+        tmp_path: Path) -> None:
+    """Its search's claim (``tuning/.claimed``) and ``multirun.yaml`` were left, and refused the
+    corrected rerun into that folder as claimed by another sweep."""
+    sweep = tmp_path / "s"
+    tuned = ["-m", "+experiment=tuned_comparison", "seed=0", "tuning.methods=sync",
+             f"hydra.sweep.dir={sweep}"]
+    for wrong in (("tuning.search.optim.lr='0.01,0.1'",  # a trial's override: its sweep stops
+                   "+tuning.trials.budget.seconds=abc"),
+                  ("tuning.search.optim.lr='0.01,O.1'",)):  # a grid value: refused before
+        invocation = invoke([*tuned, *wrong])
+        assert invocation.code == 1 and len(invocation.errors) == 1, invocation.errors
+        assert not sweep.exists(), sorted(sweep.rglob("*"))

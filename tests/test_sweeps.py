@@ -20,6 +20,7 @@ from hetsgd import api
 from hetsgd.config import CONF_DIR, compose_run, register_configs, to_run_config
 from hetsgd.config.compose import sweep_jobs, with_first_group_choices
 from hetsgd.config.swept import MULTIRUN, sweep_overrides, swept_keys, swept_name
+from hetsgd.invocation import invoke
 from hetsgd.outputs.sweep import job_dirs
 
 SHORT = ("dataset=digits", "budget.seconds=1", "budget.epochs=null", "progress=false")
@@ -182,3 +183,11 @@ def test_a_reproduction_refuses_to_write_its_sweep_where_it_does_not_look(moved:
     assert done.returncode == 2 and done.stderr == (
         f"reproduce: {moved} would write the sweep where this script does not look for it: "
         "set HETSGD_RESULTS=FOLDER instead\n")
+
+
+@pytest.mark.integration
+def test_a_sweep_of_no_values_is_refused_in_one_line(tmp_path: Path) -> None:
+    """It ran no job, wrote a report of no runs, and exited 0."""
+    invocation = invoke(["-m", "seed=range(0)", f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert invocation.code == 1 and not (tmp_path / "s").exists()
+    assert invocation.errors == ["seed=range(0) sweeps no value: the sweep would run no job"]

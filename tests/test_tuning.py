@@ -106,6 +106,11 @@ def test_a_tuning_node_gives_its_grid_its_trials_and_its_methods() -> None:
     ({"extend": -1}, r"extend=-1: a whole number >= 0"),
     ({"methods": ""}, r"methods is empty"),
     ({"sampler": "tpe"}, r"unexpected keyword argument 'sampler'"),
+    # each (method, seed) ran twice, and counted as two seeds
+    ({"methods": "gpu,hogwild,gpu"}, r"^tuning\.methods gives 'gpu' more than once"),
+    ({"search": {"optim": {"lr": "0.1,0.3,0.10"}}}, r"^tuning\.search\.optim\.lr gives 0\.1 more "),
+    # no trial, so no choice: the run stopped on `no config 'tuned/gpu'` after the search
+    ({"trials": {"seed": "range(0)"}}, r"^tuning\.trials\.seed=range\(0\) sweeps no value"),
 ])
 def test_a_bad_tuning_node_is_one_line(given: dict[str, object], error: str) -> None:
     with pytest.raises(UserError, match=error) as caught:
@@ -131,6 +136,24 @@ def test_an_unknown_knob_or_method_is_refused_before_any_trial() -> None:
     with pytest.raises(UserError, match=r"^tuning\.methods: no \+method choice 'nope'$"):
         check_knobs(spec(methods="gpu,nope"), [])
     check_knobs(spec(), [])
+
+
+def test_a_knob_that_is_a_group_or_a_value_it_does_not_take_is_refused_before_any_trial() -> None:
+    """`model` trained every trial, then its tuned config did not compose; `O.1` passed the
+    dry run, then stopped the search with its folder claimed."""
+    with pytest.raises(UserError, match=r"^tuning\.search: knob 'model' is a config group or "
+                                        r"node of \+method=gpu's config, not a value"):
+        check_knobs(spec(search={"model": "mlp,logreg"}), [])
+    with pytest.raises(UserError, match=r"^tuning\.search\.optim\.lr='O\.1' does not compose for "
+                                        r"\+method=gpu: Value 'O\.1' of type 'str' could not"):
+        check_knobs(spec(search={"optim": {"lr": "0.01,O.1"}}), [])
+
+
+def test_a_method_without_a_trial_gets_no_choice_and_says_so() -> None:
+    """It was left out of the choices, and the comparison then failed on its missing config."""
+    table = trials([("gpu", "0.1", 0, 2.0, 0.2)])
+    with pytest.raises(UserError, match=r"^no setting of \+method=hogwild completed and learnt"):
+        choose(table, maximized=False, methods=["gpu", "hogwild"])
 
 
 def test_a_methods_tuned_config_is_its_method_with_the_chosen_values_over_it() -> None:

@@ -14,14 +14,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 from hetsgd.cli import app
 from hetsgd.errors import SearchInterrupted, UserError
 from hetsgd.invocation import invoke
+from hetsgd.outputs.sweep import SEARCH_CLAIM
 from hetsgd.tuning.bracket import beyond, edges, report_edges
 from hetsgd.tuning.choice import choose
-from hetsgd.tuning.phases import CLAIM, tune_then_compare
+from hetsgd.tuning.objective import run_objective
+from hetsgd.tuning.phases import tune_then_compare
 from tests.test_tuning import TINY, spec, trials, tuned_sweep
 
 
@@ -102,7 +105,7 @@ def test_an_interrupted_search_keeps_its_table_and_its_folder_is_claimed(tmp_pat
 
     with pytest.raises(SearchInterrupted, match=r"search interrupted after 0 trial\(s\), in "):
         tune_then_compare(spec(), [], tmp_path, stopped)
-    assert (tmp_path / "tuning.csv").is_file() and (tmp_path / "tuning" / CLAIM).is_file()
+    assert (tmp_path / "tuning.csv").is_file() and (tmp_path / "tuning" / SEARCH_CLAIM).is_file()
     with pytest.raises(UserError, match=r"tuning already holds a search, whose trials"):
         tune_then_compare(spec(), [], tmp_path, stopped)
 
@@ -223,3 +226,87 @@ def test_a_dry_run_of_a_sampling_sweep_checks_one_job_and_says_so() -> None:
     wrong = CliRunner().invoke(app, ["run", "-m", "hydra/sweeper=optuna", "algo=hogbach",
                                      "optim.lr=tag(log,interval(1e-3,1))", "--dry-run"])
     assert wrong.exit_code == 1 and "did you mean hogbatch?" in wrong.stderr
+
+
+#: A tuned comparison of one method on one trial seed, before its grid
+ONE = ("-m", "+experiment=tuned_comparison", "seed=0", "budget.seconds=1",
+       "tuning.methods=sync", "tuning.trials.seed=100")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("given", "error"), [
+    (("tuning.search.optim.lr='0.03,0.3'", "optim.lr=0.05"),  # the comparison ran 0.05
+     "optim.lr=0.05 sets a key that tuning.search searches"),
+    (("tuning.search.optim.lr=0.1", "+tuning.search.model='mlp,logreg'"),  # ran, then failed
+     "tuning.search: knob 'model' is a config group or node of +method=sync's config"),
+    (("tuning.search.optim.lr='0.01,O.1'",),  # the dry run passed it
+     "tuning.search.optim.lr='O.1' does not compose for +method=sync: Value 'O.1'"),
+    (("tuning.search.optim.lr=0.1", "seed=range(0)"),  # searched, then compared nothing
+     "seed=range(0) sweeps no value: the sweep would run no job"),
+    (("tuning.search.optim.lr=0.1", "tuning.trials.seed='range(0)'"),  # no trial, no choice
+     "tuning.trials.seed=range(0) sweeps no value: the search would run no trial"),
+    (("tuning.search.optim.lr=0.1", "tuning.methods='sync,sync'"),  # each seed counted twice
+     "tuning.methods gives 'sync' more than once"),
+    (("tuning.search.optim.lr='0.1,0.10'",), "tuning.search.optim.lr gives 0.1 more than once"),
+])
+def test_a_tuned_comparison_that_cannot_run_as_asked_is_refused_before_any_trial(
+        given: tuple[str, ...], error: str) -> None:
+    """Each passed the dry run (and the sweep's own checks), and went on to run trials."""
+    args = [a for a in ONE if a.split("=")[0] not in {g.split("=")[0] for g in given}]
+    result = CliRunner().invoke(app, ["run", *args, *given, "--dry-run"])
+    assert result.exit_code == 1
+    line, = result.stderr.strip().splitlines()
+    assert line.startswith(f"hetsgd: error: {error}")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not OPTUNA, reason="hydra-optuna-sweeper is not installed")
+def test_a_tuned_comparison_under_a_sampling_sweeper_is_refused(tmp_path: Path) -> None:
+    """Optuna drew one trial of a two-value grid, and the edge went unflagged."""
+    invocation = invoke(["hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", *ONE,
+                         "tuning.search.optim.lr='0.03,0.3'", f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert invocation.code == 1 and not (tmp_path / "s").exists()
+    assert invocation.errors == ["a tuned comparison (tuning) searches its grid whole with Hydra's "
+                                 "basic sweeper, which a sampling one would not: leave "
+                                 "hydra/sweeper out"]
+
+
+def test_a_run_that_did_not_complete_is_its_metrics_worst_which_optuna_ranks_last() -> None:
+    """Optuna refuses NaN (the sweep stopped, its results unwritten); the worst value it takes."""
+    optuna = pytest.importorskip("optuna")
+    loss, accuracy = (OmegaConf.create({"objective": {"metric": m}}) for m in ("test_loss", "test_acc"))
+    done = {"status": "completed", "learnt": True, "final": {"test_loss": 0.5, "test_acc": 0.9}}
+    assert run_objective(loss, done) == 0.5 and run_objective(accuracy, done) == 0.9
+    for summary in ({**done, "status": "diverged"}, {**done, "learnt": False}, None,
+                    {**done, "final": {"test_loss": math.nan}}):
+        assert run_objective(loss, summary) == math.inf
+        assert run_objective(accuracy, summary) == -math.inf
+    study = optuna.create_study(direction="minimize")
+    for value in (run_objective(loss, None), 0.5):
+        study.tell(study.ask(), state=optuna.trial.TrialState.COMPLETE, values=[value])
+    assert study.best_value == 0.5
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not OPTUNA, reason="hydra-optuna-sweeper is not installed")
+def test_an_optuna_search_goes_on_past_runs_that_failed_and_writes_its_results(
+        tmp_path: Path) -> None:
+    """Every lr it draws is refused as the run starts (no training): the sweep stopped after
+    the first, with Optuna's `Values were told` and no summary, report or results."""
+    sweep = tmp_path / "s"
+    invocation = invoke(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "progress=false",
+                         "optim.lr=interval(-2,-1)", f"hydra.sweep.dir={sweep}"])
+    assert invocation.code == 1 and len(invocation.errors) == 2
+    assert all("is not allowed: a positive number" in e for e in invocation.errors)
+    found = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert found["best_value"] == math.inf
+    assert (sweep / "summary.csv").is_file() and (sweep / "report.md").is_file()
+
+
+@pytest.mark.integration
+def test_an_unknown_objective_metric_is_refused_before_any_job(tmp_path: Path) -> None:
+    invocation = invoke(["-m", "objective.metric=time_to_0.9", "seed=0,1",
+                         f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert invocation.code == 1 and not (tmp_path / "s").exists()
+    assert invocation.errors == ["objective.metric='time_to_0.9' is not allowed: choose one of "
+                                 "train_loss, test_loss, test_acc"]

@@ -316,9 +316,9 @@ OBJECTIVE_METRICS = {"train_loss": False, "test_loss": False, "test_acc": True}
 @dataclass
 class ObjectiveConfig:
     """The one number a run returns to Hydra's sweeper (an Optuna search ranks its trials by it,
-    hetsgd/tuning/objective.py): the run's final `metric`, NaN for a run that did not complete
-    and learn. The sweeper's own `hydra.sweeper.direction` must agree with it (minimize a loss,
-    maximize test_acc)."""
+    hetsgd/tuning/objective.py): the run's final `metric`, its worst value (+inf for a loss,
+    -inf for test_acc) for a run that did not complete and learn. The sweeper's own
+    `hydra.sweeper.direction` must agree with it (minimize a loss, maximize test_acc)."""
 
     metric: str = "test_loss"
 

@@ -38,11 +38,15 @@ from hetsgd.errors import UserError
 from hetsgd.liveness import is_alive, this_process
 from hetsgd.outputs.figure_formats import check_formats
 from hetsgd.outputs.index import CLAIM, MULTIRUN, index_dirs, is_run_dir, read_summary
+from hetsgd.outputs.report import TRIALS_DIR
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.outputs.safe_text import shown
 from hetsgd.readback import read_bounded
 
 log = logging.getLogger(__name__)
+#: The marker that makes a tuned comparison's search folder (``<sweep>/tuning/``) its own
+#: (:func:`hetsgd.tuning.phases.claim`)
+SEARCH_CLAIM = ".claimed"
 
 #: summary.csv columns, in order; times to the run's target losses (``time_to_loss.<loss>``) and
 #: update shares (``update_share.<group>``) follow.
@@ -131,14 +135,15 @@ def record_sampled_sweep(folder: Path, overrides: Sequence[str], params: Any) ->
 
 def release_unstarted(folder: Path, made: Path | None) -> None:
     """A sweep that ended before its first job (a job's overrides did not compose, ``--cfg``):
-    its claim and Hydra's ``multirun.yaml`` removed, and the folder if that was all it held, so
-    that no empty sweep is left to list, nor a claim that refuses the folder to the next; and
-    the folders :func:`claim_folder` ``made`` above it (``results/sweeps/``), where empty."""
+    its claim and Hydra's ``multirun.yaml`` removed, and the folder if that was all it held (a
+    tuned comparison's search folder too, where it holds only its own claim and
+    ``multirun.yaml``), so that no empty sweep is left to list, nor a claim that refuses the
+    folder to the next; and the folders :func:`claim_folder` ``made`` above it
+    (``results/sweeps/``), where empty."""
     try:
-        if {entry.name for entry in folder.iterdir()} <= {CLAIM, MULTIRUN}:
-            for name in (CLAIM, MULTIRUN):
-                (folder / name).unlink(missing_ok=True)
-            folder.rmdir()
+        if (folder / TRIALS_DIR).is_dir():
+            _remove_if_only(folder / TRIALS_DIR, (SEARCH_CLAIM, MULTIRUN))
+        _remove_if_only(folder, (CLAIM, MULTIRUN))
         if made is not None and made != folder:
             for parent in folder.parents:
                 parent.rmdir()  # OSError where it holds more: left, with those above it
@@ -146,6 +151,14 @@ def release_unstarted(folder: Path, made: Path | None) -> None:
                     break
     except OSError:  # gone already, or not ours to tidy: left as it is
         pass
+
+
+def _remove_if_only(folder: Path, markers: tuple[str, ...]) -> None:
+    """``folder``, where it holds none but ``markers`` (an OSError where it holds more)."""
+    if {entry.name for entry in folder.iterdir()} <= set(markers):
+        for name in markers:
+            (folder / name).unlink(missing_ok=True)
+        folder.rmdir()
 
 
 def check_unclaimed(folder: Path, what: str = "hydra.sweep.dir") -> None:

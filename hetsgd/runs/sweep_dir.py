@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.types import RunMode
+from omegaconf import DictConfig
 
 from hetsgd.config import compose_run
 from hetsgd.config.compose import quoted
@@ -77,9 +79,6 @@ def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | Non
         claim_folder,
         record_sampled_sweep,
     )
-    from hetsgd.tuning import Tuning
-    from hetsgd.tuning.objective import check_direction
-    from hetsgd.tuning.phases import check_knobs
 
     sweep_dir = Path(str(hydra.sweep.dir))
     check_unused(sweep_dir)
@@ -87,10 +86,7 @@ def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | Non
         err.print("hetsgd: warning: hydra/launcher=submitit_local runs the sweep's jobs at once on "
                   "this machine, so their workers share its cores and their times compete; "
                   "Hydra's default launcher runs them one by one", soft_wrap=True)
-    check_direction(config)
-    tuning = Tuning.of(config)
-    if tuning is not None:
-        check_knobs(tuning, fixed)
+    tuning = _check_sweep(config, parsed, fixed)
     if not claim:
         check_unclaimed(sweep_dir)
         return SweepFolder(sweep_dir, tuning)
@@ -98,6 +94,31 @@ def settle_sweep_dir(overrides: list[str], multirun: bool, config_dir: str | Non
     if draws_jobs(hydra.sweeper):
         record_sampled_sweep(sweep_dir, overrides, hydra.sweeper.get("params"))
     return SweepFolder(sweep_dir, tuning, made)
+
+
+def _check_sweep(config: DictConfig, parsed: list[Override], fixed: list[str]) -> Tuning | None:
+    """What a sweep asks for, checked before its folder is claimed: values to sweep
+    (``seed=range(0)`` runs nothing), its objective (:func:`check_objective`) and the tuning
+    it asks for, returned. A tuned comparison searches its grid whole, which a sampling sweeper
+    (Optuna's) would not, and the comparison runs the values it chose, which a command-line
+    value of a searched key would replace: both refused, as are its methods' and knobs' faults
+    (:func:`check_knobs`)."""
+    from hetsgd.tuning import Tuning
+    from hetsgd.tuning.objective import check_objective
+    from hetsgd.tuning.phases import check_knobs
+    from hetsgd.tuning.spec import NODE, refuse_empty, refuse_searched
+
+    refuse_empty(parsed)
+    check_objective(config)
+    tuning = Tuning.of(config)
+    if tuning is None:
+        return None
+    if draws_jobs(config.hydra.sweeper):
+        raise UserError(f"a tuned comparison ({NODE}) searches its grid whole with Hydra's basic "
+                        "sweeper, which a sampling one would not: leave hydra/sweeper out")
+    refuse_searched(tuning, parsed)
+    check_knobs(tuning, fixed)
+    return tuning
 
 
 def check_run_dir(overrides: Sequence[str]) -> None:

@@ -101,10 +101,12 @@ def usable(trials: pd.DataFrame) -> pd.Series:
     return (trials["status"] == "completed") & learnt.map(lambda v: str(v) == "True")
 
 
-def choose(trials: pd.DataFrame, maximized: bool) -> dict[str, dict[str, str]]:
+def choose(trials: pd.DataFrame, maximized: bool,
+           methods: Sequence[str] = ()) -> dict[str, dict[str, str]]:
     """Each method's best setting (knob -> value as given) among ``trials``, and the trials
-    marked ``chosen``. A method none of whose settings completed and learnt on every trial seed
-    is a :class:`UserError`."""
+    marked ``chosen``. A method (of the trials, or of ``methods``, which must each get a
+    choice) none of whose settings completed and learnt on every trial seed, or that has no
+    trial, is a :class:`UserError`."""
     knobs = [c for c in trials.columns if c.startswith(KNOB_PREFIX)]
     objective = objective_column(trials)
     ok = usable(trials)
@@ -112,14 +114,16 @@ def choose(trials: pd.DataFrame, maximized: bool) -> dict[str, dict[str, str]]:
     sign = -1.0 if maximized else 1.0
     chosen: dict[str, dict[str, str]] = {}
     trials["chosen"] = False
-    for method, settings in means.groupby(METHOD, sort=False):
+    tried = {str(method): settings for method, settings in means.groupby(METHOD, sort=False)}
+    for method in dict.fromkeys([*methods, *tried]):
+        settings = tried.get(method, means[:0])
         order = sorted(range(len(settings)), key=lambda i: _rank(settings.iloc[i], objective, sign))
-        best = settings.iloc[order[0]]
-        if math.isnan(best["train_loss"]):
+        if not order or math.isnan(settings.iloc[order[0]]["train_loss"]):
             raise UserError(f"no setting of +method={method} completed and learnt on every trial "
                             "seed (each diverged, failed or ended no lower than it began), so "
                             "none can be chosen: each trial's status is in tuning.csv")
-        chosen[str(method)] = {knob[len(KNOB_PREFIX):]: str(best[knob]) for knob in knobs}
+        best = settings.iloc[order[0]]
+        chosen[method] = {knob[len(KNOB_PREFIX):]: str(best[knob]) for knob in knobs}
         mine = trials[METHOD] == method
         for knob in knobs:
             mine &= trials[knob].astype(str) == str(best[knob])

@@ -1,7 +1,8 @@
 """The float a run hands back to Hydra, so that Hydra's own sweepers can search hetsgd
 (``hetsgd run -m hydra/sweeper=optuna 'optim.lr=tag(log,interval(1e-3,1))'``): the run's final
-``objective.metric``, or NaN for a run that did not complete and learn (Optuna records a NaN
-trial as failed, so a diverged lr is never its best)."""
+``objective.metric``, or the metric's worst value (+inf for a loss, -inf for ``test_acc``) for a
+run that did not complete and learn. Optuna ranks such a trial last and searches on: it refuses
+NaN (the sweep then stopped), and a failed trial would stop it too (``max_failure_rate=0``)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,30 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from hetsgd.config.schema import OBJECTIVE_METRICS
+from hetsgd.config.checks import finite
+from hetsgd.config.schema import OBJECTIVE_METRICS, ObjectiveConfig
 from hetsgd.errors import UserError
 
 
-def run_objective(cfg: DictConfig, summary: dict[str, Any]) -> float:
-    """The run's objective from its summary (``final.<metric>``)."""
+def run_objective(cfg: DictConfig, summary: dict[str, Any] | None) -> float:
+    """The run's objective from its summary (``final.<metric>``); the metric's worst value where
+    the run did not complete and learn, or left no summary (None: refused as it started)."""
     metric = str(OmegaConf.select(cfg, "objective.metric", default="test_loss"))
-    if summary.get("status") != "completed" or summary.get("learnt") is False:
-        return math.nan
+    worst = -math.inf if OBJECTIVE_METRICS.get(metric) else math.inf
+    if summary is None or summary.get("status") != "completed" or summary.get("learnt") is False:
+        return worst
     value = (summary.get("final") or {}).get(metric)
-    return float(value) if isinstance(value, (int, float)) else math.nan
+    return float(value) if finite(value) else worst
 
 
-def check_direction(config: DictConfig) -> None:
-    """A sweeper that optimizes in a direction (Optuna's ``hydra.sweeper.direction``) must go
-    the metric's way: minimizing test_acc would search for the worst lr."""
-    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+def check_objective(config: DictConfig) -> None:
+    """A sweep's ``objective.metric`` must be one (each job would fail on it), and a sweeper
+    that optimizes in a direction (Optuna's ``hydra.sweeper.direction``) must go the metric's
+    way: minimizing test_acc would search for the worst lr. Refused before any job."""
     metric = str(OmegaConf.select(config, "objective.metric", default="test_loss"))
-    if direction is None or isinstance(direction, ListConfig) or metric not in OBJECTIVE_METRICS:
+    ObjectiveConfig(metric)  # its own check: one line naming the metrics
+    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    if direction is None or isinstance(direction, ListConfig):
         return
     wanted = "maximize" if OBJECTIVE_METRICS[metric] else "minimize"
     given = str(getattr(direction, "name", direction)).lower()

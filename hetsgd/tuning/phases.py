@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from hydra.errors import MissingConfigException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from hetsgd.bounded import stop_verb
 from hetsgd.config import compose_run
@@ -25,6 +27,7 @@ from hetsgd.config.compose import quoted
 from hetsgd.errors import SearchInterrupted, UserError
 from hetsgd.outputs.report import TRIALS_DIR, TUNED_GROUP, TUNING_CSV
 from hetsgd.outputs.run_directory import write_csv, write_text
+from hetsgd.outputs.sweep import SEARCH_CLAIM
 from hetsgd.tuning.bracket import beyond, edges, report_edges
 from hetsgd.tuning.choice import choose, trial_table
 from hetsgd.tuning.figure import plot_search
@@ -32,29 +35,45 @@ from hetsgd.tuning.spec import NODE, Tuning
 
 #: Runs one Hydra multirun of these overrides (Hydra's own arguments parsed already).
 Sweep = Callable[[list[str]], None]
-CLAIM = ".claimed"  # the marker that makes a search's folder its own (:func:`claim`)
 UNSET = f"{NODE}=null"  # the jobs are runs, not tuned sweeps
+_MISSING = object()  # a key a config does not have
 
 
 def check_knobs(tuning: Tuning, fixed: list[str]) -> None:
-    """Refuse a method that no config has (the package's or the user's ``--config-dir``, whose
-    search path ``fixed`` holds) and a knob that a method's config does not have
-    (``optim.lrr``), before any trial: a key added with ``+`` is the user's own and is not
-    checked."""
+    """Refuse, before any trial, a method that no config has (the package's or the user's
+    ``--config-dir``, whose search path ``fixed`` holds), and a knob that a method's config
+    does not have (``optim.lrr``), that is a node or a config group rather than a value
+    (``model``: its trials would run, then its tuned config not compose) or that does not take
+    a value of its grid (``optim.lr=O.1``): a key added with ``+`` is the user's own and is
+    not checked."""
     for method in tuning.method_names:
         try:
             config = compose_run([*fixed, f"+method={method}"])
         except MissingConfigException as exc:
             raise UserError(f"{NODE}.methods: no +method choice {method!r}") from exc
-        for knob in tuning.grid:
-            if not knob.startswith("+") and not _has(config, knob):
-                raise UserError(f"{NODE}.search: unknown knob {knob!r}: +method={method}'s "
-                                "config has no such key")
+        for knob, values in tuning.grid.items():
+            if not knob.startswith("+"):
+                _check_knob(config, f"+method={method}", knob, values)
 
 
-def _has(config: DictConfig, key: str) -> bool:
-    missing = object()
-    return OmegaConf.select(config, key, default=missing) is not missing
+def _check_knob(config: DictConfig, method: str, knob: str, values: list[str]) -> None:
+    """``knob`` as :func:`check_knobs` checks it, each value set in ``config`` (this check's
+    own) as Hydra's override of it would be."""
+    found = OmegaConf.select(config, knob, default=_MISSING)
+    if found is _MISSING:
+        raise UserError(f"{NODE}.search: unknown knob {knob!r}: {method}'s config has no such key")
+    if isinstance(found, DictConfig):
+        raise UserError(f"{NODE}.search: knob {knob!r} is a config group or node of {method}'s "
+                        "config, not a value: search one of its keys instead "
+                        f"({knob}.<key>)")
+    parser = OverridesParser.create()
+    for value in values:
+        try:
+            given = parser.parse_override(f"{knob}={value}").value()
+            OmegaConf.update(config, knob, given, merge=True)
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise UserError(f"{NODE}.search.{knob}={value!r} does not compose for {method}: "
+                            f"{str(exc).splitlines()[0]}") from exc
 
 
 def claim(folder: Path) -> None:
@@ -63,7 +82,7 @@ def claim(folder: Path) -> None:
     overwrites its trials."""
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        with open(folder / CLAIM, "x"):
+        with open(folder / SEARCH_CLAIM, "x"):
             pass
     except FileExistsError:
         raise UserError(f"{folder} already holds a search, whose trials this one would "
@@ -106,7 +125,7 @@ def _search(tuning: Tuning, rounds: list[tuple[int, Path]],
     while True:
         trials = trial_table(rounds, list(tuning.grid), tuning.objective)
         try:
-            chosen = choose(trials, tuning.maximized)
+            chosen = choose(trials, tuning.maximized, tuning.method_names)
             found = edges(trials)
         finally:
             _write(sweep_dir, trials)

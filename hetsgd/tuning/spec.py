@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Glob, Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
@@ -57,6 +57,7 @@ class Tuning:
         for method in self.method_names:  # whether a config has it: phases.check_knobs
             if not _NAME.fullmatch(method):
                 raise UserError(f"{NODE}.methods: no +method choice {method!r}")
+        _once(f"{NODE}.methods", self.method_names)
         if not isinstance(self.extend, int) or isinstance(self.extend, bool) or self.extend < 0:
             raise UserError(f"{NODE}.extend={self.extend!r}: a whole number >= 0 (how many "
                             "times a grid may grow past an edge)")
@@ -68,6 +69,11 @@ class Tuning:
         if not self.grid:
             raise UserError(f"{NODE}.search is empty: give each knob its values, e.g. "
                             "optim.lr: 0.01,0.1")
+        try:
+            trials = OverridesParser.create().parse_overrides(self.trial_overrides())
+        except HydraException as exc:
+            raise UserError(f"{NODE}.trials: {str(exc).splitlines()[0]}") from exc
+        refuse_empty(trials, f"{NODE}.trials.", "the search would run no trial")
 
     @classmethod
     def of(cls, config: DictConfig) -> Tuning | None:
@@ -109,6 +115,36 @@ def refuse_swept(overrides: Sequence[Override]) -> None:
                             f"\"{key}='{value}'\"")
 
 
+def refuse_empty(overrides: Sequence[Override], prefix: str = "",
+                 outcome: str = "the sweep would run no job") -> None:
+    """A sweep of no values (``seed=range(0)``) runs nothing, which would read as a sweep that
+    went well: refused, naming it (``prefix``: where it was given)."""
+    for override in overrides:
+        if (override.is_discrete_sweep() and not isinstance(override.value(), Glob)
+                and next(override.sweep_string_iterator(), None) is None):
+            raise UserError(f"{prefix}{override.input_line} sweeps no value: {outcome}")
+
+
+def refuse_searched(tuning: Tuning, overrides: Sequence[Override]) -> None:
+    """A command-line value of a key the search searches (``optim.lr=0.05``) would be the one
+    the comparison ran, not the one the search chose and the report names: refused."""
+    searched = {knob.lstrip("+") for knob in tuning.grid}
+    for override in overrides:
+        if override.key_or_group in searched:
+            raise UserError(f"{override.input_line} sets a key that {NODE}.search searches, so "
+                            "the comparison would run it rather than the value the search "
+                            f"chooses: leave it out, or list it among {NODE}.search."
+                            f"{override.key_or_group}'s values")
+
+
+def _once(name: str, values: Sequence[Any]) -> None:
+    """A method or a grid value given twice would run each of its (method, seed) twice, and
+    count them as independent seeds, which narrows every interval they are in: refused."""
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise UserError(f"{name} gives {twice[0]!r} more than once: give each once")
+
+
 def _text(value: Any) -> str:
     """A YAML value as an override's value: a list is a sweep's values."""
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
@@ -134,4 +170,5 @@ def _grid(knob: str, values: Any) -> list[str]:
     grid = list(override.sweep_string_iterator())
     if not grid:
         raise UserError(f"{NODE}.search.{knob}={text!r} is empty: give it at least one value")
+    _once(f"{NODE}.search.{knob}", list(override.sweep_iterator()))  # 0.1 and 0.10 are one
     return grid
