@@ -228,9 +228,10 @@ def plot(path: Path = typer.Argument(None, show_default=False, help=(
         _fail(str(exc))
     except OSError as exc:
         _write_failed(exc, path)
-    if not written:  # runs that failed before their first snapshot: say so, not "0 written"
+    if not written:  # say why, not "0 written" (a warning above names an unwritable folder)
         _fail(f"no figures written under {path}: no run there has a curve, utilization or "
-              "update shares to draw (see `hetsgd runs`)")
+              "update shares to draw (`hetsgd runs` lists how each ended), or their figures "
+              "could not be written (a warning above says why)")
     console.print(f"{len(written)} figure file(s) written under {path}")
 
 
