@@ -282,19 +282,6 @@ def _bounded(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, preexec_fn=limited, check=False)
 
 
-def test_a_summarys_own_entries_are_indexed_not_every_key_it_holds(tmp_path: Path) -> None:
-    """A summary within its size bound can hold 100,000s of keys: each was a column of every
-    run's row, and listing a folder of such runs took minutes."""
-    from hetsgd.outputs.index import index_dirs
-
-    (tmp_path / SUMMARY).write_text(json.dumps({
-        "status": "completed", "error": None, "algo": "sync", "final": {"train_loss": 0.5},
-        "plugin": {"mine": 1.0}, **{f"k{i}": i for i in range(50_000)}}))
-    row = index_dirs([tmp_path]).iloc[0]
-    assert (row["status"], row["algo"], row["final.train_loss"]) == ("completed", "sync", 0.5)
-    assert not [key for key in row.index if key.startswith(("k", "plugin"))]
-
-
 @pytest.mark.parametrize("target,why", [("summary.json", "Too many levels of symbolic links"),
                                         ("/nonexistent/summary.json", "No such file or directory")])
 def test_a_summary_that_links_nowhere_is_unreadable_not_missing(

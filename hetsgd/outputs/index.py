@@ -13,8 +13,6 @@ and its summary within ``MAX_SUMMARY_BYTES``. A file refused so reads as an unre
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import logging
 import os
@@ -342,8 +340,7 @@ def flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
     """One row per run: ``summary.json`` flattened with dots, so that the columns are the fields
-    of :class:`hetsgd.outputs.summary.RunSummary` (its other entries left out: see
-    :func:`_summary_fields`) and their keys (``final.train_loss``,
+    of :class:`hetsgd.outputs.summary.RunSummary` and their keys (``final.train_loss``,
     ``update_share.cpu``, ``time_to_loss.0.3456``), plus ``run_dir`` (where the run is now)
     and ``overrides`` (a tuple). An unreadable summary or overrides file costs one warning line
     naming it; the run is listed as failed, or without its overrides or its config."""
@@ -363,23 +360,11 @@ def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
         if (problem := config_problem(run_dir)) is not None:
             log.warning("unreadable %s: %s; the run is read without its config",
                         Path(run_dir) / CONFIG, problem)
-        own = _summary_fields()
-        row.update(flatten({key: value for key, value in summary.items() if key in own}))
+        row.update(flatten(summary))
         row.update(run_dir=str(run_dir), overrides=tuple(overrides))
         row["emulated"], row["simulated"] = bool(row["emulated"]), bool(row["simulated"])
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-@functools.cache
-def _summary_fields() -> frozenset[str]:
-    """summary.json's own entries, which the index holds: a run folder's others (a user's
-    algorithm's, under ``plugin``, or any key at all) are read by nothing that reads the index,
-    and each became a column of every run's row (400,000 keys in a summary within its size
-    bound made `hetsgd runs` take a minute)."""
-    from hetsgd.outputs.summary import RunSummary  # which reads summaries through this module
-
-    return frozenset(field.name for field in dataclasses.fields(RunSummary)) - {"extra"}
 
 
 def index_runs(path: Path, leaving_out: Path | None = None) -> pd.DataFrame:
