@@ -272,6 +272,36 @@ def test_each_reshuffle_ranks_the_slow_side_by_the_losses_both_sides_recorded(
     assert (scores[1][list(trained)] > 0).all()  # cross-entropy losses, not indices or zeros
 
 
+def test_biased_sampling_records_the_rows_a_batch_norm_merge_trained_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under batch norm a host batch of 1 is merged with its neighbour into 2 rows: the table took
+    the 2 rows' losses at the 1 index of the batch and the run died on a shape mismatch. On the
+    virtual clock, whose ranks are threads of this process."""
+    recorded: list[tuple[list[int], int]] = []
+    record = LossTable.record
+
+    def seen(self: LossTable, idx: torch.Tensor, losses: torch.Tensor) -> None:
+        recorded.append((idx.tolist(), losses.numel()))
+        record(self, idx, losses)
+
+    monkeypatch.setattr(LossTable, "record", seen)
+    data = _fake_fashion(tmp_path / "fashion", 256, 32)
+    cfg = compose_config("algo=local_sgd", "dataset=fashion_mnist", f"dataset.path={data}",
+                         "model=cnn", "model.channels=[2]", "model.batch_norm=true",
+                         "devices=emulated", "devices.groups.accel.batch_size=32",
+                         "devices.groups.cpu.batch_size=1", "algo.tau={accel:1,cpu:2}",
+                         "algo.biased.sampling=true", "budget.epochs=0.25",
+                         "budget.seconds=null", "devices.simulated=true",
+                         "devices.groups.accel.profile=v100_sxm2_16gb",
+                         "devices.groups.cpu.profile=xeon_e5_2686v4_core", "progress=false")
+    summary = runner.run(to_run_config(cfg), tmp_path / "run", cfg).to_dict()
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["updates_by_group"] == {"accel": 2, "cpu": 2 * 2}  # 34 examples a round
+    assert all(len(idx) == losses for idx, losses in recorded)
+    assert sorted(len(idx) for idx, _ in recorded) == [2] * 4 + [32] * 2
+    assert all(len(set(idx)) == len(idx) for idx, _ in recorded)  # distinct rows, none twice
+
+
 @pytest.mark.parametrize("at_round", ["keep", "reset", "average"])
 def test_momentum_at_each_aggregation_is_kept_reset_or_averaged(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_round: str) -> None:

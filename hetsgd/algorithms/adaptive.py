@@ -10,15 +10,19 @@ The paper does not give its rule. This is the project's reconstruction (docs/alg
 * r > 1: shrink the accelerator batch,
   b_g <- clamp(b_g / r^gamma, min_accel_batch, max_accel_batch); once b_g sits at
   ``min_accel_batch`` (the paper's threshold, which caps the utilization cost), grow the host
-  batches by r^gamma up to ``max_host_batch``. On the paper's machines a small accelerator step
-  is mostly its two copies of the model, so the host batches must grow far past 64 for the
-  accelerator to catch up; where both bounds stop the controller, the threshold decides the
+  batches by r^gamma, each up to ``max_host_batch`` (one factor for all, so a group that starts
+  smaller keeps growing after a larger one stops at the bound). On the paper's machines a small
+  accelerator step is mostly its two copies of the model, so the host batches must grow far past
+  64 for the accelerator to catch up; where both bounds stop the controller, the threshold decides the
   balance and the utilization (docs/results/adaptive_threshold.md);
 * r < 1: undo in the opposite order (host batches back down to their configured size, then
   b_g up to ``max_accel_batch``);
 * each resize is capped at a factor of ``max_factor`` (4), and the measuring window restarts
   after it, from the counts at the resize (so the next control, ``period_s`` later, has a
   window of ``period_s``: rates need one at least ``MIN_WINDOW_FILL`` of ``window_s`` long).
+  Times are compared with ``CLOCK_SLACK_S`` to spare: tick times are floats, and a control
+  due exactly ``period_s`` later, or a window of exactly half ``window_s``, came out a rounding
+  short and waited a tick, or a whole period.
 
 Every change is logged (``batches.csv``); the summary says whether a bound stopped the controller.
 """
@@ -45,6 +49,9 @@ CONFIG = AdaptiveConfig
 MIN_WINDOW_FILL = 0.5  # rates need a window at least this full (share of window_s) to count
 # Before the accelerators' first update in a window, their count is taken as this (shrink).
 NO_UPDATE_FLOOR = 0.5
+# Slack on comparisons of clock times: far above the float error of a tick's time (n * 0.01 s on
+# the virtual clock), far below a tick.
+CLOCK_SLACK_S = 1e-6
 
 
 def plan(cfg: RunConfig, specs: list[WorkerSpec]) -> Plan:
@@ -104,7 +111,8 @@ class BatchController:
         self.max_accel_batch = float(cfg.max_accel_batch)
         self.initial_host = {r: specs[r].batch_size for r in self.host}
         self.host_factor = 1.0
-        self.max_host_factor = max(1.0, cfg.max_host_batch / max(self.initial_host.values(), default=1))
+        # the factor that takes the smallest host batch to the bound; _sizes caps each group
+        self.max_host_factor = max(1.0, cfg.max_host_batch / min(self.initial_host.values(), default=1))
         # (time, accelerators' updates, hosts' updates), from the clock's start
         self.window: deque[tuple[float, float, float]] = deque([(0.0, 0.0, 0.0)])
         self.next_control = cfg.period_s
@@ -132,11 +140,11 @@ class BatchController:
         self.window.append((elapsed, float(updates[self.accel].sum()), float(updates[self.host].sum())))
         while self.window and elapsed - self.window[0][0] > self.cfg.window_s:
             self.window.popleft()
-        if elapsed < self.next_control:
+        if elapsed < self.next_control - CLOCK_SLACK_S:
             return
         self.next_control = elapsed + self.cfg.period_s
         (t0, a0, h0), (t1, a1, h1) = self.window[0], self.window[-1]
-        if t1 - t0 < MIN_WINDOW_FILL * self.cfg.window_s or h1 == h0:
+        if t1 - t0 < MIN_WINDOW_FILL * self.cfg.window_s - CLOCK_SLACK_S or h1 == h0:
             return  # not enough evidence yet
         self.last_share = (a1 - a0) / (a1 - a0 + h1 - h0)
         share = self.cfg.target_share

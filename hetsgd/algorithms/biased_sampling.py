@@ -2,12 +2,13 @@
 
 Every rank keeps a table of one loss per training example, +inf until the example is first
 trained on (so unseen examples rank first). Each training step writes the per-sample losses of
-its forward pass (parameters before the update) into the table; nothing is evaluated extra, so a
-score is as old as the last time its example was trained. At every reshuffle the ranks' tables
-are merged with an element-wise minimum (the authors' MPI MIN: a stale low score on one rank
-can override a fresher high one), and the side that samples by loss takes the k highest-scored
-examples of a uniformly drawn pool of ``pool_ratio * k``, k being exactly the number of examples
-that side consumes until the next reshuffle.
+its forward pass (parameters before the update) into the table, at every row it trained on (a
+batch-norm model's 1-row batch is trained merged with its neighbour: both are written); nothing
+is evaluated extra, so a score is as old as the last time its example was trained. At every
+reshuffle the ranks' tables are merged with an element-wise minimum (the authors' MPI MIN: a
+stale low score on one rank can override a fresher high one), and the side that samples by loss
+takes the k highest-scored examples of a uniformly drawn pool of ``pool_ratio * k``, k being
+exactly the number of examples that side consumes until the next reshuffle.
 """
 
 from __future__ import annotations

@@ -370,8 +370,10 @@ class LocalSGDLoop(RankLoop):
         for step in range(tau):
             start = (offset * tau + step) * batch
             x, y = self.batches.get(period, start, batch)
-            record = (None if table is None
-                      else partial(table.record, self.batches.shard[start:start + batch]))
+            record = None
+            if table is not None:  # the rows trained on: a batch-norm merge's neighbour too
+                first, rows = self.batches.span(len(self.batches.shard), start, batch)
+                record = partial(table.record, self.batches.shard[first:first + rows])
             if not self.finite(self.train(x, y, epoch, batch, read=step == tau - 1,
                                           per_sample=record)):
                 break

@@ -79,10 +79,17 @@ class Batches:
             self._placed = order, order.to(self.device)
         return self._placed[1]
 
+    def span(self, length: int, start: int, size: int) -> tuple[int, int]:
+        """The (start, size) of the rows :meth:`get` reads for a chunk of an order of ``length``:
+        the chunk's, or its merge with its neighbours; a caller that records something per row
+        (biased sampling's losses) needs the rows the step trained on."""
+        if size < self.min_rows <= length:  # merged with its neighbours
+            return min(start, length - self.min_rows), self.min_rows
+        return start, size
+
     def get(self, epoch: int, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         order = self.order(epoch)
-        if size < self.min_rows <= len(order):  # merged with its neighbours
-            start, size = min(start, len(order) - self.min_rows), self.min_rows
+        start, size = self.span(len(order), start, size)
         if self.stream:
             idx = order[start:start + size]
             x, y = self.x.staged(idx, self.device), device_ops.gather(self.y, idx, self.device)
