@@ -63,3 +63,18 @@ def test_a_group_s_loss_is_the_mean_of_the_workers_that_have_stepped(
     with TrainingProgress(cfg, specs, num_examples=100) as progress:
         progress.update(0.5, counters)
     assert "cpu: loss — " in capsys.readouterr().err
+
+
+def test_the_last_state_printed_is_training_s_end_not_the_last_refresh(
+        notebook: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refreshes are REFRESH_S apart: a run's last ticks came sooner, so the state printed at
+    its end was the first tick's (epoch 1.45 of 20, the initial loss)."""
+    cfg = run_config("progress=true", "budget.epochs=null", "budget.seconds=1")
+    specs = expand(cfg.devices)
+    counters = WorkerCounters(len(specs))
+    with TrainingProgress(cfg, specs, num_examples=100) as progress:
+        progress.update(0.01, counters)  # drawn
+        counters.column("examples").fill_(2000.0)
+        progress.update(0.02, counters)  # within REFRESH_S: not drawn then
+    printed = capsys.readouterr().err
+    assert f"epoch {20 * len(specs):.2f}" in printed and "epoch 0.00" not in printed

@@ -35,6 +35,8 @@ class TrainingProgress:
             TimeElapsedColumn(), console=stderr_console(), disable=not self.enabled)
         self.task = self.progress.add_task("training", total=100.0, stats="starting workers")
         self.last_refresh = -float("inf")  # time.monotonic() of the last update
+        # the last update's arguments, drawn as training ends: the refresh's limit skipped it
+        self.last: tuple[float, WorkerCounters] | None = None
 
     def __enter__(self) -> TrainingProgress:
         if not self.deferred:
@@ -43,15 +45,23 @@ class TrainingProgress:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self.last is not None and self.progress.live.is_started:  # training's end, not a
+            self._draw(*self.last)  # state up to REFRESH_S older (a short run's first tick)
         self.progress.stop()
 
     def update(self, elapsed_s: float, counters: WorkerCounters) -> None:
+        if not self.enabled:
+            return
+        self.last = (elapsed_s, counters)
         now = time.monotonic()
-        if not self.enabled or now - self.last_refresh < self.REFRESH_S:
+        if now - self.last_refresh < self.REFRESH_S:
             return
         self.last_refresh = now
         if self.deferred and not self.progress.live.is_started:
             self.progress.start()
+        self._draw(elapsed_s, counters)
+
+    def _draw(self, elapsed_s: float, counters: WorkerCounters) -> None:
         examples = counters.column("examples").tolist()
         losses, updates = counters.column("loss").tolist(), counters.column("updates").tolist()
         epoch = sum(examples) / self.num_examples
