@@ -127,6 +127,21 @@ def test_one_process_at_a_time_resumes_a_run(run_dir: Path) -> None:
     assert utilization["workers_cpu_cores_mean"] is not None
 
 
+def test_a_run_being_resumed_is_not_recovered_meanwhile(run_dir: Path) -> None:
+    """A recover started while a resume restores the crashed run removed the snapshots the
+    resume had just restored and wrote over its summary: both runs were lost."""
+    as_crashed(run_dir)
+    before = sorted(p.name for p in (run_dir / "snapshots").iterdir())
+    held = resume(run_dir, ["budget.seconds=0.6"])
+    try:
+        with pytest.raises(UserError, match=f"^cannot recover {re.escape(str(run_dir))}: another "
+                                            "process is resuming the run, or recovering it"):
+            recover(run_dir)
+    finally:
+        held.release()
+    assert sorted(p.name for p in (run_dir / "snapshots").iterdir()) == before
+
+
 def test_a_resume_of_a_run_at_its_time_budget_is_refused_leaving_it(run_dir: Path) -> None:
     """It trained one step or round past the budget on every such resume, a model and counters
     no straight run ends on."""

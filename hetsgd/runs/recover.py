@@ -50,6 +50,7 @@ from hetsgd.outputs.journal import INDEX, read_snapshots, remove_snapshots, warn
 from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY, RunDirectory, check_no_links
 from hetsgd.outputs.summary import RunSummary, by_group, shares
 from hetsgd.runs.evaluation import evaluate
+from hetsgd.runs.resume import claimed
 from hetsgd.runs.setup import load_run_data
 from hetsgd.runs.trust import check_recorded_overrides, check_targets
 
@@ -183,6 +184,14 @@ def recover(run_dir: Path, model_targets: Sequence[str] = ()) -> dict[str, Any]:
     if not is_run_dir(run_dir):
         raise UserError(f"{run_dir} is not a run directory")
     check_no_links(run_dir, f"cannot recover {run_dir}")  # before anything is read through one
+    claim = claimed(run_dir, f"cannot recover {run_dir}")  # not while a resume restores it
+    try:
+        return _recovered(run_dir, model_targets)
+    finally:
+        os.close(claim)
+
+
+def _recovered(run_dir: Path, model_targets: Sequence[str]) -> dict[str, Any]:
     summary = _summary(run_dir)
     workers, why = _workers_csv(run_dir)
     skipped: list[UnreadableFile] = []

@@ -127,7 +127,7 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
     if not is_run_dir(source):
         raise UserError(f"resume={source} is not a run directory")
     check_no_links(source, f"resume={source}")  # before anything is read through one
-    claim = _claimed(source)
+    claim = claimed(source, f"resume={source}")
     try:
         return _resumption(source, overrides, claim)
     except BaseException:
@@ -135,19 +135,21 @@ def resume(source: Path, overrides: Sequence[str]) -> Resumption:
         raise
 
 
-def _claimed(source: Path) -> int:
-    """A descriptor of ``source`` holding an exclusive lock on it; a UserError where another
-    process holds it: two resumes of one run, both told it crashed, would both write into it."""
+def claimed(source: Path, what: str) -> int:
+    """A descriptor of ``source`` holding an exclusive lock on it; a UserError, saying ``what``
+    was refused, where another process holds it: two resumes of one run, both told it crashed,
+    would both write into it, and a recover (:mod:`hetsgd.runs.recover`) would remove the
+    snapshots a resume has just restored."""
     try:
         claim = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:  # a folder this user may not read
-        raise UserError(f"resume={source}: cannot open it: {reason(exc)}") from None
+        raise UserError(f"{what}: cannot open it: {reason(exc)}") from None
     try:
         fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(claim)
-        raise UserError(f"resume={source}: another process is resuming the run: resume it once "
-                        "that one has ended") from None
+        raise UserError(f"{what}: another process is resuming the run, or recovering it: try "
+                        "again once that one has ended") from None
     except OSError:  # a file system without locks (some NFS mounts): docs/faults.md says so
         pass
     return claim
