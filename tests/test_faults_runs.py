@@ -155,6 +155,19 @@ def test_a_resume_of_a_run_at_its_time_budget_is_refused_leaving_it(run_dir: Pat
         "during its final evaluation: hetsgd recover)")
 
 
+
+def test_a_resume_of_a_run_at_its_epoch_budget_is_refused_leaving_it(run_dir: Path) -> None:
+    """Only budget.seconds was checked: at its epoch budget a resume trained nothing, exited 0
+    and rewrote the run with one more last row, later in time, the same in all else."""
+    epochs = read_summary(run_dir)["epochs"]
+    checkpoint = read_checkpoint(latest_checkpoint(run_dir))  # type: ignore[arg-type]
+    assert checkpoint.time_s >= 0.5  # the run's end: its epochs are the checkpoint's
+    assert _refused(run_dir, "budget.seconds=null", f"budget.epochs={math.floor(epochs)}") == (
+        f"hetsgd: error: resume={run_dir}: its checkpoint is at {epochs:.4g} epochs, at "
+        f"budget.epochs={math.floor(epochs)} already: raise budget.epochs to train on (a run "
+        "that stopped during its final evaluation: hetsgd recover)")
+
+
 @pytest.mark.integration
 def test_a_resume_killed_before_it_trains_leaves_the_checkpointed_run_to_recover(
         run_dir: Path) -> None:

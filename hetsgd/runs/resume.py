@@ -21,12 +21,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
 from hetsgd.config import ConfigError, RunConfig, to_run_config
+from hetsgd.config.checks import finite_or_none
 from hetsgd.config.compose import changed_keys, rebuild_config, recomposable
 from hetsgd.config.schema import EvalConfig
 from hetsgd.data.files import reason
@@ -183,9 +185,30 @@ def _resumption(source: Path, overrides: Sequence[str], claim: int) -> Resumptio
         raise UserError(f"resume={source}: its checkpoint is at {checkpoint.time_s:.3g} s, at "
                         f"budget.seconds={seconds:g} already: raise budget.seconds to train on "
                         "(a run that stopped during its final evaluation: hetsgd recover)")
+    if (epochs := _checkpoint_epochs(summary, checkpoint, resumed)) is not None:
+        raise UserError(f"resume={source}: its checkpoint is at {epochs:.4g} epochs, at "
+                        f"budget.epochs={resumed.budget.epochs:g} already: raise budget.epochs "
+                        "to train on (a run that stopped during its final evaluation: hetsgd "
+                        "recover)")
     checkpoint = replace(checkpoint, snapshot_spacing=_spacing(checkpoint, recorded_cfg.eval,
                                                                resumed.eval))
     return Resumption(cfg, [*recorded, *now], checkpoint, version, source, claim)
+
+
+def _checkpoint_epochs(summary: dict[str, Any], checkpoint: Checkpoint,
+                       resumed: RunConfig) -> float | None:
+    """The checkpoint's epochs where they have reached ``budget.epochs`` (a resume would train
+    nothing, and rewrite the run with a last row the same as its previous one), else None. An
+    epoch is the training set's examples, which the run's summary gives (examples / epochs);
+    a summary that does not say, or local SGD counting the authors' rounds as its epochs
+    (``algo.epoch_accounting=authors``), is not judged here."""
+    budget = resumed.budget.epochs
+    examples, epochs = (finite_or_none(summary.get(key)) for key in ("examples", "epochs"))
+    if (budget is None or not examples or not epochs
+            or getattr(resumed.algo, "epoch_accounting", "examples") != "examples"):
+        return None
+    done = float(checkpoint.counters[:, COUNTERS.index("examples")].sum()) * epochs / examples
+    return done if done >= budget * (1 - 1e-9) else None
 
 
 def _spacing(checkpoint: Checkpoint, was: EvalConfig, now: EvalConfig) -> tuple[float, float]:
