@@ -234,12 +234,18 @@ def _launch(invocation: Invocation, args: list[str]) -> None:
 def _continue_in_place(args: Sequence[str]) -> list[str]:
     """`resume=RUN_DIR` continues in RUN_DIR itself, so that one run directory holds the whole
     run; only an existing run directory, so that a mistyped path creates no folder outside the
-    results (the runner then reports it in a fresh run directory)."""
+    results (the runner then reports it in a fresh run directory). The path is the override's
+    value as Hydra reads it: quoted, as a sweep job's folder (``1_seed=1``) must be."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     from hetsgd.outputs.index import is_run_dir, override_key
 
-    source = next((a.split("=", 1)[1] for a in args
-                   if "=" in a and override_key(a) == "resume"), None)
-    if source is None or not is_run_dir(Path(source)):
+    given = [a for a in args if "=" in a and override_key(a) == "resume"]
+    try:
+        source = OverridesParser.create().parse_override(given[-1]).value() if given else None
+    except Exception:  # noqa: BLE001 - Hydra's own parse says what is wrong, just after
+        return []
+    if not isinstance(source, str) or not is_run_dir(Path(source)):
         return []
     # Hydra writes nothing there (no .hydra/): a refused resume leaves RUN_DIR as it was, and
     # an accepted one records its overrides itself (hetsgd.runs.resume)

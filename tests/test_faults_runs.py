@@ -156,6 +156,23 @@ def test_a_resume_of_a_run_at_its_time_budget_is_refused_leaving_it(run_dir: Pat
 
 
 
+@pytest.mark.integration
+def test_a_sweep_jobs_folder_resumes_in_place_quoted_and_unquoted_is_told_so(
+        run_dir: Path, tmp_path: Path) -> None:
+    """A sweep job's folder holds `=` (1_seed=1): quoted, as Hydra needs it, the resume trained
+    into a new folder under results/runs/, leaving the job interrupted in its sweep; unquoted,
+    Hydra's grammar error did not say how to give it."""
+    job = Path(shutil.copytree(run_dir, tmp_path / "sweep" / "1_seed=1", symlinks=True))
+    as_crashed(job)
+    unquoted = _hetsgd("run", f"resume={job}", "budget.seconds=0.6", "progress=false")
+    assert unquoted.exit_code == 1
+    assert unquoted.stderr.strip().endswith(f"a value holding '=' is quoted: resume='{job}'")
+    done = hetsgd.run(f"resume='{job}'", "budget.seconds=0.6", "progress=false")
+    assert done.exit_code == 0, done.summary.error
+    assert Path(done.summary.run_dir).resolve() == job.resolve()
+    assert read_summary(job)["status"] == "completed" and not (tmp_path / "results").exists()
+
+
 def test_a_resume_of_a_run_at_its_epoch_budget_is_refused_leaving_it(run_dir: Path) -> None:
     """Only budget.seconds was checked: at its epoch budget a resume trained nothing, exited 0
     and rewrote the run with one more last row, later in time, the same in all else."""

@@ -104,4 +104,9 @@ def composition_error(exc: Exception, arguments: Sequence[str] = ()) -> str:
         return memory
     message = str(exc) or f"the overrides cannot be composed into a config ({type(exc).__name__})"
     message += f": {exc.__cause__}" if exc.__cause__ is not None else ""
+    unquoted = next((a for a in arguments if "=" in a.split("=", 1)[-1] and "'" not in a
+                     and '"' not in a), None) if "mismatched input '='" in message else None
+    if unquoted is not None:  # a path with `=` in it, such as a sweep job's folder (1_seed=1)
+        key, value = unquoted.split("=", 1)
+        return f"{message}; a value holding '=' is quoted: {key}='{value}'"
     return mistyped_key(message, arguments) or message
