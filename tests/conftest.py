@@ -116,6 +116,13 @@ CHECKPOINTED_RUN = ("algo=sync", "devices=cpu", "devices.groups.cpu.count=2", "d
                     "eval.keep_snapshots=true", "checkpoint.every_s=600", "progress=false")
 
 
+
+def abandoned_write(target: Path) -> Path:
+    """Where a writer of ``target`` whose process is gone (this pid, started earlier: a reused
+    pid) left its write, as a SIGKILL mid-write leaves it."""
+    gone = round((psutil.Process().create_time() - 60.0) * 100)
+    return target.with_name(f"{target.name}.0badf00d.{os.getpid()}-{gone}@{socket.gethostname()}.tmp")
+
 @pytest.fixture(scope="session")
 def checkpointed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """CHECKPOINTED_RUN, made once per test process (in this process, as `hetsgd run` makes it)."""

@@ -48,7 +48,7 @@ from hetsgd.runs import runner
 from hetsgd.runs.recover import recover
 from hetsgd.runs.resume import resume
 from hetsgd.workers import WorkerSpec
-from tests.conftest import CHECKPOINTED_RUN, as_crashed, compose_config
+from tests.conftest import CHECKPOINTED_RUN, abandoned_write, as_crashed, compose_config
 
 # every_s past the run's end: its one checkpoint is the one taken as it ends, with every snapshot
 
@@ -117,8 +117,11 @@ def test_one_process_at_a_time_resumes_a_run(run_dir: Path) -> None:
     held = resume(run_dir, ["budget.seconds=0.6"])
     assert "another process is resuming the run" in _refused(run_dir, "budget.seconds=0.6")
     held.release()
+    leftover = abandoned_write(run_dir / "workers.csv")  # the killed run's write: the resume tidies it
+    leftover.write_text("worker,gro")
     done = hetsgd.run(f"resume={run_dir}", "budget.seconds=0.6", "progress=false")
     assert done.exit_code == 0, done.summary.error
+    assert not leftover.exists()
     resume(run_dir, ["budget.seconds=0.7"]).release()  # the resumed run let go of it at its end
     # a simulated run resumed keeps sampling its devices' busy shares (it took none: its only
     # closing sample waited for a first one dated 0)

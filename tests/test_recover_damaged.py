@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import socket
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 from typer.testing import CliRunner, Result
 
@@ -25,7 +22,7 @@ from hetsgd.outputs.journal import read_snapshots
 from hetsgd.outputs.run_directory import SNAPSHOTS, SUMMARY, RunDirectory
 from hetsgd.outputs.summary import by_group
 from hetsgd.runs.recover import recover
-from tests.conftest import as_crashed
+from tests.conftest import abandoned_write, as_crashed
 
 
 def _hetsgd(*args: str) -> Result:
@@ -50,13 +47,6 @@ def _refusal(run_dir: Path) -> str:
     return line
 
 
-def _abandoned(target: Path) -> Path:
-    """Where a writer of ``target`` whose process is gone (this pid, started earlier: a reused
-    pid) left its write, as a SIGKILL mid-write leaves it."""
-    gone = round((psutil.Process().create_time() - 60.0) * 100)
-    return target.with_name(f"{target.name}.0badf00d.{os.getpid()}-{gone}@{socket.gethostname()}.tmp")
-
-
 @pytest.mark.integration
 def test_the_recovered_counts_are_those_of_the_last_snapshot(run_dir: Path) -> None:
     """A coordinator killed between a snapshot and the next rewrite of workers.csv left it one
@@ -69,9 +59,12 @@ def test_the_recovered_counts_are_those_of_the_last_snapshot(run_dir: Path) -> N
     behind["updates"] -= 50
     behind["examples"] -= 400
     behind.to_csv(run_dir / "workers.csv", index=False)
-    leftover, live = _abandoned(run_dir / "workers.csv"), writing_path(run_dir / "workers.csv")
+    leftover, live = abandoned_write(run_dir / "workers.csv"), writing_path(run_dir / "workers.csv")
     leftover.write_text("worker,gro")
     live.write_text("worker,gro")
+    version = abandoned_write(run_dir / "checkpoint" / "000000000001")  # a checkpoint half written
+    version.mkdir()
+    (version / "state.pt").write_bytes(b"\x80")
 
     summary = recover(run_dir)
     curve = pd.read_csv(run_dir / "convergence.csv").iloc[-1]
@@ -84,7 +77,7 @@ def test_the_recovered_counts_are_those_of_the_last_snapshot(run_dir: Path) -> N
                                        for group, n in updates.items()}
     assert summary["examples_per_s"] == pytest.approx(last.examples / last.time_s)
     assert read_summary(run_dir)["updates"] == summary["updates"]
-    assert not leftover.exists() and live.exists()
+    assert not leftover.exists() and live.exists() and not version.exists()
 
 
 @pytest.mark.integration

@@ -36,7 +36,7 @@ from hetsgd.config.compose import rebuild_config
 from hetsgd.engines.snapshots import Snapshot
 from hetsgd.engines.training import Training
 from hetsgd.errors import UserError
-from hetsgd.outputs.checkpoint import UnreadableFile, latest_checkpoint, run_config
+from hetsgd.outputs.checkpoint import CHECKPOINT, UnreadableFile, latest_checkpoint, run_config
 from hetsgd.outputs.index import (
     CONFIG,
     CRASHED,
@@ -209,8 +209,8 @@ def _recovered(run_dir: Path, model_targets: Sequence[str]) -> dict[str, Any]:
     training = Training(status=summary.status, time_s=last.time_s, snapshots=snapshots,
                         utilization=_rows(load_csv(run_dir, "utilization")))
     out = RunDirectory(Path(os.path.abspath(run_dir)))  # as `hetsgd run` (Hydra) names its own
-    for folder in (out.path, out.path / SNAPSHOTS):  # what the killed run's writes left behind
-        remove_abandoned(folder)
+    for folder in (out.path, out.path / SNAPSHOTS, out.path / CHECKPOINT):  # what the killed
+        remove_abandoned(folder)  # run's writes left behind (a checkpoint version half written)
     rows = _rows(workers) if unused is None else [  # the counts: the last snapshot's (_counted)
         {"group": group, "updates": updates, "examples": 0}
         for group, updates in zip(groups, last.updates)]

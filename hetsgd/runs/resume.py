@@ -27,6 +27,7 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
+from hetsgd.atomic import remove_abandoned
 from hetsgd.config import ConfigError, RunConfig, to_run_config
 from hetsgd.config.checks import finite_or_none
 from hetsgd.config.compose import changed_keys, rebuild_config, recomposable
@@ -77,7 +78,9 @@ class Resumption:
         """Make ``run_dir`` (the checkpointed run's own, or a new one) hold what the resumed
         run continues, as its checkpoint left it: the overrides of its config, the utilization
         samples, snapshots and workers' counters up to the checkpoint. A resume killed before
-        it trains leaves a run that recovery evaluates up to the checkpoint."""
+        it trains leaves a run that recovery evaluates up to the checkpoint; what a killed
+        run's writers left half written there is removed."""
+        remove_abandoned(run_dir)
         (run_dir / OVERRIDES).parent.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / OVERRIDES, yaml.safe_dump(self.overrides))
         rows = load_csv(self.source, "utilization")
