@@ -1,3 +1,3 @@
-from hetsgd.cli import main
+from hetsgd.entry import main
 
 main()

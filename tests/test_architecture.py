@@ -31,7 +31,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"runs", "tuning"}),
     frozenset({"train"}),
     frozenset({"invocation"}),
-    frozenset({"cli", "completion", "__main__", "api"}),
+    frozenset({"cli", "completion", "api"}),
+    frozenset({"entry", "__main__"}),
 )
 
 

@@ -160,3 +160,22 @@ def test_a_report_or_plot_that_cannot_write_is_one_line_naming_the_file(
 def test_hetsgd_machine_refuses_what_it_would_ignore(args: list[str], line: str) -> None:
     result = CliRunner().invoke(app, ["machine", *args])
     assert result.exit_code == 1 and result.stderr.splitlines() == [f"hetsgd: error: {line}"]
+
+
+def test_ctrl_c_while_the_command_loads_is_a_stop_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`timeout -s INT 0.2 hetsgd run`: the stop landed in an import of hetsgd.cli, before its
+    handlers exist, and printed a 20-line traceback."""
+    import sys
+    import types
+
+    from hetsgd import entry
+
+    class Stopped(types.ModuleType):
+        def __getattr__(self, name: str) -> object:
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "hetsgd.cli", Stopped("hetsgd.cli"))
+    with pytest.raises(SystemExit) as ended:
+        entry.main()
+    assert ended.value.code == 130 and capsys.readouterr().err == "Aborted!\n"
