@@ -135,6 +135,9 @@ def test_the_hosts_load_beyond_the_runs_own_tree():
     assert load.others_share == pytest.approx((3.0 - 2.0) / 4.0)
     assert load.steal_share == pytest.approx(0.4 / 4.0)
     assert load.pressure_share == pytest.approx(1.5 / 2.0)
+    stalled = HostLoad(reading(10.0, 100.0, 5.0, pressure=(1.0, 2e6)),  # a whole share, and more
+                       reading(12.0, 103.0, 7.0, pressure=(99.0, 4.0003e6)), cores=2)
+    assert stalled.pressure_share == 1.0
     unknown = HostLoad(reading(0.0, 0.0, 0.0, steal=None, pressure=None),
                        reading(1.0, 1.0, 1.0, steal=None, pressure=None), cores=1)
     assert unknown.steal_share is None and unknown.pressure_share is None

@@ -114,10 +114,13 @@ class HostLoad:
     @property
     def pressure_share(self) -> float | None:
         """The share of the wall time in which some task waited for a CPU (the workers
-        themselves included, where they are more than the cores)."""
+        themselves included, where they are more than the cores); at most 1: the kernel's
+        total and the wall clock are read a moment apart, and a fully stalled run read
+        1.00015."""
         if self.start.pressure is None or self.end.pressure is None:
             return None
-        return (self.end.pressure[1] - self.start.pressure[1]) / 1e6 / max(self.wall_s, 1e-9)
+        return min(1.0, (self.end.pressure[1] - self.start.pressure[1]) / 1e6
+                   / max(self.wall_s, 1e-9))
 
 
 class HostWatch:
