@@ -81,6 +81,11 @@ class Checkpoint:
     def counters(self) -> torch.Tensor:
         return torch.stack([worker.counters for worker in self.workers])
 
+    @property
+    def examples(self) -> float:
+        """The examples every worker had trained on by the checkpoint."""
+        return float(self.counters[:, COUNTERS.index("examples")].sum())
+
     def counter_rows(self) -> list[dict[str, float]]:
         """Each worker's counters by name, as the journal writes them."""
         return [dict(zip(COUNTERS, worker.counters.tolist())) for worker in self.workers]

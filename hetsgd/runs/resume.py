@@ -34,7 +34,6 @@ from hetsgd.config.compose import changed_keys, rebuild_config, recomposable
 from hetsgd.config.schema import EvalConfig
 from hetsgd.data.files import reason
 from hetsgd.engines.checkpoint import Checkpoint
-from hetsgd.engines.counters import COUNTERS
 from hetsgd.errors import UserError
 from hetsgd.outputs.checkpoint import latest_checkpoint, read_checkpoint, run_config
 from hetsgd.outputs.index import (
@@ -70,9 +69,8 @@ class Resumption:
 
     def summary(self) -> dict:
         """summary.json's ``resumed_from``."""
-        examples = self.checkpoint.counters[:, COUNTERS.index("examples")].sum()
         return {"run_dir": str(self.source), "time_s": self.checkpoint.time_s,
-                "examples": float(examples)}
+                "examples": self.checkpoint.examples}
 
     def start_in(self, run_dir: Path) -> None:
         """Make ``run_dir`` (the checkpointed run's own, or a new one) hold what the resumed
@@ -210,7 +208,7 @@ def _checkpoint_epochs(summary: dict[str, Any], checkpoint: Checkpoint,
     if (budget is None or not examples or not epochs
             or getattr(resumed.algo, "epoch_accounting", "examples") != "examples"):
         return None
-    done = float(checkpoint.counters[:, COUNTERS.index("examples")].sum()) * epochs / examples
+    done = checkpoint.examples * epochs / examples
     return done if done >= budget * (1 - 1e-9) else None
 
 
