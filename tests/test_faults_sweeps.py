@@ -302,9 +302,11 @@ def test_a_tuned_comparison_refused_before_its_first_trial_leaves_no_folder(
     sweep = tmp_path / "s"
     tuned = ["-m", "+experiment=tuned_comparison", "seed=0", "tuning.methods=sync",
              f"hydra.sweep.dir={sweep}"]
-    for wrong in (("tuning.search.optim.lr='0.01,0.1'",  # a trial's override: its sweep stops
-                   "+tuning.trials.budget.seconds=abc"),
-                  ("tuning.search.optim.lr='0.01,O.1'",)):  # a grid value: refused before
+    for wrong, said in ((("tuning.search.optim.lr='0.01,0.1'",  # a trial's override: its
+                          "+tuning.trials.budget.seconds=abc"), "abc"),  # sweep stops
+                        (("tuning.search.optim.lr='0.01,O.1'",),  # a grid value: refused before
+                         "'O.1' does not compose")):
         invocation = invoke([*tuned, *wrong])
         assert invocation.code == 1 and len(invocation.errors) == 1, invocation.errors
+        assert said in invocation.errors[0], invocation.errors
         assert not sweep.exists(), sorted(sweep.rglob("*"))

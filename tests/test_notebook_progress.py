@@ -66,15 +66,17 @@ def test_a_group_s_loss_is_the_mean_of_the_workers_that_have_stepped(
 
 
 def test_the_last_state_printed_is_training_s_end_not_the_last_refresh(
-        notebook: None, capsys: pytest.CaptureFixture[str]) -> None:
+        notebook: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Refreshes are REFRESH_S apart: a run's last ticks came sooner, so the state printed at
-    its end was the first tick's (epoch 1.45 of 20, the initial loss)."""
+    its end was the first tick's (epoch 1.45 of 20, the initial loss). Each tick its own
+    counters, so that a display redrawing the first tick's at the end shows it."""
+    monkeypatch.setattr(TrainingProgress, "REFRESH_S", 3600.0)  # however slow this machine is
     cfg = run_config("progress=true", "budget.epochs=null", "budget.seconds=1")
     specs = expand(cfg.devices)
-    counters = WorkerCounters(len(specs))
+    first, last = WorkerCounters(len(specs)), WorkerCounters(len(specs))
+    last.column("examples").fill_(2000.0)
     with TrainingProgress(cfg, specs, num_examples=100) as progress:
-        progress.update(0.01, counters)  # drawn
-        counters.column("examples").fill_(2000.0)
-        progress.update(0.02, counters)  # within REFRESH_S: not drawn then
+        progress.update(0.01, first)  # drawn
+        progress.update(0.02, last)  # within REFRESH_S: not drawn then
     printed = capsys.readouterr().err
     assert f"epoch {20 * len(specs):.2f}" in printed and "epoch 0.00" not in printed
