@@ -38,7 +38,6 @@ from hetsgd.outputs.index import (
     flatten,
     load_csv,
     override_key,
-    read_config,
     settings,
 )
 from hetsgd.outputs.intervals import mean_interval
@@ -195,7 +194,6 @@ def comparisons(index: pd.DataFrame) -> list[Comparison]:
     known["algo"] = known["algo"].fillna("?")
     known["devices"] = known["devices"].fillna("?")
     known["clock"] = known["simulated"].map(lambda s: CLOCKS[bool(s)])
-    known["config"] = known["run_dir"].map(lambda run_dir: read_config(Path(run_dir)))  # once
     known["dataset"] = _data_names(known)
     result = []
     for (dataset, model, clock), group in known.groupby(["dataset", "model", "clock"],

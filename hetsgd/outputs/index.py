@@ -143,14 +143,8 @@ def tau_text(summary: dict[str, Any]) -> str:
 
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's ``config.yaml`` as data (never composed, nothing in it called): ``{}`` where it
-    is missing, unreadable or not a mapping (:func:`config_problem` says which)."""
+    is missing, unreadable or not a mapping (:func:`index_dirs` says which, once)."""
     return _config(run_dir)[0]
-
-
-def config_problem(run_dir: Path) -> str | None:
-    """Why the run's ``config.yaml``, which is there, cannot be read as a mapping; None where it
-    can, or where there is none (a run that failed as it started)."""
-    return _config(run_dir)[1]
 
 
 def _config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
@@ -341,9 +335,10 @@ def flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
     """One row per run: ``summary.json`` flattened with dots, so that the columns are the fields
     of :class:`hetsgd.outputs.summary.RunSummary` and their keys (``final.train_loss``,
-    ``update_share.cpu``, ``time_to_loss.0.3456``), plus ``run_dir`` (where the run is now)
-    and ``overrides`` (a tuple). An unreadable summary or overrides file costs one warning line
-    naming it; the run is listed as failed, or without its overrides or its config."""
+    ``update_share.cpu``, ``time_to_loss.0.3456``), plus ``run_dir`` (where the run is now),
+    ``overrides`` (a tuple) and ``config`` (its config.yaml as data, :func:`read_config`, read
+    once here for the comparisons). An unreadable summary, overrides or config file costs one
+    warning line naming it; the run is listed as failed, or without its overrides or config."""
     rows = []
     for run_dir in run_dirs:
         row: dict[str, Any] = {key: None for key in ("algo", "dataset", "model", "devices", "seed")}
@@ -357,11 +352,12 @@ def index_dirs(run_dirs: Iterable[Path]) -> pd.DataFrame:
         except UserError as err:
             log.warning("%s; the run is listed without its overrides", err)
             overrides = []
-        if (problem := config_problem(run_dir)) is not None:
+        config, problem = _config(run_dir)
+        if problem is not None:
             log.warning("unreadable %s: %s; the run is read without its config",
                         Path(run_dir) / CONFIG, problem)
         row.update(flatten(summary))
-        row.update(run_dir=str(run_dir), overrides=tuple(overrides))
+        row.update(run_dir=str(run_dir), overrides=tuple(overrides), config=config)
         row["emulated"], row["simulated"] = bool(row["emulated"]), bool(row["simulated"])
         rows.append(row)
     return pd.DataFrame(rows)
