@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from hetsgd.cli import app
 from hetsgd.errors import SearchInterrupted, UserError
 from hetsgd.invocation import invoke
-from hetsgd.outputs.sweep import SEARCH_CLAIM
+from hetsgd.outputs.index import SEARCH_CLAIM
 from hetsgd.tuning.bracket import beyond, edges, report_edges
 from hetsgd.tuning.choice import choose
 from hetsgd.tuning.objective import run_objective

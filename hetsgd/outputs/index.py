@@ -37,6 +37,10 @@ MULTIRUN = "multirun.yaml"
 #: The file whose exclusive creation claims a sweep folder for one sweep, naming its process
 #: (:func:`hetsgd.outputs.sweep.claim_folder`).
 CLAIM = ".hetsgd-claim.json"
+#: A tuned sweep's search: the folder its trials run under, and the marker that makes that
+#: folder one search's own (:func:`hetsgd.tuning.phases.claim`).
+TRIALS_DIR = "tuning"
+SEARCH_CLAIM = ".claimed"
 CONFIG = "config.yaml"
 HYDRA = ".hydra"
 _MLFLOW_RUN_ID = re.compile(r"[0-9a-f]{32}")  # the folder of a run in MLflow's store

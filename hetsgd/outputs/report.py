@@ -38,7 +38,7 @@ from hetsgd.outputs.comparison import (
     run_metrics,
 )
 from hetsgd.outputs.comparison import plain as _plain
-from hetsgd.outputs.index import index_runs
+from hetsgd.outputs.index import TRIALS_DIR, index_runs
 from hetsgd.outputs.intervals import CONFIDENCE, METHOD
 from hetsgd.outputs.metrics import loss_name
 from hetsgd.outputs.run_directory import write_csv, write_text
@@ -54,7 +54,6 @@ DASH = "—"
 #: whether the setting was ``chosen``), in ``tuning.csv`` beside its evaluation jobs, whose
 #: trials ran under ``tuning/``; each evaluation job names its method as ``+tuned=<method>``.
 TUNING_CSV = "tuning.csv"
-TRIALS_DIR = "tuning"
 TUNED_GROUP = "tuned"
 KNOB_PREFIX = "set."
 OBJECTIVE_PREFIX = "objective."

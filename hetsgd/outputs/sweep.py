@@ -37,16 +37,20 @@ from hetsgd.data.files import reason
 from hetsgd.errors import UserError
 from hetsgd.liveness import is_alive, this_process
 from hetsgd.outputs.figure_formats import check_formats
-from hetsgd.outputs.index import CLAIM, MULTIRUN, index_dirs, is_run_dir, read_summary
-from hetsgd.outputs.report import TRIALS_DIR
+from hetsgd.outputs.index import (
+    CLAIM,
+    MULTIRUN,
+    SEARCH_CLAIM,
+    TRIALS_DIR,
+    index_dirs,
+    is_run_dir,
+    read_summary,
+)
 from hetsgd.outputs.run_directory import write_csv, write_text
 from hetsgd.outputs.safe_text import shown
 from hetsgd.readback import read_bounded
 
 log = logging.getLogger(__name__)
-#: The marker that makes a tuned comparison's search folder (``<sweep>/tuning/``) its own
-#: (:func:`hetsgd.tuning.phases.claim`)
-SEARCH_CLAIM = ".claimed"
 
 #: summary.csv columns, in order; times to the run's target losses (``time_to_loss.<loss>``) and
 #: update shares (``update_share.<group>``) follow.

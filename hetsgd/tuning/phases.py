@@ -25,9 +25,9 @@ from hetsgd.bounded import stop_verb
 from hetsgd.config import compose_run
 from hetsgd.config.compose import quoted
 from hetsgd.errors import SearchInterrupted, UserError
-from hetsgd.outputs.report import TRIALS_DIR, TUNED_GROUP, TUNING_CSV
+from hetsgd.outputs.index import SEARCH_CLAIM, TRIALS_DIR
+from hetsgd.outputs.report import TUNED_GROUP, TUNING_CSV
 from hetsgd.outputs.run_directory import write_csv, write_text
-from hetsgd.outputs.sweep import SEARCH_CLAIM
 from hetsgd.tuning.bracket import beyond, edges, report_edges
 from hetsgd.tuning.choice import choose, trial_table
 from hetsgd.tuning.figure import plot_search
