@@ -153,18 +153,18 @@ class _Transfer:
             size = response.headers.get("content-length", "")
             if self.bar is not None:
                 self.bar.total = int(size) if size.isdigit() else 0
-            start, received = time.monotonic(), 0
+            start, received, head = time.monotonic(), 0, b""
             while chunk := response.raw.read1(_READ_BYTES, decode_content=True):
                 out.write(chunk)
                 received += len(chunk)
+                head += chunk[:_PAGE_SNIFF_BYTES - len(head)]
                 if self.bar is not None:
                     self.bar.update(len(chunk))
                 elapsed = time.monotonic() - start
                 if elapsed > RATE_GRACE_S and received < MIN_RATE_BYTES_S * elapsed:
                     raise _Refused(f"{received:,} bytes in {elapsed:.0f} s, under the "
                                    f"{MIN_RATE_BYTES_S >> 10} KiB/s a download must average")
-        with open(output_file, "rb") as written:
-            head = written.read(_PAGE_SNIFF_BYTES).lstrip()
+        head = head.lstrip()
         if head.startswith(b"<"):  # no data file here starts so, compressed or not
             shown = one_line(head[:60].decode(errors="replace"))
             raise _Refused(f"the server sent a web page, not the file: {shown!r}")
