@@ -250,13 +250,17 @@ ONE = ("-m", "+experiment=tuned_comparison", "seed=0", "budget.seconds=1",
     (("tuning.search.optim.lr='0.1,0.10'",), "tuning.search.optim.lr gives 0.1 more than once"),
 ])
 def test_a_tuned_comparison_that_cannot_run_as_asked_is_refused_before_any_trial(
-        given: tuple[str, ...], error: str) -> None:
-    """Each passed the dry run (and the sweep's own checks), and went on to run trials."""
+        given: tuple[str, ...], error: str, tmp_path: Path) -> None:
+    """Each passed the dry run (and the sweep's own checks), and went on to run trials: now
+    the dry run and the sweep itself refuse it, the sweep leaving no folder."""
     args = [a for a in ONE if a.split("=")[0] not in {g.split("=")[0] for g in given}]
-    result = CliRunner().invoke(app, ["run", *args, *given, "--dry-run"])
-    assert result.exit_code == 1
-    line, = result.stderr.strip().splitlines()
-    assert line.startswith(f"hetsgd: error: {error}")
+    sweep = tmp_path / "sweep"
+    for flag in (["--dry-run"], [f"hydra.sweep.dir={sweep}"]):
+        result = CliRunner().invoke(app, ["run", *args, *given, *flag])
+        assert result.exit_code == 1
+        line, = result.stderr.strip().splitlines()
+        assert line.startswith(f"hetsgd: error: {error}")
+    assert not sweep.exists()
 
 
 @pytest.mark.integration
